@@ -1,0 +1,2 @@
+//! The Drover replica.
+pub mod store;

@@ -1,0 +1,332 @@
+//! The etcd [`Store`], over etcd-client.
+//!
+//! # Caveats
+//! - A keep-alive opens a short-lived keep-alive stream per call; Drover
+//!   renews each lease every TTL/3, so this costs one stream per second or so.
+
+use super::types::{check_ops, prefix_end};
+use super::*;
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions,
+    PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchOptions,
+};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How to reach etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    /// Deadline of each request.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A store backed by an etcd cluster.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+}
+
+impl EtcdStore {
+    /// Connects to etcd. The connection is established lazily by etcd-client
+    /// and re-established after failures.
+    pub async fn connect(options: &EtcdOptions) -> Result<Self> {
+        let connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(options.connect_timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let client = Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(into_store_error)?;
+        Ok(Self { client })
+    }
+}
+
+fn into_store_error(error: etcd_client::Error) -> StoreError {
+    use etcd_client::Error;
+    match error {
+        Error::GRpcStatus(status) => {
+            let message = status.message().to_string();
+            match status.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                    StoreError::Unavailable(message)
+                }
+                _ if message.contains("required revision has been compacted") => {
+                    StoreError::Compacted {
+                        requested: 0,
+                        compacted: 0,
+                    }
+                }
+                _ if message.contains("lease not found") => StoreError::LeaseNotFound(0),
+                _ => StoreError::Other(message),
+            }
+        }
+        Error::TransportError(e) => StoreError::Unavailable(e.to_string()),
+        Error::IoError(e) => StoreError::Unavailable(e.to_string()),
+        other => StoreError::Other(other.to_string()),
+    }
+}
+
+fn from_etcd_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: kv.lease(),
+    }
+}
+
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.map_or(0, |h| h.revision())
+}
+
+fn to_etcd_compare(compare: &Compare) -> EtcdCompare {
+    let op = match compare.op {
+        CmpOp::Equal => CompareOp::Equal,
+        CmpOp::NotEqual => CompareOp::NotEqual,
+        CmpOp::Greater => CompareOp::Greater,
+        CmpOp::Less => CompareOp::Less,
+    };
+    let key = compare.key.as_str();
+    match &compare.target {
+        Target::Version(v) => EtcdCompare::version(key, op, *v),
+        Target::CreateRevision(v) => EtcdCompare::create_revision(key, op, *v),
+        Target::ModRevision(v) => EtcdCompare::mod_revision(key, op, *v),
+        Target::Value(v) => EtcdCompare::value(key, op, v.clone()),
+        Target::Lease(v) => EtcdCompare::lease(key, op, *v),
+    }
+}
+
+fn to_etcd_op(op: &Op) -> TxnOp {
+    match op {
+        Op::Put { key, value, lease } => {
+            let options = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
+            TxnOp::put(key.as_str(), value.clone(), options)
+        }
+        Op::Get { key } => TxnOp::get(key.as_str(), None),
+        Op::Delete { key } => TxnOp::delete(key.as_str(), None),
+        Op::DeletePrefix { prefix } => TxnOp::delete(
+            prefix.as_str(),
+            Some(etcd_client::DeleteOptions::new().with_range(prefix_end(prefix))),
+        ),
+    }
+}
+
+fn from_etcd_op_response(response: &TxnOpResponse) -> OpResult {
+    match response {
+        TxnOpResponse::Put(_) => OpResult::Put,
+        TxnOpResponse::Get(get) => OpResult::Get(get.kvs().first().map(from_etcd_kv)),
+        TxnOpResponse::Delete(delete) => OpResult::Delete {
+            deleted: delete.deleted(),
+        },
+        // Drover never nests transactions.
+        TxnOpResponse::Txn(_) => OpResult::Put,
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<GetResult> {
+        let response = self
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .map_err(into_store_error)?;
+        Ok(GetResult {
+            kvs: response.kvs().iter().map(from_etcd_kv).collect(),
+            revision: header_revision(response.header()),
+            more: response.more(),
+        })
+    }
+
+    async fn range(&self, request: RangeRequest) -> Result<GetResult> {
+        let start = request
+            .start
+            .clone()
+            .filter(|start| start.as_str() > request.prefix.as_str())
+            .unwrap_or_else(|| request.prefix.clone());
+        let options = GetOptions::new()
+            .with_range(prefix_end(&request.prefix))
+            .with_limit(request.limit)
+            .with_sort(SortTarget::Key, SortOrder::Ascend);
+        let response = self
+            .client
+            .kv_client()
+            .get(start, Some(options))
+            .await
+            .map_err(into_store_error)?;
+        Ok(GetResult {
+            kvs: response.kvs().iter().map(from_etcd_kv).collect(),
+            revision: header_revision(response.header()),
+            more: response.more(),
+        })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+        check_ops(&txn.success)?;
+        check_ops(&txn.failure)?;
+        let request = etcd_client::Txn::new()
+            .when(txn.compares.iter().map(to_etcd_compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(to_etcd_op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(to_etcd_op).collect::<Vec<_>>());
+        let response = self
+            .client
+            .kv_client()
+            .txn(request)
+            .await
+            .map_err(|e| match into_store_error(e) {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
+                other => other,
+            })?;
+        Ok(TxnResult {
+            succeeded: response.succeeded(),
+            revision: header_revision(response.header()),
+            results: response
+                .op_responses()
+                .iter()
+                .map(from_etcd_op_response)
+                .collect(),
+        })
+    }
+
+    async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
+        let response = self
+            .client
+            .lease_client()
+            .grant(ttl_seconds, None)
+            .await
+            .map_err(into_store_error)?;
+        Ok(response.id())
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+        let mut client = self.client.lease_client();
+        let (mut keeper, mut responses) = client.keep_alive(lease).await.map_err(into_store_error)?;
+        keeper.keep_alive().await.map_err(into_store_error)?;
+        match responses.message().await.map_err(into_store_error)? {
+            Some(response) if response.ttl() > 0 => Ok(response.ttl()),
+            Some(_) => Err(StoreError::LeaseNotFound(lease)),
+            None => Err(StoreError::Unavailable(
+                "keep-alive stream closed".to_string(),
+            )),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        self.client
+            .lease_client()
+            .revoke(lease)
+            .await
+            .map_err(|e| match into_store_error(e) {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
+                other => other,
+            })?;
+        Ok(())
+    }
+
+    async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
+        let response = self
+            .client
+            .lease_client()
+            .time_to_live(lease, None)
+            .await
+            .map_err(into_store_error)?;
+        Ok((response.ttl() > 0).then_some(response.ttl()))
+    }
+
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        let mut options = WatchOptions::new().with_range(prefix_end(prefix));
+        if from_revision > 0 {
+            options = options.with_start_revision(from_revision);
+        }
+        let mut stream = self
+            .client
+            .watch_client()
+            .watch(prefix, Some(options))
+            .await
+            .map_err(into_store_error)?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = sender.closed() => return,
+                    message = stream.message() => message,
+                };
+                let response = match message {
+                    Ok(Some(response)) => response,
+                    Ok(None) => return,
+                    Err(error) => {
+                        let _ = sender.send(Err(into_store_error(error)));
+                        return;
+                    }
+                };
+                if response.compact_revision() > 0 {
+                    let _ = sender.send(Err(StoreError::Compacted {
+                        requested: from_revision,
+                        compacted: response.compact_revision(),
+                    }));
+                    return;
+                }
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let kind = match event.event_type() {
+                        EventType::Put => EventKind::Put,
+                        EventType::Delete => EventKind::Delete,
+                    };
+                    if sender.send(Ok(WatchEvent { kind, kv: from_etcd_kv(kv) })).is_err() {
+                        return;
+                    }
+                }
+                if response.canceled() {
+                    let _ = sender.send(Err(StoreError::Unavailable(format!(
+                        "watch cancelled by etcd: {}",
+                        response.cancel_reason()
+                    ))));
+                    return;
+                }
+            }
+        });
+        Ok(WatchStream::new(receiver))
+    }
+
+    async fn compact(&self, revision: i64) -> Result<()> {
+        self.client
+            .kv_client()
+            .compact(revision, None)
+            .await
+            .map_err(|e| match into_store_error(e) {
+                StoreError::Compacted { .. } => StoreError::Compacted {
+                    requested: revision,
+                    compacted: revision,
+                },
+                other => other,
+            })?;
+        Ok(())
+    }
+}
+
+/// The lease a failed transaction referred to, for the error message.
+fn lease_of(txn: &Txn) -> LeaseId {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            Op::Put { lease, .. } if *lease != 0 => Some(*lease),
+            _ => None,
+        })
+        .unwrap_or(0)
+}

@@ -7,8 +7,8 @@
 use super::types::{check_ops, prefix_end};
 use super::*;
 use etcd_client::{
-    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions,
-    PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions,
+    SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchOptions,
 };
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -59,7 +59,12 @@ fn into_store_error(error: etcd_client::Error) -> StoreError {
         Error::GRpcStatus(status) => {
             let message = status.message().to_string();
             match status.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled => StoreError::Unavailable(message),
+                // A connection that broke mid-request surfaces as Unknown
+                // with the transport error as its source.
+                tonic::Code::Unknown if std::error::Error::source(&status).is_some() => {
                     StoreError::Unavailable(message)
                 }
                 _ if message.contains("required revision has been compacted") => {
@@ -73,6 +78,9 @@ fn into_store_error(error: etcd_client::Error) -> StoreError {
             }
         }
         Error::TransportError(e) => StoreError::Unavailable(e.to_string()),
+        Error::LeaseKeepAliveError(message) if message.contains("lease not found") => {
+            StoreError::LeaseNotFound(0)
+        }
         Error::IoError(e) => StoreError::Unavailable(e.to_string()),
         other => StoreError::Other(other.to_string()),
     }
@@ -183,15 +191,15 @@ impl Store for EtcdStore {
             .when(txn.compares.iter().map(to_etcd_compare).collect::<Vec<_>>())
             .and_then(txn.success.iter().map(to_etcd_op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(to_etcd_op).collect::<Vec<_>>());
-        let response = self
-            .client
-            .kv_client()
-            .txn(request)
-            .await
-            .map_err(|e| match into_store_error(e) {
-                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
-                other => other,
-            })?;
+        let response =
+            self.client
+                .kv_client()
+                .txn(request)
+                .await
+                .map_err(|e| match into_store_error(e) {
+                    StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
+                    other => other,
+                })?;
         Ok(TxnResult {
             succeeded: response.succeeded(),
             revision: header_revision(response.header()),
@@ -215,9 +223,13 @@ impl Store for EtcdStore {
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
         let mut client = self.client.lease_client();
-        let (mut keeper, mut responses) = client.keep_alive(lease).await.map_err(into_store_error)?;
-        keeper.keep_alive().await.map_err(into_store_error)?;
-        match responses.message().await.map_err(into_store_error)? {
+        let not_found = |error| match into_store_error(error) {
+            StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
+            other => other,
+        };
+        let (mut keeper, mut responses) = client.keep_alive(lease).await.map_err(not_found)?;
+        keeper.keep_alive().await.map_err(not_found)?;
+        match responses.message().await.map_err(not_found)? {
             Some(response) if response.ttl() > 0 => Ok(response.ttl()),
             Some(_) => Err(StoreError::LeaseNotFound(lease)),
             None => Err(StoreError::Unavailable(
@@ -287,7 +299,13 @@ impl Store for EtcdStore {
                         EventType::Put => EventKind::Put,
                         EventType::Delete => EventKind::Delete,
                     };
-                    if sender.send(Ok(WatchEvent { kind, kv: from_etcd_kv(kv) })).is_err() {
+                    if sender
+                        .send(Ok(WatchEvent {
+                            kind,
+                            kv: from_etcd_kv(kv),
+                        }))
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -79,7 +79,9 @@ impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the maps half-updated
         // in a way later calls would misread, so poisoning is ignored.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -188,7 +190,8 @@ impl State {
 
     fn record(&mut self, event: WatchEvent) {
         self.watchers.retain(|watcher| {
-            !event.kv.key.starts_with(&watcher.prefix) || watcher.events.send(Ok(event.clone())).is_ok()
+            !event.kv.key.starts_with(&watcher.prefix)
+                || watcher.events.send(Ok(event.clone())).is_ok()
         });
         self.history.push_back(event);
         while self.history.len() > self.history_limit {
@@ -294,7 +297,11 @@ impl Store for MemoryStore {
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         let mut state = self.lock();
         let succeeded = txn.compares.iter().all(|c| state.compare(c));
-        let ops = if succeeded { &txn.success } else { &txn.failure };
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         check_ops(ops)?;
         state.check_leases(ops)?;
         let results = state.apply(ops);
@@ -307,7 +314,9 @@ impl Store for MemoryStore {
 
     async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
         if ttl_seconds <= 0 {
-            return Err(StoreError::Other(format!("invalid lease TTL {ttl_seconds}")));
+            return Err(StoreError::Other(format!(
+                "invalid lease TTL {ttl_seconds}"
+            )));
         }
         let mut state = self.lock();
         state.next_lease += 1;
@@ -355,17 +364,21 @@ impl Store for MemoryStore {
 
     async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
         let mut state = self.lock();
+        let (sender, receiver) = mpsc::unbounded_channel();
         if from_revision > 0 && from_revision < state.compacted {
-            return Err(StoreError::Compacted {
+            // Reported on the stream, as etcd does.
+            let _ = sender.send(Err(StoreError::Compacted {
                 requested: from_revision,
                 compacted: state.compacted,
-            });
+            }));
+            return Ok(WatchStream::new(receiver));
         }
-        let (sender, receiver) = mpsc::unbounded_channel();
         if from_revision > 0 {
-            for event in state.history.iter().filter(|e| {
-                e.kv.mod_revision >= from_revision && e.kv.key.starts_with(prefix)
-            }) {
+            for event in state
+                .history
+                .iter()
+                .filter(|e| e.kv.mod_revision >= from_revision && e.kv.key.starts_with(prefix))
+            {
                 // The receiver is still held here, so this cannot fail.
                 let _ = sender.send(Ok(event.clone()));
             }

@@ -94,7 +94,8 @@ pub trait Store: Send + Sync + 'static {
     async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>>;
 
     /// Watches every key under `prefix`, starting at `from_revision`
-    /// (0 = changes after now).
+    /// (0 = changes after now). A compacted start revision is reported as
+    /// the stream's first item, [`StoreError::Compacted`].
     async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream>;
 
     /// Discards history older than `revision`.

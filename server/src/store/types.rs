@@ -163,7 +163,11 @@ impl Op {
             lease: 0,
         }
     }
-    pub fn put_with_lease(key: impl Into<String>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Self {
+    pub fn put_with_lease(
+        key: impl Into<String>,
+        value: impl Into<Vec<u8>>,
+        lease: LeaseId,
+    ) -> Self {
         Op::Put {
             key: key.into(),
             value: value.into(),

@@ -1,1 +1,100 @@
-fn main() {}
+//! `drover serve` runs a replica against etcd; `drover dev` runs the embedded
+//! mode (in-memory store) on loopback.
+
+use clap::Parser;
+use drover_server::config::{Cli, Command, Config, EXIT_CONFIG};
+use drover_server::server;
+use drover_server::store::{EtcdOptions, EtcdStore, MemoryStore, SharedStore, Store};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// etcd unreachable at start-up for this long is fatal (EX_UNAVAILABLE).
+const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
+const EXIT_UNAVAILABLE: u8 = 69;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) if !error.use_stderr() => {
+            let _ = error.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    let (config, embedded) = match cli.command {
+        Command::Serve(args) => (Config::from_serve_args(args), false),
+        Command::Dev(args) => (Config::from_dev_args(args), true),
+    };
+    let config = match config {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("drover: {error}");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    drover_server::telemetry::init(config.log_format);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(run(config, embedded))
+}
+
+async fn run(config: Config, embedded: bool) -> ExitCode {
+    let store: SharedStore = if embedded {
+        tracing::info!("embedded mode: in-memory store, state is lost on exit");
+        Arc::new(MemoryStore::new())
+    } else {
+        match connect_etcd(&config).await {
+            Some(store) => Arc::new(store),
+            None => return ExitCode::from(EXIT_UNAVAILABLE),
+        }
+    };
+    match server::serve(&config, store, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "replica failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Connects to etcd, retrying for a while: etcd often starts alongside.
+async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
+    let options = EtcdOptions::new(config.etcd_endpoints.clone());
+    let deadline = tokio::time::Instant::now() + ETCD_STARTUP_DEADLINE;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let store = EtcdStore::connect(&options).await?;
+            store.get(&config.key_prefix).await?;
+            Ok::<_, drover_server::store::StoreError>(store)
+        };
+        match attempt.await {
+            Ok(store) => {
+                tracing::info!(endpoints = ?config.etcd_endpoints, "connected to etcd");
+                return Some(store);
+            }
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%error, retry_in = ?delay, "etcd not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => {
+                tracing::error!(%error, endpoints = ?config.etcd_endpoints, "etcd unreachable; giving up");
+                return None;
+            }
+        }
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+    }
+}

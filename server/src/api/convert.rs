@@ -1,0 +1,132 @@
+//! Conversions between stored records and drover.v1 messages.
+
+use crate::cluster::{self, validate, ClusterRecord, ClusterState};
+use drover_proto::v1;
+use std::time::SystemTime;
+
+pub fn state_to_proto(state: ClusterState) -> v1::ClusterState {
+    use v1::ClusterState as P;
+    match state {
+        ClusterState::Created => P::Created,
+        ClusterState::Starting => P::Starting,
+        ClusterState::Running => P::Running,
+        ClusterState::Stopping => P::Stopping,
+        ClusterState::Stopped => P::Stopped,
+        ClusterState::Scaling => P::Scaling,
+        ClusterState::ScalingStoppedCluster => P::ScalingStoppedCluster,
+        ClusterState::Upgrading => P::Upgrading,
+        ClusterState::Importing => P::Importing,
+        ClusterState::RemovingNodes => P::RemovingNodes,
+        ClusterState::Alert => P::Alert,
+        ClusterState::Recovering => P::Recovering,
+        ClusterState::Destroying => P::Destroying,
+        ClusterState::Destroyed => P::Destroyed,
+        ClusterState::Error => P::Error,
+    }
+}
+
+/// The domain state of a proto state; `None` for UNSPECIFIED.
+pub fn state_from_proto(state: v1::ClusterState) -> Option<ClusterState> {
+    ClusterState::ALL
+        .into_iter()
+        .find(|s| state_to_proto(*s) == state)
+}
+
+/// A stored RFC 3339 time as a protobuf timestamp.
+pub fn timestamp(rfc3339: &str) -> Option<prost_types::Timestamp> {
+    humantime::parse_rfc3339(rfc3339)
+        .ok()
+        .map(|t: SystemTime| t.into())
+}
+
+/// A spec from the API, checked field by field under `field`.
+pub fn spec_from_proto(
+    field: &str,
+    spec: Option<v1::ClusterSpec>,
+) -> Result<cluster::Spec, validate::FieldError> {
+    let spec = spec.ok_or_else(|| validate::FieldError::new(field, "is required"))?;
+    if !spec.tasks.is_empty() {
+        return Err(validate::FieldError::new(
+            format!("{field}.tasks"),
+            "scheduled tasks are not supported by this version of Drover",
+        ));
+    }
+    let autoscaling = spec.autoscaling.unwrap_or_default();
+    let spec = cluster::Spec {
+        version: spec.version,
+        control_nodes: spec.control_nodes,
+        worker_nodes: spec.worker_nodes,
+        node_offering: spec.node_offering,
+        autoscaling: cluster::Autoscaling {
+            enabled: autoscaling.enabled,
+            min: autoscaling.min,
+            max: autoscaling.max,
+        },
+        labels: spec.labels.into_iter().collect(),
+    };
+    validate::spec(field, &spec)?;
+    Ok(spec)
+}
+
+pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
+    let ClusterRecord {
+        spec,
+        state,
+        state_revision,
+        status,
+    } = record;
+    let status = status.unwrap_or_default();
+    v1::Cluster {
+        name: spec.name,
+        uid: spec.uid,
+        generation: spec.generation,
+        spec: Some(v1::ClusterSpec {
+            version: spec.spec.version,
+            control_nodes: spec.spec.control_nodes,
+            worker_nodes: spec.spec.worker_nodes,
+            node_offering: spec.spec.node_offering,
+            autoscaling: Some(v1::Autoscaling {
+                enabled: spec.spec.autoscaling.enabled,
+                min: spec.spec.autoscaling.min,
+                max: spec.spec.autoscaling.max,
+            }),
+            labels: spec.spec.labels.into_iter().collect(),
+            tasks: Vec::new(),
+        }),
+        status: Some(v1::ClusterStatus {
+            state: Some(state_to_proto(state.state) as i32),
+            nodes: status
+                .nodes
+                .into_iter()
+                .map(|node| v1::Node {
+                    id: node.id,
+                    role: node.role,
+                    power_state: node.power_state,
+                    version: node.version,
+                    ready: node.ready,
+                })
+                .collect(),
+            current_version: status.current_version,
+            observed_generation: status.observed_generation,
+            current_operation: state.operation.map(|slot| slot.id),
+            last_operation: None,
+            message: status.message,
+            state_changed_at: timestamp(&state.changed_at),
+        }),
+        created_at: timestamp(&spec.created_at),
+        revision: state_revision,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_round_trips_through_proto() {
+        for state in ClusterState::ALL {
+            assert_eq!(state_from_proto(state_to_proto(state)), Some(state));
+        }
+        assert_eq!(state_from_proto(v1::ClusterState::Unspecified), None);
+    }
+}

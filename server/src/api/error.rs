@@ -1,0 +1,51 @@
+//! The one place where Drover's errors become gRPC statuses.
+
+use crate::cluster::validate::FieldError;
+use crate::cluster::RegistryError;
+use crate::store::StoreError;
+use tonic::Status;
+
+/// Everything an RPC can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    InvalidArgument(#[from] FieldError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("{0} is not implemented by this version of Drover")]
+    Unimplemented(&'static str),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        ApiError::Registry(RegistryError::Store(error))
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(error: ApiError) -> Self {
+        let message = error.to_string();
+        match error {
+            ApiError::InvalidArgument(_) => Status::invalid_argument(message),
+            ApiError::Unimplemented(_) => Status::unimplemented(message),
+            ApiError::Registry(error) => match error {
+                RegistryError::NotFound(_) => Status::not_found(message),
+                RegistryError::AlreadyExists(_) => Status::already_exists(message),
+                RegistryError::Corrupt { .. } => Status::internal(message),
+                RegistryError::Store(store) => match store {
+                    StoreError::Unavailable(_) => {
+                        Status::unavailable(format!("{message}; retry later"))
+                    }
+                    StoreError::Conflict { .. } => Status::aborted(format!("{message}; retry")),
+                    StoreError::Compacted { .. } => Status::out_of_range(message),
+                    StoreError::LeaseNotFound(_) | StoreError::Other(_) => {
+                        Status::internal(message)
+                    }
+                },
+            },
+        }
+    }
+}
+
+/// The result type of RPC handlers before conversion.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,93 @@
+//! The services whose RPCs later versions implement: declared in the
+//! contract so clients can be written now, answering UNIMPLEMENTED.
+
+use super::error::ApiError;
+use drover_proto::v1::{
+    self, admin_server::Admin, operations_server::Operations, tasks_server::Tasks,
+};
+use tonic::{Request, Response, Status};
+
+fn unimplemented<T>(rpc: &'static str) -> Result<Response<T>, Status> {
+    Err(ApiError::Unimplemented(rpc).into())
+}
+
+/// drover.v1.Operations, not yet served.
+pub struct OperationsService;
+
+#[tonic::async_trait]
+impl Operations for OperationsService {
+    async fn get_operation(
+        &self,
+        _: Request<v1::GetOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        unimplemented("GetOperation")
+    }
+    async fn list_operations(
+        &self,
+        _: Request<v1::ListOperationsRequest>,
+    ) -> Result<Response<v1::ListOperationsResponse>, Status> {
+        unimplemented("ListOperations")
+    }
+    async fn wait_operation(
+        &self,
+        _: Request<v1::WaitOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        unimplemented("WaitOperation")
+    }
+    async fn cancel_operation(
+        &self,
+        _: Request<v1::CancelOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        unimplemented("CancelOperation")
+    }
+}
+
+/// drover.v1.Tasks, not yet served.
+pub struct TasksService;
+
+#[tonic::async_trait]
+impl Tasks for TasksService {
+    async fn put_task(&self, _: Request<v1::PutTaskRequest>) -> Result<Response<v1::Task>, Status> {
+        unimplemented("PutTask")
+    }
+    async fn delete_task(
+        &self,
+        _: Request<v1::DeleteTaskRequest>,
+    ) -> Result<Response<v1::DeleteTaskResponse>, Status> {
+        unimplemented("DeleteTask")
+    }
+    async fn get_task(&self, _: Request<v1::GetTaskRequest>) -> Result<Response<v1::Task>, Status> {
+        unimplemented("GetTask")
+    }
+    async fn list_tasks(
+        &self,
+        _: Request<v1::ListTasksRequest>,
+    ) -> Result<Response<v1::ListTasksResponse>, Status> {
+        unimplemented("ListTasks")
+    }
+    async fn list_task_runs(
+        &self,
+        _: Request<v1::ListTaskRunsRequest>,
+    ) -> Result<Response<v1::ListTaskRunsResponse>, Status> {
+        unimplemented("ListTaskRuns")
+    }
+}
+
+/// drover.v1.Admin, not yet served.
+pub struct AdminService;
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_members(
+        &self,
+        _: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        unimplemented("ListMembers")
+    }
+    async fn get_owner(
+        &self,
+        _: Request<v1::GetOwnerRequest>,
+    ) -> Result<Response<v1::Owner>, Status> {
+        unimplemented("GetOwner")
+    }
+}

@@ -1,0 +1,104 @@
+//! The JSON records of a cluster, one per etcd key (see [`crate::keys`]).
+//!
+//! Every record carries `schema`: a replica never rewrites a record whose
+//! schema is newer than [`SCHEMA_VERSION`].
+
+use super::ClusterState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The record schema this build writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Autoscaling bounds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autoscaling {
+    pub enabled: bool,
+    pub min: u32,
+    pub max: u32,
+}
+
+/// The desired state of a cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    pub version: String,
+    pub control_nodes: u32,
+    pub worker_nodes: u32,
+    pub node_offering: String,
+    #[serde(default)]
+    pub autoscaling: Autoscaling,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `clusters/<name>/spec`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecRecord {
+    pub schema: u32,
+    pub name: String,
+    pub uid: String,
+    /// Bumped on every spec change.
+    pub generation: i64,
+    pub spec: Spec,
+    /// RFC 3339.
+    pub created_at: String,
+    /// The idempotency key of the create, if the caller gave one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
+}
+
+/// The operation holding a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationSlot {
+    pub id: String,
+    /// The operation kind, so a refused request can say what holds the
+    /// cluster without another read.
+    pub kind: String,
+}
+
+/// `clusters/<name>/state`: the compare-and-swap target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateRecord {
+    pub schema: u32,
+    pub uid: String,
+    pub state: ClusterState,
+    /// The operation in progress; `null` when the cluster is free.
+    pub operation: Option<OperationSlot>,
+    /// RFC 3339 time of the last state change.
+    pub changed_at: String,
+}
+
+/// `clusters/<name>/status`: what Drover observed. Absent fields were not
+/// observed; nothing is filled from the spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRecord {
+    pub schema: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// One node as last observed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: String,
+    pub role: String,
+    pub power_state: String,
+    pub version: String,
+    pub ready: bool,
+}
+
+/// Every record of one cluster, read together.
+#[derive(Debug, Clone)]
+pub struct ClusterRecord {
+    pub spec: SpecRecord,
+    pub state: StateRecord,
+    /// Mod revision of the state key: the CAS operand.
+    pub state_revision: i64,
+    pub status: Option<StatusRecord>,
+}

@@ -1,0 +1,248 @@
+//! Reads and writes cluster records in the store.
+//!
+//! # Guarantees
+//! - A cluster's records are read in one range request, so spec, state and
+//!   status come from one store revision.
+//! - Create is one transaction that succeeds only while the name is free
+//!   (or held by a Destroyed cluster whose state has not changed since it was
+//!   read).
+
+use super::*;
+use crate::keys::KeyLayout;
+use crate::store::{
+    CmpOp, Compare, GetResult, KeyValue, Op, RangeRequest, SharedStore, StoreError, Txn,
+};
+use serde::de::DeserializeOwned;
+use std::time::SystemTime;
+
+/// Keys read per range request while paging through clusters.
+const LIST_BATCH: i64 = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("cluster {0:?} not found")]
+    NotFound(String),
+    #[error("cluster {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("record {key} is unreadable: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
+/// Which clusters a list returns.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFilter {
+    pub state: Option<ClusterState>,
+    /// Every one of these labels must match.
+    pub labels: Vec<(String, String)>,
+}
+
+impl ClusterFilter {
+    fn matches(&self, cluster: &ClusterRecord) -> bool {
+        self.state.is_none_or(|state| cluster.state.state == state)
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| cluster.spec.spec.labels.get(k) == Some(v))
+    }
+}
+
+/// One page of a cluster list.
+#[derive(Debug, Clone)]
+pub struct ClusterPage {
+    pub clusters: Vec<ClusterRecord>,
+    /// Name of the last cluster of this page when more may follow.
+    pub next_after: Option<String>,
+}
+
+/// The clusters in the store.
+#[derive(Clone)]
+pub struct Registry {
+    store: SharedStore,
+    keys: KeyLayout,
+}
+
+impl Registry {
+    pub fn new(store: SharedStore, keys: KeyLayout) -> Self {
+        Self { store, keys }
+    }
+
+    /// Writes a new cluster in state Created.
+    pub async fn create(&self, name: &str, spec: Spec, request_id: &str) -> Result<ClusterRecord> {
+        let existing = self.read_cluster(name).await?;
+        let guard = match &existing {
+            None => Compare::absent(self.keys.cluster_state(name)),
+            Some(cluster) if cluster.state.state == ClusterState::Destroyed => {
+                Compare::mod_revision(
+                    self.keys.cluster_state(name),
+                    CmpOp::Equal,
+                    cluster.state_revision,
+                )
+            }
+            Some(cluster) if !request_id.is_empty() && cluster.spec.request_id == request_id => {
+                // A retry of a create that already happened.
+                return Ok(cluster.clone());
+            }
+            Some(_) => return Err(RegistryError::AlreadyExists(name.to_string())),
+        };
+        let now = now_rfc3339();
+        let spec = SpecRecord {
+            schema: SCHEMA_VERSION,
+            name: name.to_string(),
+            uid: uuid::Uuid::new_v4().to_string(),
+            generation: 1,
+            spec,
+            created_at: now.clone(),
+            request_id: request_id.to_string(),
+        };
+        let state = StateRecord {
+            schema: SCHEMA_VERSION,
+            uid: spec.uid.clone(),
+            state: ClusterState::Created,
+            operation: None,
+            changed_at: now,
+        };
+        let txn = Txn::new().when([guard]).and_then([
+            // A destroyed predecessor's observations are not this cluster's.
+            Op::delete(self.keys.cluster_status(name)),
+            Op::put(self.keys.cluster_spec(name), to_json(&spec)),
+            Op::put(self.keys.cluster_state(name), to_json(&state)),
+        ]);
+        match self.store.cas(txn).await {
+            Ok(result) => Ok(ClusterRecord {
+                spec,
+                state,
+                state_revision: result.revision,
+                status: None,
+            }),
+            // Someone created (or changed) the cluster since it was read.
+            Err(StoreError::Conflict { .. }) => Err(RegistryError::AlreadyExists(name.to_string())),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Reads one cluster.
+    pub async fn get(&self, name: &str) -> Result<ClusterRecord> {
+        self.read_cluster(name)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound(name.to_string()))
+    }
+
+    /// Lists clusters in key order after `after`, at most `page_size`.
+    pub async fn list(
+        &self,
+        filter: &ClusterFilter,
+        after: Option<&str>,
+        page_size: usize,
+    ) -> Result<ClusterPage> {
+        let mut start = after.map_or_else(
+            || self.keys.clusters(),
+            |name| self.keys.after_cluster(name),
+        );
+        let mut clusters = Vec::new();
+        let mut pending: Vec<KeyValue> = Vec::new();
+        loop {
+            let batch = self
+                .store
+                .range(
+                    RangeRequest::prefix(self.keys.clusters())
+                        .starting_at(&start)
+                        .limit(LIST_BATCH),
+                )
+                .await?;
+            let more = batch.more;
+            if let Some(last) = batch.kvs.last() {
+                start = format!("{}\0", last.key);
+            }
+            for kv in batch.kvs {
+                let same_cluster = pending
+                    .first()
+                    .is_none_or(|first| self.cluster_of(first) == self.cluster_of(&kv));
+                if !same_cluster {
+                    if let Some(cluster) = self.assemble(std::mem::take(&mut pending))? {
+                        if filter.matches(&cluster) {
+                            clusters.push(cluster);
+                        }
+                    }
+                }
+                pending.push(kv);
+            }
+            // The last group may continue in the next batch: keep it pending.
+            if clusters.len() > page_size {
+                break;
+            }
+            if !more {
+                if let Some(cluster) = self.assemble(std::mem::take(&mut pending))? {
+                    if filter.matches(&cluster) {
+                        clusters.push(cluster);
+                    }
+                }
+                break;
+            }
+        }
+        let next_after = if clusters.len() > page_size {
+            clusters.truncate(page_size);
+            clusters.last().map(|c| c.spec.name.clone())
+        } else {
+            None
+        };
+        Ok(ClusterPage {
+            clusters,
+            next_after,
+        })
+    }
+
+    async fn read_cluster(&self, name: &str) -> Result<Option<ClusterRecord>> {
+        let GetResult { kvs, .. } = self
+            .store
+            .range(RangeRequest::prefix(self.keys.cluster(name)))
+            .await?;
+        self.assemble(kvs)
+    }
+
+    fn cluster_of<'k>(&self, kv: &'k KeyValue) -> Option<&'k str> {
+        self.keys.split_cluster_key(&kv.key).map(|(name, _)| name)
+    }
+
+    /// Builds a cluster from all of its keys; `None` when it has no state
+    /// key (a half-deleted or foreign entry).
+    fn assemble(&self, kvs: Vec<KeyValue>) -> Result<Option<ClusterRecord>> {
+        let (mut spec, mut state, mut status) = (None, None, None);
+        for kv in kvs {
+            match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {
+                Some("spec") => spec = Some(from_json::<SpecRecord>(&kv)?),
+                Some("state") => state = Some((from_json::<StateRecord>(&kv)?, kv.mod_revision)),
+                Some("status") => status = Some(from_json::<StatusRecord>(&kv)?),
+                _ => {}
+            }
+        }
+        Ok(match (spec, state) {
+            (Some(spec), Some((state, state_revision))) => Some(ClusterRecord {
+                spec,
+                state,
+                state_revision,
+                status,
+            }),
+            _ => None,
+        })
+    }
+}
+
+fn from_json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
+    serde_json::from_slice(&kv.value).map_err(|error| RegistryError::Corrupt {
+        key: kv.key.clone(),
+        reason: error.to_string(),
+    })
+}
+
+fn to_json<T: serde::Serialize>(record: &T) -> Vec<u8> {
+    serde_json::to_vec(record).expect("records always serialize")
+}
+
+/// The current time in RFC 3339, as stored in records.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}

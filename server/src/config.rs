@@ -1,0 +1,396 @@
+//! Configuration: flags, `DROVER_*` environment variables and an optional
+//! TOML file, merged in that order of precedence and validated before any
+//! port binds. A bad value is one clear line and exit code 64 (EX_USAGE).
+
+use crate::cluster::validate;
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Exit code for a configuration error (sysexits EX_USAGE).
+pub const EXIT_CONFIG: i32 = 64;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_ETCD: &str = "http://127.0.0.1:2379";
+pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
+/// Short enough for fast failover, long enough to ride out a GC pause or an
+/// etcd leader election (which renews every lease anyway).
+pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
+const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
+
+/// The command line of the `drover` binary.
+#[derive(Debug, Parser)]
+#[command(
+    name = "drover",
+    version,
+    about = "A replicated coordinator for cluster lifecycle operations"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a replica against etcd.
+    Serve(ServeArgs),
+    /// Run one replica with an in-memory store on loopback: no etcd needed.
+    Dev(DevArgs),
+}
+
+/// Flags of `drover serve`; each also reads a `DROVER_*` variable.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (flags and environment win).
+    #[arg(long, env = "DROVER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// Flags of `drover dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// gRPC listen address.
+    #[arg(long, env = "DROVER_LISTEN")]
+    pub listen: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, env = "DROVER_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// Every setting, as given (flags/environment or file); all optional here so
+/// that the sources can be layered.
+#[derive(Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Settings {
+    /// gRPC listen address [default: 127.0.0.1:7070].
+    #[arg(long, env = "DROVER_LISTEN")]
+    pub listen: Option<String>,
+    /// etcd client URLs, comma-separated [default: http://127.0.0.1:2379].
+    #[arg(long, env = "DROVER_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Prefix of every etcd key [default: /drover/v1/].
+    #[arg(long, env = "DROVER_KEY_PREFIX")]
+    pub key_prefix: Option<String>,
+    /// Replica lease TTL in seconds, 2-60 [default: 5].
+    #[arg(long, env = "DROVER_LEASE_TTL")]
+    pub lease_ttl: Option<i64>,
+    /// Replica id, a DNS-1123 label [default: the host name].
+    #[arg(long, env = "DROVER_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// Provider gRPC endpoint (http:// or https:// URL).
+    #[arg(long, env = "DROVER_PROVIDER")]
+    pub provider: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long, env = "DROVER_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+impl Settings {
+    /// `self` where set, otherwise `file`.
+    fn or(self, file: Settings) -> Settings {
+        Settings {
+            listen: self.listen.or(file.listen),
+            etcd_endpoints: self.etcd_endpoints.or(file.etcd_endpoints),
+            key_prefix: self.key_prefix.or(file.key_prefix),
+            lease_ttl: self.lease_ttl.or(file.lease_ttl),
+            replica_id: self.replica_id.or(file.replica_id),
+            provider: self.provider.or(file.provider),
+            log_format: self.log_format.or(file.log_format),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A validated replica configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub etcd_endpoints: Vec<String>,
+    pub key_prefix: String,
+    pub lease_ttl_seconds: i64,
+    pub replica_id: String,
+    pub provider: Option<String>,
+    pub log_format: LogFormat,
+}
+
+/// A configuration error: one line naming the setting.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {setting}: {reason}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub reason: String,
+}
+
+fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Loads `drover serve` settings: flags/environment over the file.
+    pub fn from_serve_args(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    invalid("config", format!("cannot read {}: {e}", path.display()))
+                })?;
+                toml::from_str::<Settings>(&text).map_err(|e| {
+                    invalid("config", format!("{}: {}", path.display(), e.message()))
+                })?
+            }
+            None => Settings::default(),
+        };
+        Self::from_settings(args.settings.or(file))
+    }
+
+    /// Loads `drover dev` settings (embedded mode).
+    pub fn from_dev_args(args: DevArgs) -> Result<Self, ConfigError> {
+        Self::from_settings(Settings {
+            listen: args.listen,
+            log_format: args.log_format,
+            replica_id: Some("dev".to_string()),
+            ..Settings::default()
+        })
+    }
+
+    fn from_settings(settings: Settings) -> Result<Self, ConfigError> {
+        let listen_text = settings
+            .listen
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen = listen_text.parse().map_err(|_| {
+            invalid(
+                "listen",
+                format!("{listen_text:?} is not an address of the form IP:PORT"),
+            )
+        })?;
+        let etcd_endpoints = settings
+            .etcd_endpoints
+            .unwrap_or_else(|| vec![DEFAULT_ETCD.to_string()]);
+        if etcd_endpoints.is_empty() {
+            return Err(invalid(
+                "etcd_endpoints",
+                "at least one endpoint is required",
+            ));
+        }
+        for endpoint in &etcd_endpoints {
+            check_url("etcd_endpoints", endpoint)?;
+        }
+        let key_prefix = settings
+            .key_prefix
+            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
+        if !key_prefix.starts_with('/')
+            || !key_prefix.ends_with('/')
+            || key_prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "key_prefix",
+                format!("{key_prefix:?} must start and end with '/' and contain no spaces"),
+            ));
+        }
+        let lease_ttl_seconds = settings.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL_SECONDS);
+        if !LEASE_TTL_RANGE.contains(&lease_ttl_seconds) {
+            return Err(invalid(
+                "lease_ttl",
+                format!(
+                    "{lease_ttl_seconds} is outside {}..={} seconds",
+                    LEASE_TTL_RANGE.start(),
+                    LEASE_TTL_RANGE.end()
+                ),
+            ));
+        }
+        let replica_id = match settings.replica_id {
+            Some(id) => id,
+            None => default_replica_id()?,
+        };
+        validate::cluster_name("replica_id", &replica_id)
+            .map_err(|e| invalid("replica_id", e.reason))?;
+        if let Some(provider) = &settings.provider {
+            check_url("provider", provider)?;
+        }
+        let log_format = match settings.log_format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(invalid(
+                    "log_format",
+                    format!("{other:?} is neither text nor json"),
+                ))
+            }
+        };
+        Ok(Config {
+            listen,
+            etcd_endpoints,
+            key_prefix,
+            lease_ttl_seconds,
+            replica_id,
+            provider: settings.provider,
+            log_format,
+        })
+    }
+}
+
+/// The host name, when it is a usable replica id.
+fn default_replica_id() -> Result<String, ConfigError> {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    if validate::cluster_name("replica_id", &host).is_ok() {
+        Ok(host)
+    } else {
+        Err(invalid(
+            "replica_id",
+            format!("the host name {host:?} is not a DNS-1123 label; set --replica-id"),
+        ))
+    }
+}
+
+fn check_url(setting: &'static str, url: &str) -> Result<(), ConfigError> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| {
+            invalid(
+                setting,
+                format!("{url:?} must start with http:// or https://"),
+            )
+        })?;
+    let authority = rest.trim_end_matches('/');
+    let port_ok = authority
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !port_ok || authority.contains('/') {
+        return Err(invalid(
+            setting,
+            format!("{url:?} must be of the form http://HOST:PORT"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            replica_id: Some("r1".into()),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = Config::from_settings(settings()).unwrap();
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.key_prefix, DEFAULT_KEY_PREFIX);
+        assert_eq!(config.lease_ttl_seconds, DEFAULT_LEASE_TTL_SECONDS);
+        assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn each_bad_value_names_its_setting() {
+        let cases: Vec<(Settings, &str)> = vec![
+            (
+                Settings {
+                    listen: Some("nowhere".into()),
+                    ..settings()
+                },
+                "listen",
+            ),
+            (
+                Settings {
+                    etcd_endpoints: Some(vec!["127.0.0.1:2379".into()]),
+                    ..settings()
+                },
+                "etcd_endpoints",
+            ),
+            (
+                Settings {
+                    etcd_endpoints: Some(vec![]),
+                    ..settings()
+                },
+                "etcd_endpoints",
+            ),
+            (
+                Settings {
+                    key_prefix: Some("drover".into()),
+                    ..settings()
+                },
+                "key_prefix",
+            ),
+            (
+                Settings {
+                    lease_ttl: Some(1),
+                    ..settings()
+                },
+                "lease_ttl",
+            ),
+            (
+                Settings {
+                    lease_ttl: Some(61),
+                    ..settings()
+                },
+                "lease_ttl",
+            ),
+            (
+                Settings {
+                    replica_id: Some("Bad_Id".into()),
+                    ..Settings::default()
+                },
+                "replica_id",
+            ),
+            (
+                Settings {
+                    provider: Some("http://host".into()),
+                    ..settings()
+                },
+                "provider",
+            ),
+            (
+                Settings {
+                    log_format: Some("xml".into()),
+                    ..settings()
+                },
+                "log_format",
+            ),
+        ];
+        for (settings, setting) in cases {
+            let error = Config::from_settings(settings).unwrap_err();
+            assert_eq!(error.setting, setting, "{error}");
+            assert!(!error.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file: Settings =
+            toml::from_str("lease_ttl = 9\nlisten = \"127.0.0.1:1\"\nreplica_id = \"f\"").unwrap();
+        let flags = Settings {
+            lease_ttl: Some(3),
+            ..Settings::default()
+        };
+        let config = Config::from_settings(flags.or(file)).unwrap();
+        assert_eq!(config.lease_ttl_seconds, 3);
+        assert_eq!(config.listen.port(), 1);
+        assert_eq!(config.replica_id, "f");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_refused() {
+        assert!(toml::from_str::<Settings>("lease_tll = 3").is_err());
+    }
+}

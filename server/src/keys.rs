@@ -1,0 +1,90 @@
+//! The etcd key layout, a user-facing contract (documented in the README).
+//!
+//! Every cluster key ends its name with `/`, so `clusters/foo/` is never a
+//! prefix of `clusters/foobar/`.
+
+/// Builds every key Drover writes, under one configurable prefix.
+#[derive(Debug, Clone)]
+pub struct KeyLayout {
+    prefix: String,
+}
+
+impl KeyLayout {
+    /// `prefix` must start and end with `/` (checked by the config).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// `<prefix>clusters/`: every key of every cluster.
+    pub fn clusters(&self) -> String {
+        format!("{}clusters/", self.prefix)
+    }
+
+    /// `<prefix>clusters/<name>/`: every key of one cluster.
+    pub fn cluster(&self, name: &str) -> String {
+        format!("{}clusters/{name}/", self.prefix)
+    }
+
+    /// The desired state, written by users.
+    pub fn cluster_spec(&self, name: &str) -> String {
+        format!("{}spec", self.cluster(name))
+    }
+
+    /// The lifecycle state and operation slot: the CAS target.
+    pub fn cluster_state(&self, name: &str) -> String {
+        format!("{}state", self.cluster(name))
+    }
+
+    /// The observed status, written only by Drover.
+    pub fn cluster_status(&self, name: &str) -> String {
+        format!("{}status", self.cluster(name))
+    }
+
+    /// The first key after every key of cluster `name`, for paging: `/` is
+    /// followed by `0` in byte order and no cluster name contains `/`.
+    pub fn after_cluster(&self, name: &str) -> String {
+        format!("{}clusters/{name}0", self.prefix)
+    }
+
+    /// The cluster name and the rest of a key under `clusters/`.
+    pub fn split_cluster_key<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix("clusters/")?;
+        rest.split_once('/')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_keys_are_not_prefixes_of_each_other() {
+        let keys = KeyLayout::new("/drover/v1/");
+        assert_eq!(keys.cluster_state("foo"), "/drover/v1/clusters/foo/state");
+        assert!(!keys
+            .cluster_spec("foobar")
+            .starts_with(&keys.cluster("foo")));
+    }
+
+    #[test]
+    fn paging_skips_all_keys_of_a_cluster_and_nothing_else() {
+        let keys = KeyLayout::new("/p/");
+        let after = keys.after_cluster("foo");
+        assert!(keys.cluster_status("foo") < after);
+        assert!(keys.cluster_spec("foo0") >= after);
+        assert!(keys.cluster_spec("fooa") > after);
+        assert!(keys.cluster_spec("foo-bar") < keys.cluster_spec("foo"));
+    }
+
+    #[test]
+    fn split_cluster_key_returns_name_and_leaf() {
+        let keys = KeyLayout::new("/p/");
+        assert_eq!(
+            keys.split_cluster_key("/p/clusters/foo/state"),
+            Some(("foo", "state"))
+        );
+        assert_eq!(keys.split_cluster_key("/p/owners/foo"), None);
+    }
+}

@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "drover/v1/task.proto",
     "drover/v1/admin.proto",
     "drover/provider/v1/provider.proto",
+    "drover/provider/v1/simulator.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -3,6 +3,8 @@
 //! port binds. A bad value is one clear line and exit code 64 (EX_USAGE).
 
 use crate::cluster::validate;
+use crate::executor::Timeouts;
+use crate::operation::OperationKind;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -17,6 +19,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
 /// Short enough for fast failover, long enough to ride out a GC pause or an
 /// etcd leader election (which renews every lease anyway).
 pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
+pub const DEFAULT_OPERATION_HISTORY: usize = 50;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 
 /// The command line of the `drover` binary.
@@ -86,6 +89,18 @@ pub struct Settings {
     /// Log format: text or json [default: text].
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Operation timeout per kind, KIND=SECONDS (repeatable; kinds: start,
+    /// stop, scale, upgrade, add-nodes, remove-nodes, destroy, recover)
+    /// [default: 3600, remove-nodes 900].
+    #[arg(
+        long = "operation-timeout",
+        env = "DROVER_OPERATION_TIMEOUTS",
+        value_delimiter = ','
+    )]
+    pub operation_timeout: Option<Vec<String>>,
+    /// Finished operations kept per cluster [default: 50].
+    #[arg(long, env = "DROVER_OPERATION_HISTORY")]
+    pub operation_history: Option<usize>,
 }
 
 impl Settings {
@@ -99,6 +114,8 @@ impl Settings {
             replica_id: self.replica_id.or(file.replica_id),
             provider: self.provider.or(file.provider),
             log_format: self.log_format.or(file.log_format),
+            operation_timeout: self.operation_timeout.or(file.operation_timeout),
+            operation_history: self.operation_history.or(file.operation_history),
         }
     }
 }
@@ -119,6 +136,8 @@ pub struct Config {
     pub replica_id: String,
     pub provider: Option<String>,
     pub log_format: LogFormat,
+    pub operation_timeouts: Timeouts,
+    pub operation_history: usize,
 }
 
 /// A configuration error: one line naming the setting.
@@ -229,7 +248,44 @@ impl Config {
                 ))
             }
         };
+        let mut operation_timeouts = Timeouts::default();
+        for entry in settings.operation_timeout.unwrap_or_default() {
+            let (kind, seconds) = entry.split_once('=').ok_or_else(|| {
+                invalid(
+                    "operation_timeout",
+                    format!("{entry:?} is not KIND=SECONDS"),
+                )
+            })?;
+            let kind = OperationKind::from_name(kind).ok_or_else(|| {
+                invalid(
+                    "operation_timeout",
+                    format!("{kind:?} is not an operation kind"),
+                )
+            })?;
+            let seconds: u64 = seconds
+                .parse()
+                .ok()
+                .filter(|s| (1..=86_400).contains(s))
+                .ok_or_else(|| {
+                    invalid(
+                        "operation_timeout",
+                        format!("{seconds:?} is not 1-86400 seconds"),
+                    )
+                })?;
+            operation_timeouts.set(kind, std::time::Duration::from_secs(seconds));
+        }
+        let operation_history = settings
+            .operation_history
+            .unwrap_or(DEFAULT_OPERATION_HISTORY);
+        if !(1..=10_000).contains(&operation_history) {
+            return Err(invalid(
+                "operation_history",
+                format!("{operation_history} is outside 1..=10000"),
+            ));
+        }
         Ok(Config {
+            operation_timeouts,
+            operation_history,
             listen,
             etcd_endpoints,
             key_prefix,

@@ -42,6 +42,21 @@ impl KeyLayout {
         format!("{}status", self.cluster(name))
     }
 
+    /// `<prefix>operations/<cluster>/`: the operation history of a cluster.
+    pub fn operations(&self, cluster: &str) -> String {
+        format!("{}operations/{cluster}/", self.prefix)
+    }
+
+    /// One operation record; ids are time-ordered (UUIDv7).
+    pub fn operation(&self, cluster: &str, id: &str) -> String {
+        format!("{}{id}", self.operations(cluster))
+    }
+
+    /// The idempotency index: request id -> operation id.
+    pub fn request(&self, cluster: &str, request_id: &str) -> String {
+        format!("{}requests/{cluster}/{request_id}", self.prefix)
+    }
+
     /// The first key after every key of cluster `name`, for paging: `/` is
     /// followed by `0` in byte order and no cluster name contains `/`.
     pub fn after_cluster(&self, name: &str) -> String {

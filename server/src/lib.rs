@@ -11,7 +11,10 @@
 pub mod api;
 pub mod cluster;
 pub mod config;
+pub mod executor;
 pub mod keys;
+pub mod operation;
+pub mod provider;
 pub mod server;
 pub mod store;
 pub mod telemetry;

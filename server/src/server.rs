@@ -2,9 +2,11 @@
 //! shutdown signal, then drains in-flight RPCs.
 
 use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
-use crate::cluster::Registry;
 use crate::config::Config;
+use crate::executor::Executor;
 use crate::keys::KeyLayout;
+use crate::operation::Operations;
+use crate::provider::Provider;
 use crate::store::SharedStore;
 use drover_proto::v1::{
     admin_server::AdminServer, clusters_server::ClustersServer,
@@ -30,15 +32,36 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
-/// Serves the replica's gRPC API until `shutdown` completes.
+/// Serves the replica's gRPC API until `shutdown` completes. Without a
+/// provider the replica accepts no lifecycle operations.
 pub async fn serve(
     config: &Config,
     store: SharedStore,
+    provider: Option<Provider>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let registry = Registry::new(store, KeyLayout::new(config.key_prefix.clone()));
+    let keys = KeyLayout::new(config.key_prefix.clone());
+    let operations = Operations::new(store.clone(), keys.clone(), config.operation_history);
+    let (stop_work, work_stopped) = tokio::sync::watch::channel(false);
+    let executes = provider.is_some();
+    if let Some(provider) = provider {
+        // This incarnation's fencing epoch: newer than any before it.
+        let epoch = store.get(&keys.clusters()).await?.revision;
+        let executor = Executor::new(
+            operations.clone(),
+            provider,
+            config.replica_id.clone(),
+            epoch,
+            config.operation_timeouts.clone(),
+        );
+        tokio::spawn(executor.run(work_stopped));
+    } else {
+        tracing::warn!("no provider configured: lifecycle operations are refused");
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -75,6 +98,7 @@ pub async fn serve(
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
+        let _ = stop_work.send(true);
         tracing::info!(grace = ?DRAIN_GRACE, "shutting down: draining in-flight requests");
         let _ = draining_tx.send(());
     };
@@ -89,8 +113,11 @@ pub async fn serve(
     let serving = Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(ClustersServer::new(ClustersService::new(registry)))
-        .add_service(OperationsServer::new(OperationsService))
+        .add_service(ClustersServer::new(ClustersService::new(
+            operations.clone(),
+            executes,
+        )))
+        .add_service(OperationsServer::new(OperationsService::new(operations)))
         .add_service(TasksServer::new(TasksService))
         .add_service(AdminServer::new(AdminService))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain);

@@ -1,9 +1,12 @@
 //! The drover.v1.Clusters service.
 
-use super::convert::{cluster_to_proto, spec_from_proto, state_from_proto};
+use super::convert::{cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto};
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{ClusterFilter, Registry};
+use crate::cluster::{Autoscaling, ClusterFilter, Registry};
+use crate::operation::{
+    LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
+};
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
 use tokio_stream::Stream;
@@ -12,14 +15,121 @@ use tonic::{Request, Response, Status};
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 
+const MAX_ADD_NODES: u32 = 100;
+
 /// Serves cluster CRUD and lifecycle requests.
 pub struct ClustersService {
+    operations: Operations,
     registry: Registry,
+    /// Whether this replica can run operations (has a provider).
+    executes: bool,
 }
 
 impl ClustersService {
-    pub fn new(registry: Registry) -> Self {
-        Self { registry }
+    pub fn new(operations: Operations, executes: bool) -> Self {
+        Self {
+            registry: operations.registry().clone(),
+            operations,
+            executes,
+        }
+    }
+
+    /// Validates the common fields and accepts the request.
+    async fn lifecycle(
+        &self,
+        name: &str,
+        request_id: &str,
+        kind: OperationKind,
+        params: OperationParams,
+    ) -> ApiResult<v1::Operation> {
+        validate::cluster_name("name", name)?;
+        validate::request_id("request_id", request_id)?;
+        if !self.executes {
+            return Err(LifecycleError::NoProvider.into());
+        }
+        let request = LifecycleRequest {
+            kind,
+            params,
+            request_id: request_id.to_string(),
+        };
+        Ok(operation_to_proto(
+            self.operations.accept(name, request).await?,
+        ))
+    }
+
+    async fn scale(&self, request: v1::ScaleClusterRequest) -> ApiResult<v1::Operation> {
+        if request.worker_nodes.is_none()
+            && request.node_offering.is_none()
+            && request.autoscaling.is_none()
+        {
+            return Err(FieldError::new(
+                "worker_nodes",
+                "one of worker_nodes, node_offering or autoscaling is required",
+            )
+            .into());
+        }
+        if let Some(offering) = &request.node_offering {
+            validate::node_offering("node_offering", offering)?;
+        }
+        if request
+            .worker_nodes
+            .is_some_and(|n| n > validate::MAX_WORKER_NODES)
+        {
+            return Err(FieldError::new(
+                "worker_nodes",
+                format!("must be at most {}", validate::MAX_WORKER_NODES),
+            )
+            .into());
+        }
+        let params = OperationParams {
+            worker_nodes: request.worker_nodes,
+            node_offering: request.node_offering,
+            autoscaling: request.autoscaling.map(|a| Autoscaling {
+                enabled: a.enabled,
+                min: a.min,
+                max: a.max,
+            }),
+            ..OperationParams::default()
+        };
+        self.lifecycle(
+            &request.name,
+            &request.request_id,
+            OperationKind::Scale,
+            params,
+        )
+        .await
+    }
+
+    async fn remove_nodes(&self, request: v1::RemoveNodesRequest) -> ApiResult<v1::Operation> {
+        if request.node_ids.is_empty() {
+            return Err(FieldError::new("node_ids", "at least one node id is required").into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, id) in request.node_ids.iter().enumerate() {
+            if id.is_empty() || id.len() > 128 {
+                return Err(
+                    FieldError::new(format!("node_ids[{i}]"), "must be 1-128 characters").into(),
+                );
+            }
+            if !seen.insert(id) {
+                return Err(FieldError::new(
+                    format!("node_ids[{i}]"),
+                    format!("{id:?} is listed twice"),
+                )
+                .into());
+            }
+        }
+        let params = OperationParams {
+            node_ids: request.node_ids,
+            ..OperationParams::default()
+        };
+        self.lifecycle(
+            &request.name,
+            &request.request_id,
+            OperationKind::RemoveNodes,
+            params,
+        )
+        .await
     }
 
     async fn create(
@@ -29,14 +139,18 @@ impl ClustersService {
         validate::cluster_name("name", &request.name)?;
         let spec = spec_from_proto("spec", request.spec)?;
         validate::request_id("request_id", &request.request_id)?;
-        let cluster = self
-            .registry
-            .create(&request.name, spec, &request.request_id)
+        let start = !request.create_only;
+        if start && !self.executes {
+            return Err(LifecycleError::NoProvider.into());
+        }
+        let (cluster, operation) = self
+            .operations
+            .create_cluster(&request.name, spec, &request.request_id, start)
             .await?;
-        tracing::info!(cluster = %request.name, uid = %cluster.spec.uid, "cluster created");
+        tracing::info!(cluster = %request.name, uid = %cluster.spec.uid, start, "cluster created");
         Ok(v1::CreateClusterResponse {
             cluster: Some(cluster_to_proto(cluster)),
-            operation: None,
+            operation: operation.map(operation_to_proto),
         })
     }
 
@@ -148,58 +262,109 @@ impl Clusters for ClustersService {
 
     async fn delete_cluster(
         &self,
-        _: Request<v1::DeleteClusterRequest>,
+        request: Request<v1::DeleteClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("DeleteCluster")
+        let r = request.into_inner();
+        let op = self.lifecycle(
+            &r.name,
+            &r.request_id,
+            OperationKind::Destroy,
+            OperationParams::default(),
+        );
+        Ok(Response::new(op.await?))
     }
 
     async fn start_cluster(
         &self,
-        _: Request<v1::StartClusterRequest>,
+        request: Request<v1::StartClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("StartCluster")
+        let r = request.into_inner();
+        let op = self.lifecycle(
+            &r.name,
+            &r.request_id,
+            OperationKind::Start,
+            OperationParams::default(),
+        );
+        Ok(Response::new(op.await?))
     }
 
     async fn stop_cluster(
         &self,
-        _: Request<v1::StopClusterRequest>,
+        request: Request<v1::StopClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("StopCluster")
+        let r = request.into_inner();
+        let op = self.lifecycle(
+            &r.name,
+            &r.request_id,
+            OperationKind::Stop,
+            OperationParams::default(),
+        );
+        Ok(Response::new(op.await?))
     }
 
     async fn scale_cluster(
         &self,
-        _: Request<v1::ScaleClusterRequest>,
+        request: Request<v1::ScaleClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("ScaleCluster")
+        Ok(Response::new(self.scale(request.into_inner()).await?))
     }
 
     async fn upgrade_cluster(
         &self,
-        _: Request<v1::UpgradeClusterRequest>,
+        request: Request<v1::UpgradeClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("UpgradeCluster")
+        let r = request.into_inner();
+        validate::version("version", &r.version).map_err(ApiError::from)?;
+        let params = OperationParams {
+            version: Some(r.version),
+            ..OperationParams::default()
+        };
+        Ok(Response::new(
+            self.lifecycle(&r.name, &r.request_id, OperationKind::Upgrade, params)
+                .await?,
+        ))
     }
 
     async fn add_nodes(
         &self,
-        _: Request<v1::AddNodesRequest>,
+        request: Request<v1::AddNodesRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("AddNodes")
+        let r = request.into_inner();
+        if !(1..=MAX_ADD_NODES).contains(&r.count) {
+            let error = FieldError::new("count", format!("must be between 1 and {MAX_ADD_NODES}"));
+            return Err(ApiError::from(error).into());
+        }
+        let params = OperationParams {
+            add_count: Some(r.count),
+            ..OperationParams::default()
+        };
+        Ok(Response::new(
+            self.lifecycle(&r.name, &r.request_id, OperationKind::AddNodes, params)
+                .await?,
+        ))
     }
 
     async fn remove_nodes(
         &self,
-        _: Request<v1::RemoveNodesRequest>,
+        request: Request<v1::RemoveNodesRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("RemoveNodes")
+        Ok(Response::new(
+            ClustersService::remove_nodes(self, request.into_inner()).await?,
+        ))
     }
 
     async fn recover_cluster(
         &self,
-        _: Request<v1::RecoverClusterRequest>,
+        request: Request<v1::RecoverClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("RecoverCluster")
+        let r = request.into_inner();
+        let op = self.lifecycle(
+            &r.name,
+            &r.request_id,
+            OperationKind::Recover,
+            OperationParams::default(),
+        );
+        Ok(Response::new(op.await?))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Conversions between stored records and drover.v1 messages.
 
 use crate::cluster::{self, validate, ClusterRecord, ClusterState};
+use crate::operation::{OperationKind, OperationRecord, OperationState};
 use drover_proto::v1;
 use std::time::SystemTime;
 
@@ -109,12 +110,85 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
             current_version: status.current_version,
             observed_generation: status.observed_generation,
             current_operation: state.operation.map(|slot| slot.id),
-            last_operation: None,
+            last_operation: status.last_operation.map(|last| v1::LastOperationResult {
+                operation_id: last.id,
+                kind: OperationKind::from_name(&last.kind).map_or(0, |k| kind_to_proto(k) as i32),
+                state: match last.state.as_str() {
+                    "Succeeded" => v1::OperationState::Succeeded,
+                    "Failed" => v1::OperationState::Failed,
+                    "Cancelled" => v1::OperationState::Cancelled,
+                    _ => v1::OperationState::Unspecified,
+                } as i32,
+                message: last.message,
+            }),
             message: status.message,
             state_changed_at: timestamp(&state.changed_at),
         }),
         created_at: timestamp(&spec.created_at),
         revision: state_revision,
+    }
+}
+
+pub fn kind_to_proto(kind: OperationKind) -> v1::OperationKind {
+    use v1::OperationKind as P;
+    match kind {
+        OperationKind::Start => P::Start,
+        OperationKind::Stop => P::Stop,
+        OperationKind::Scale => P::Scale,
+        OperationKind::Upgrade => P::Upgrade,
+        OperationKind::AddNodes => P::AddNodes,
+        OperationKind::RemoveNodes => P::RemoveNodes,
+        OperationKind::Destroy => P::Destroy,
+        OperationKind::Recover => P::Recover,
+    }
+}
+
+fn operation_state_to_proto(state: OperationState) -> v1::OperationState {
+    match state {
+        OperationState::Pending => v1::OperationState::Pending,
+        OperationState::Running => v1::OperationState::Running,
+        OperationState::Succeeded => v1::OperationState::Succeeded,
+        OperationState::Failed => v1::OperationState::Failed,
+        OperationState::Cancelled => v1::OperationState::Cancelled,
+    }
+}
+
+pub fn operation_to_proto(op: OperationRecord) -> v1::Operation {
+    let autoscaling = op.params.autoscaling.clone();
+    v1::Operation {
+        id: op.id,
+        cluster: op.cluster,
+        cluster_uid: op.cluster_uid,
+        kind: kind_to_proto(op.kind) as i32,
+        params: Some(v1::OperationParams {
+            worker_nodes: op.params.worker_nodes,
+            node_offering: op.params.node_offering,
+            autoscaling_enabled: autoscaling.as_ref().map(|a| a.enabled),
+            autoscaling_min: autoscaling.as_ref().map(|a| a.min),
+            autoscaling_max: autoscaling.as_ref().map(|a| a.max),
+            version: op.params.version,
+            add_count: op.params.add_count,
+            node_ids: op.params.node_ids,
+        }),
+        state: operation_state_to_proto(op.state) as i32,
+        from_state: state_to_proto(op.from_state) as i32,
+        entered_state: state_to_proto(op.entered_state) as i32,
+        progress: op.progress.map(|p| v1::Progress {
+            step: p.step,
+            total_steps: p.total_steps,
+            step_name: p.step_name,
+        }),
+        error: op.error.map(|e| v1::OperationError {
+            code: e.code,
+            message: e.message,
+        }),
+        replica: op.replica,
+        owner_epoch: op.owner_epoch,
+        request_id: op.request_id,
+        created_at: timestamp(&op.created_at),
+        started_at: op.started_at.as_deref().and_then(timestamp),
+        finished_at: op.finished_at.as_deref().and_then(timestamp),
+        cancel_requested: op.cancel_requested,
     }
 }
 

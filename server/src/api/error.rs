@@ -2,6 +2,7 @@
 
 use crate::cluster::validate::FieldError;
 use crate::cluster::RegistryError;
+use crate::operation::LifecycleError;
 use crate::store::StoreError;
 use tonic::Status;
 
@@ -12,6 +13,8 @@ pub enum ApiError {
     InvalidArgument(#[from] FieldError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
     #[error("{0} is not implemented by this version of Drover")]
     Unimplemented(&'static str),
 }
@@ -28,6 +31,15 @@ impl From<ApiError> for Status {
         match error {
             ApiError::InvalidArgument(_) => Status::invalid_argument(message),
             ApiError::Unimplemented(_) => Status::unimplemented(message),
+            ApiError::Lifecycle(error) => match error {
+                LifecycleError::NotFound { .. } => Status::not_found(message),
+                LifecycleError::Busy { .. } | LifecycleError::Raced(_) => Status::aborted(message),
+                LifecycleError::NoTransition { .. }
+                | LifecycleError::StoppedClusterScale(_)
+                | LifecycleError::NoProvider => Status::failed_precondition(message),
+                LifecycleError::Invalid(field) => ApiError::InvalidArgument(field).into(),
+                LifecycleError::Registry(error) => ApiError::Registry(error).into(),
+            },
             ApiError::Registry(error) => match error {
                 RegistryError::NotFound(_) => Status::not_found(message),
                 RegistryError::AlreadyExists(_) => Status::already_exists(message),

@@ -4,8 +4,10 @@
 mod clusters;
 mod convert;
 mod error;
+mod operations;
 mod pending;
 
 pub use clusters::ClustersService;
 pub use error::ApiError;
-pub use pending::{AdminService, OperationsService, TasksService};
+pub use operations::OperationsService;
+pub use pending::{AdminService, TasksService};

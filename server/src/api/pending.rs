@@ -2,44 +2,11 @@
 //! contract so clients can be written now, answering UNIMPLEMENTED.
 
 use super::error::ApiError;
-use drover_proto::v1::{
-    self, admin_server::Admin, operations_server::Operations, tasks_server::Tasks,
-};
+use drover_proto::v1::{self, admin_server::Admin, tasks_server::Tasks};
 use tonic::{Request, Response, Status};
 
 fn unimplemented<T>(rpc: &'static str) -> Result<Response<T>, Status> {
     Err(ApiError::Unimplemented(rpc).into())
-}
-
-/// drover.v1.Operations, not yet served.
-pub struct OperationsService;
-
-#[tonic::async_trait]
-impl Operations for OperationsService {
-    async fn get_operation(
-        &self,
-        _: Request<v1::GetOperationRequest>,
-    ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("GetOperation")
-    }
-    async fn list_operations(
-        &self,
-        _: Request<v1::ListOperationsRequest>,
-    ) -> Result<Response<v1::ListOperationsResponse>, Status> {
-        unimplemented("ListOperations")
-    }
-    async fn wait_operation(
-        &self,
-        _: Request<v1::WaitOperationRequest>,
-    ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("WaitOperation")
-    }
-    async fn cancel_operation(
-        &self,
-        _: Request<v1::CancelOperationRequest>,
-    ) -> Result<Response<v1::Operation>, Status> {
-        unimplemented("CancelOperation")
-    }
 }
 
 /// drover.v1.Tasks, not yet served.

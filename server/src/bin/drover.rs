@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use drover_server::config::{Cli, Command, Config, EXIT_CONFIG};
+use drover_server::provider::{self, Provider};
 use drover_server::server;
 use drover_server::store::{EtcdOptions, EtcdStore, MemoryStore, SharedStore, Store};
 use std::process::ExitCode;
@@ -42,22 +43,47 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config, embedded: bool) -> ExitCode {
-    let store: SharedStore = if embedded {
-        tracing::info!("embedded mode: in-memory store, state is lost on exit");
-        Arc::new(MemoryStore::new())
+    let (store, provider): (SharedStore, Option<Provider>) = if embedded {
+        tracing::info!(
+            "embedded mode: in-memory store and simulated provider, state is lost on exit"
+        );
+        match start_simulator().await {
+            Ok(provider) => (Arc::new(MemoryStore::new()), Some(provider)),
+            Err(error) => {
+                tracing::error!(%error, "cannot start the simulated provider");
+                return ExitCode::FAILURE;
+            }
+        }
     } else {
-        match connect_etcd(&config).await {
+        let store = match connect_etcd(&config).await {
             Some(store) => Arc::new(store),
             None => return ExitCode::from(EXIT_UNAVAILABLE),
-        }
+        };
+        let provider = config.provider.as_deref().map(|endpoint| {
+            provider::connect_lazy(endpoint).expect("provider URL validated by the config")
+        });
+        (store, provider)
     };
-    match server::serve(&config, store, shutdown_signal()).await {
+    match server::serve(&config, store, provider, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "replica failed");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs the simulated provider in this process, on a loopback port.
+async fn start_simulator() -> std::io::Result<Provider> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, "simulated provider (Provider and Simulator services)");
+    tokio::spawn(provider::sim::serve(
+        provider::sim::SimProvider::new(),
+        listener,
+        std::future::pending(),
+    ));
+    Ok(provider::connect_lazy(&format!("http://{address}")).expect("a loopback URL"))
 }
 
 /// Connects to etcd, retrying for a while: etcd often starts alongside.

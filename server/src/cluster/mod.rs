@@ -1,14 +1,18 @@
 //! Clusters: their stored records, their states, validation of what users
 //! ask for, and the registry that reads and writes them.
 
+pub mod machine;
 mod record;
 mod registry;
 mod state;
 pub mod validate;
 
 pub use record::{
-    Autoscaling, ClusterRecord, NodeStatus, OperationSlot, Spec, SpecRecord, StateRecord,
-    StatusRecord, SCHEMA_VERSION,
+    Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
+    StateRecord, StatusRecord, SCHEMA_VERSION,
 };
-pub use registry::{ClusterFilter, ClusterPage, Registry, RegistryError};
+pub use registry::{
+    from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,
+    RegistryError,
+};
 pub use state::ClusterState;

@@ -81,6 +81,20 @@ pub struct StatusRecord {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_operation: Option<LastOperation>,
+}
+
+/// The outcome of the last finished operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastOperation {
+    pub id: String,
+    /// Operation kind name (`start`, `upgrade`, ...).
+    pub kind: String,
+    /// `Succeeded`, `Failed` or `Cancelled`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// One node as last observed.

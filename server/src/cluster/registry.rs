@@ -32,6 +32,15 @@ pub enum RegistryError {
 
 pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 
+/// An operation accepted together with a create.
+pub struct FirstOperation {
+    pub slot: OperationSlot,
+    /// The state the cluster enters instead of Created.
+    pub entered: ClusterState,
+    /// The operation's own records.
+    pub writes: Vec<Op>,
+}
+
 /// Which clusters a list returns.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterFilter {
@@ -70,8 +79,16 @@ impl Registry {
         Self { store, keys }
     }
 
-    /// Writes a new cluster in state Created.
-    pub async fn create(&self, name: &str, spec: Spec, request_id: &str) -> Result<ClusterRecord> {
+    /// Writes a new cluster (identified by `uid`) in state Created; with
+    /// `first`, accepts its first operation in the same transaction.
+    pub async fn create(
+        &self,
+        name: &str,
+        uid: String,
+        spec: Spec,
+        request_id: &str,
+        first: Option<FirstOperation>,
+    ) -> Result<ClusterRecord> {
         let existing = self.read_cluster(name).await?;
         let guard = match &existing {
             None => Compare::absent(self.keys.cluster_state(name)),
@@ -92,7 +109,7 @@ impl Registry {
         let spec = SpecRecord {
             schema: SCHEMA_VERSION,
             name: name.to_string(),
-            uid: uuid::Uuid::new_v4().to_string(),
+            uid,
             generation: 1,
             spec,
             created_at: now.clone(),
@@ -101,16 +118,19 @@ impl Registry {
         let state = StateRecord {
             schema: SCHEMA_VERSION,
             uid: spec.uid.clone(),
-            state: ClusterState::Created,
-            operation: None,
+            state: first.as_ref().map_or(ClusterState::Created, |f| f.entered),
+            operation: first.as_ref().map(|f| f.slot.clone()),
             changed_at: now,
         };
-        let txn = Txn::new().when([guard]).and_then([
-            // A destroyed predecessor's observations are not this cluster's.
-            Op::delete(self.keys.cluster_status(name)),
-            Op::put(self.keys.cluster_spec(name), to_json(&spec)),
-            Op::put(self.keys.cluster_state(name), to_json(&state)),
-        ]);
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([
+                // A destroyed predecessor's observations are not this cluster's.
+                Op::delete(self.keys.cluster_status(name)),
+                Op::put(self.keys.cluster_spec(name), to_json(&spec)),
+                Op::put(self.keys.cluster_state(name), to_json(&state)),
+            ])
+            .and_then(first.map(|f| f.writes).unwrap_or_default());
         match self.store.cas(txn).await {
             Ok(result) => Ok(ClusterRecord {
                 spec,
@@ -231,14 +251,16 @@ impl Registry {
     }
 }
 
-fn from_json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
+/// A stored record, or why it cannot be read.
+pub fn from_json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
     serde_json::from_slice(&kv.value).map_err(|error| RegistryError::Corrupt {
         key: kv.key.clone(),
         reason: error.to_string(),
     })
 }
 
-fn to_json<T: serde::Serialize>(record: &T) -> Vec<u8> {
+/// A record as stored: compact JSON.
+pub fn to_json<T: serde::Serialize>(record: &T) -> Vec<u8> {
     serde_json::to_vec(record).expect("records always serialize")
 }
 

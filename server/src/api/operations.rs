@@ -1,0 +1,130 @@
+//! The drover.v1.Operations service.
+
+use super::convert::operation_to_proto;
+use super::error::ApiResult;
+use crate::cluster::validate::{self, FieldError};
+use crate::operation::Operations;
+use drover_proto::v1::{self, operations_server};
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+const DEFAULT_PAGE_SIZE: u32 = 100;
+const MAX_PAGE_SIZE: u32 = 1000;
+const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// Serves reads, waits and cancels of operations.
+pub struct OperationsService {
+    operations: Operations,
+}
+
+impl OperationsService {
+    pub fn new(operations: Operations) -> Self {
+        Self { operations }
+    }
+}
+
+fn check_ids(cluster: &str, id: &str) -> Result<(), FieldError> {
+    validate::cluster_name("cluster", cluster)?;
+    if uuid::Uuid::parse_str(id).is_err() {
+        return Err(FieldError::new(
+            "id",
+            format!("{id:?} is not an operation id"),
+        ));
+    }
+    Ok(())
+}
+
+impl OperationsService {
+    async fn list(&self, r: v1::ListOperationsRequest) -> ApiResult<v1::ListOperationsResponse> {
+        validate::cluster_name("cluster", &r.cluster)?;
+        let page_size = match r.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n <= MAX_PAGE_SIZE => n,
+            _ => {
+                return Err(FieldError::new(
+                    "page_size",
+                    format!("must be at most {MAX_PAGE_SIZE}"),
+                )
+                .into())
+            }
+        };
+        let before = (!r.page_token.is_empty()).then_some(r.page_token.as_str());
+        if before.is_some_and(|b| uuid::Uuid::parse_str(b).is_err()) {
+            return Err(FieldError::new("page_token", "is not a token this API returned").into());
+        }
+        let page = self
+            .operations
+            .list(&r.cluster, before, page_size as usize)
+            .await?;
+        Ok(v1::ListOperationsResponse {
+            operations: page
+                .operations
+                .into_iter()
+                .map(operation_to_proto)
+                .collect(),
+            next_page_token: page.next_before.unwrap_or_default(),
+        })
+    }
+
+    async fn wait(&self, r: v1::WaitOperationRequest) -> ApiResult<v1::Operation> {
+        check_ids(&r.cluster, &r.id)?;
+        let timeout = match r.timeout_ms {
+            0 => DEFAULT_WAIT,
+            ms if ms <= MAX_WAIT_MS => Duration::from_millis(ms),
+            _ => {
+                return Err(
+                    FieldError::new("timeout_ms", format!("must be at most {MAX_WAIT_MS}")).into(),
+                )
+            }
+        };
+        Ok(operation_to_proto(
+            self.operations.wait(&r.cluster, &r.id, timeout).await?,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl operations_server::Operations for OperationsService {
+    async fn get_operation(
+        &self,
+        request: Request<v1::GetOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        let r = request.into_inner();
+        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
+        let op = self
+            .operations
+            .get(&r.cluster, &r.id)
+            .await
+            .map_err(super::ApiError::from)?;
+        Ok(Response::new(operation_to_proto(op.record)))
+    }
+
+    async fn list_operations(
+        &self,
+        request: Request<v1::ListOperationsRequest>,
+    ) -> Result<Response<v1::ListOperationsResponse>, Status> {
+        Ok(Response::new(self.list(request.into_inner()).await?))
+    }
+
+    async fn wait_operation(
+        &self,
+        request: Request<v1::WaitOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        Ok(Response::new(self.wait(request.into_inner()).await?))
+    }
+
+    async fn cancel_operation(
+        &self,
+        request: Request<v1::CancelOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        let r = request.into_inner();
+        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
+        let op = self
+            .operations
+            .cancel(&r.cluster, &r.id)
+            .await
+            .map_err(super::ApiError::from)?;
+        Ok(Response::new(operation_to_proto(op)))
+    }
+}

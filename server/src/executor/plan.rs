@@ -1,0 +1,149 @@
+//! The steps of each operation kind, as provider calls.
+
+use crate::cluster::machine::Event;
+use crate::cluster::Spec;
+use crate::operation::{OperationKind, OperationRecord};
+use drover_proto::provider::v1::ProviderNode;
+
+/// One provider call of an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Provisions the cluster's nodes (powered on).
+    CreateNodes,
+    StartNodes,
+    StopNodes,
+    Resize {
+        workers: Option<u32>,
+        offering: Option<String>,
+    },
+    UpgradeNode {
+        node_id: String,
+        version: String,
+    },
+    /// Deletes these nodes, or every node when empty.
+    DeleteNodes(Vec<String>),
+    /// Every node must be on and healthy.
+    HealthCheck,
+}
+
+impl Step {
+    pub fn name(&self) -> String {
+        match self {
+            Step::CreateNodes => "create nodes".into(),
+            Step::StartNodes => "start nodes".into(),
+            Step::StopNodes => "stop nodes".into(),
+            Step::Resize { workers, offering } => {
+                format!("resize (workers {workers:?}, offering {offering:?})")
+            }
+            Step::UpgradeNode { node_id, version } => {
+                format!("upgrade node {node_id} to {version}")
+            }
+            Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
+            Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
+            Step::HealthCheck => "health check".into(),
+        }
+    }
+
+    /// The event a failure of this step sends: provisioning failures end in
+    /// Error, everything else as the table says for OperationFailed.
+    pub fn failure_event(&self) -> Event {
+        match self {
+            Step::CreateNodes => Event::CreateFailed,
+            _ => Event::OperationFailed,
+        }
+    }
+}
+
+/// The steps of `operation` on a cluster with `spec` (already the desired
+/// spec) and `nodes` as the provider reports them now.
+pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) -> Vec<Step> {
+    let params = &operation.params;
+    match operation.kind {
+        OperationKind::Start if params.provision => vec![Step::CreateNodes, Step::HealthCheck],
+        OperationKind::Start => vec![Step::StartNodes, Step::HealthCheck],
+        // A cluster that was never provisioned has nothing to stop.
+        OperationKind::Stop if nodes.is_empty() && operation.go_ahead => vec![],
+        OperationKind::Stop => vec![Step::StopNodes],
+        OperationKind::Scale => vec![Step::Resize {
+            workers: (params.worker_nodes.is_some() || params.autoscaling.is_some())
+                .then_some(spec.worker_nodes),
+            offering: params.node_offering.clone(),
+        }],
+        OperationKind::Upgrade => {
+            let target = params
+                .version
+                .clone()
+                .unwrap_or_else(|| spec.version.clone());
+            // Control-plane nodes first; nodes already at the target are
+            // skipped, so an interrupted upgrade can simply be run again.
+            let mut pending: Vec<&ProviderNode> =
+                nodes.iter().filter(|n| n.version != target).collect();
+            pending.sort_by_key(|n| (n.role != "control", n.id.clone()));
+            pending
+                .into_iter()
+                .map(|n| Step::UpgradeNode {
+                    node_id: n.id.clone(),
+                    version: target.clone(),
+                })
+                .collect()
+        }
+        OperationKind::AddNodes => vec![Step::Resize {
+            workers: Some(spec.worker_nodes),
+            offering: None,
+        }],
+        OperationKind::RemoveNodes => vec![Step::DeleteNodes(params.node_ids.clone())],
+        OperationKind::Destroy => vec![Step::DeleteNodes(Vec::new())],
+        OperationKind::Recover => vec![Step::HealthCheck],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterState;
+    use crate::operation::OperationParams;
+
+    fn node(id: &str, role: &str, version: &str) -> ProviderNode {
+        ProviderNode {
+            id: id.into(),
+            role: role.into(),
+            version: version.into(),
+            power_state: "on".into(),
+            healthy: true,
+            offering: "m".into(),
+        }
+    }
+
+    #[test]
+    fn upgrade_is_rolling_control_first_and_skips_upgraded_nodes() {
+        let op = OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Upgrade,
+            Event::UpgradeRequested,
+            OperationParams {
+                version: Some("1.30.0".into()),
+                ..Default::default()
+            },
+            ClusterState::Running,
+            ClusterState::Upgrading,
+            "",
+            String::new(),
+        );
+        let nodes = [
+            node("worker-0", "worker", "1.29.0"),
+            node("worker-1", "worker", "1.30.0"),
+            node("control-0", "control", "1.29.0"),
+        ];
+        let steps = plan(&op, &Spec::default(), &nodes);
+        let ids: Vec<String> = steps
+            .iter()
+            .map(|s| match s {
+                Step::UpgradeNode { node_id, .. } => node_id.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, ["control-0", "worker-0"]);
+    }
+}

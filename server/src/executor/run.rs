@@ -1,0 +1,463 @@
+//! Driving one operation: claim, steps, completion — each a transaction that
+//! holds the cluster (compares the state key's and the operation's
+//! revisions).
+
+use super::{plan, Executor, Step};
+use crate::cluster::machine::{self, Event};
+use crate::cluster::{
+    now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus, StateRecord,
+    SCHEMA_VERSION,
+};
+use crate::operation::{
+    LifecycleError, OperationError, OperationKind, OperationRecord, OperationState, Progress,
+    Versioned,
+};
+use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
+use drover_proto::provider::v1 as pb;
+use tonic::Code;
+
+/// How a drive ends early.
+enum Interrupt {
+    /// Cancel was requested: stop at this boundary.
+    Cancelled,
+    /// Someone else moved the operation or the cluster: stop touching it.
+    Lost,
+}
+
+/// The cluster and operation as this executor holds them.
+pub(super) struct Holding<'e> {
+    executor: &'e Executor,
+    cluster: ClusterRecord,
+    operation: OperationRecord,
+    operation_revision: i64,
+    nodes: Vec<pb::ProviderNode>,
+}
+
+impl Holding<'_> {
+    /// The one place executor writes go through: the transaction applies
+    /// only while the cluster's state and the operation are as this executor
+    /// last saw them.
+    async fn commit(&mut self, writes: Vec<Op>) -> Result<i64, LifecycleError> {
+        let keys = self.executor.operations.keys();
+        let name = &self.cluster.spec.name;
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(
+                    keys.cluster_state(name),
+                    CmpOp::Equal,
+                    self.cluster.state_revision,
+                ),
+                Compare::mod_revision(
+                    keys.operation(name, &self.operation.id),
+                    CmpOp::Equal,
+                    self.operation_revision,
+                ),
+            ])
+            .and_then(writes);
+        Ok(self.executor.operations.store().cas(txn).await?.revision)
+    }
+
+    /// Writes the operation record.
+    async fn save_operation(&mut self) -> Result<(), Interrupt> {
+        let key = self
+            .executor
+            .operations
+            .keys()
+            .operation(&self.cluster.spec.name, &self.operation.id);
+        let writes = vec![Op::put(key, to_json(&self.operation))];
+        match self.commit(writes).await {
+            Ok(revision) => {
+                self.operation_revision = revision;
+                Ok(())
+            }
+            Err(error) => Err(self.explain(error).await),
+        }
+    }
+
+    /// Why a write failed: a cancel request (the only other writer of the
+    /// operation record) or a lost hold.
+    async fn explain(&mut self, error: LifecycleError) -> Interrupt {
+        let conflict = matches!(
+            error,
+            LifecycleError::Registry(crate::cluster::RegistryError::Store(
+                StoreError::Conflict { .. }
+            ))
+        );
+        if !conflict {
+            tracing::warn!(%error, operation = %self.operation.id, "write failed");
+            return Interrupt::Lost;
+        }
+        let name = self.cluster.spec.name.clone();
+        match self
+            .executor
+            .operations
+            .get(&name, &self.operation.id)
+            .await
+        {
+            Ok(Versioned { record, revision })
+                if record.cancel_requested
+                    && !record.state.is_terminal()
+                    && record.replica == self.operation.replica =>
+            {
+                let state_unchanged = self
+                    .executor
+                    .operations
+                    .registry()
+                    .get(&name)
+                    .await
+                    .is_ok_and(|c| c.state_revision == self.cluster.state_revision);
+                if !state_unchanged {
+                    return Interrupt::Lost;
+                }
+                self.operation.cancel_requested = true;
+                self.operation_revision = revision;
+                Interrupt::Cancelled
+            }
+            _ => Interrupt::Lost,
+        }
+    }
+
+    fn token(&self) -> Option<pb::FencingToken> {
+        Some(pb::FencingToken {
+            cluster_uid: self.cluster.spec.uid.clone(),
+            epoch: self.executor.epoch,
+            operation_id: self.operation.id.clone(),
+        })
+    }
+
+    async fn call(&mut self, step: &Step) -> Result<(), tonic::Status> {
+        let mut provider = self.executor.provider.clone();
+        let spec = &self.cluster.spec.spec;
+        let token = self.token();
+        let response = match step {
+            Step::CreateNodes => {
+                provider
+                    .create_nodes(pb::CreateNodesRequest {
+                        token,
+                        control_nodes: spec.control_nodes,
+                        worker_nodes: spec.worker_nodes,
+                        offering: spec.node_offering.clone(),
+                        version: spec.version.clone(),
+                    })
+                    .await?
+            }
+            Step::StartNodes => provider.start_nodes(pb::PowerRequest { token }).await?,
+            Step::StopNodes => provider.stop_nodes(pb::PowerRequest { token }).await?,
+            Step::Resize { workers, offering } => {
+                provider
+                    .resize_nodes(pb::ResizeNodesRequest {
+                        token,
+                        worker_nodes: *workers,
+                        offering: offering.clone(),
+                    })
+                    .await?
+            }
+            Step::UpgradeNode { node_id, version } => {
+                provider
+                    .upgrade_node(pb::UpgradeNodeRequest {
+                        token,
+                        node_id: node_id.clone(),
+                        version: version.clone(),
+                    })
+                    .await?
+            }
+            Step::DeleteNodes(ids) => {
+                provider
+                    .delete_nodes(pb::DeleteNodesRequest {
+                        token,
+                        node_ids: ids.clone(),
+                    })
+                    .await?
+            }
+            Step::HealthCheck => {
+                let nodes = self.describe().await?;
+                let unhealthy: Vec<&str> = nodes
+                    .iter()
+                    .filter(|n| !n.healthy || n.power_state != "on")
+                    .map(|n| n.id.as_str())
+                    .collect();
+                if nodes.is_empty() {
+                    return Err(tonic::Status::failed_precondition(
+                        "the cluster has no nodes",
+                    ));
+                }
+                if !unhealthy.is_empty() {
+                    return Err(tonic::Status::failed_precondition(format!(
+                        "nodes not ready: {}",
+                        unhealthy.join(", ")
+                    )));
+                }
+                return Ok(());
+            }
+        };
+        self.nodes = response.into_inner().nodes;
+        Ok(())
+    }
+
+    async fn describe(&mut self) -> Result<Vec<pb::ProviderNode>, tonic::Status> {
+        let request = pb::DescribeClusterRequest {
+            cluster_uid: self.cluster.spec.uid.clone(),
+        };
+        let nodes = self
+            .executor
+            .provider
+            .clone()
+            .describe_cluster(request)
+            .await?
+            .into_inner()
+            .nodes;
+        self.nodes = nodes.clone();
+        Ok(nodes)
+    }
+
+    /// Ends the operation: moves the cluster as the table says (only if it
+    /// still holds it), clears the slot, records the outcome and the status.
+    async fn finish(
+        &mut self,
+        state: OperationState,
+        event: Event,
+        error: Option<OperationError>,
+    ) -> Result<(), LifecycleError> {
+        let from = self.cluster.state.state;
+        let to = final_state(&self.operation, from, state, event);
+        let now = now_rfc3339();
+        self.operation.state = state;
+        self.operation.error = error.clone();
+        self.operation.finished_at = Some(now.clone());
+        let name = self.cluster.spec.name.clone();
+        let keys = self.executor.operations.keys().clone();
+        let new_state = StateRecord {
+            schema: SCHEMA_VERSION,
+            uid: self.cluster.spec.uid.clone(),
+            state: to,
+            operation: None,
+            changed_at: if to == from {
+                self.cluster.state.changed_at.clone()
+            } else {
+                now
+            },
+        };
+        let mut status = self.cluster.status.clone().unwrap_or_default();
+        status.schema = SCHEMA_VERSION;
+        status.nodes = self.nodes.iter().map(node_status).collect();
+        if state == OperationState::Succeeded {
+            status.observed_generation = Some(self.cluster.spec.generation);
+            if matches!(
+                self.operation.kind,
+                OperationKind::Start | OperationKind::Upgrade
+            ) {
+                status.current_version = Some(self.cluster.spec.spec.version.clone());
+            }
+            if self.operation.kind == OperationKind::Destroy {
+                status.nodes.clear();
+            }
+        }
+        status.message = error.as_ref().map(|e| e.message.clone());
+        status.last_operation = Some(LastOperation {
+            id: self.operation.id.clone(),
+            kind: self.operation.kind.name().to_string(),
+            state: format!("{state:?}"),
+            message: error.map(|e| e.message),
+        });
+        let writes = vec![
+            Op::put(keys.cluster_state(&name), to_json(&new_state)),
+            Op::put(
+                keys.operation(&name, &self.operation.id),
+                to_json(&self.operation),
+            ),
+            Op::put(keys.cluster_status(&name), to_json(&status)),
+        ];
+        self.commit(writes).await?;
+        tracing::info!(
+            cluster = %name,
+            operation = %self.operation.id,
+            kind = self.operation.kind.name(),
+            result = ?state,
+            from = %from,
+            to = %to,
+            "operation finished"
+        );
+        Ok(())
+    }
+}
+
+/// Where the cluster goes when an operation ends.
+fn final_state(
+    operation: &OperationRecord,
+    held: ClusterState,
+    result: OperationState,
+    event: Event,
+) -> ClusterState {
+    let succeeded = result == OperationState::Succeeded;
+    if operation.go_ahead {
+        // Go-aheads leave the state alone, except that a retried destroy
+        // completes and a start of an Error cluster that works recovers it.
+        let moves = succeeded
+            && matches!(
+                operation.kind,
+                OperationKind::Destroy | OperationKind::Start
+            );
+        return if moves {
+            machine::next(held, Event::OperationSucceeded).unwrap_or(held)
+        } else {
+            held
+        };
+    }
+    let event = if succeeded {
+        Event::OperationSucceeded
+    } else {
+        event
+    };
+    // No edge (a failed destroy): the cluster stays, and the GC retries.
+    machine::next(held, event).unwrap_or(held)
+}
+
+fn node_status(node: &pb::ProviderNode) -> NodeStatus {
+    NodeStatus {
+        id: node.id.clone(),
+        role: node.role.clone(),
+        power_state: node.power_state.clone(),
+        version: node.version.clone(),
+        ready: node.healthy && node.power_state == "on",
+    }
+}
+
+fn error(code: Code, message: impl Into<String>) -> Option<OperationError> {
+    Some(OperationError {
+        code: format!("{code:?}"),
+        message: message.into(),
+    })
+}
+
+impl Executor {
+    /// Runs one operation from wherever it is.
+    pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
+        let current = self.operations.registry().get(cluster).await?;
+        if current
+            .state
+            .operation
+            .as_ref()
+            .is_none_or(|slot| slot.id != id)
+        {
+            return Ok(());
+        }
+        let Versioned { record, revision } = self.operations.get(cluster, id).await?;
+        let mut holding = Holding {
+            executor: self,
+            cluster: current,
+            operation: record,
+            operation_revision: revision,
+            nodes: Vec::new(),
+        };
+        match holding.operation.state {
+            OperationState::Pending if holding.operation.cancel_requested => {
+                holding
+                    .finish(
+                        OperationState::Cancelled,
+                        Event::OperationFailed,
+                        error(Code::Cancelled, "cancelled before it started"),
+                    )
+                    .await
+            }
+            OperationState::Pending => self.execute(holding).await,
+            OperationState::Running => {
+                let progress = holding.operation.progress.clone();
+                let replica = holding.operation.replica.clone().unwrap_or_default();
+                let message = match progress {
+                    Some(p) => format!(
+                        "replica {replica} was lost while running step {} of {} ({})",
+                        p.step, p.total_steps, p.step_name
+                    ),
+                    None => format!("replica {replica} was lost before its first step"),
+                };
+                // The nodes are as the lost replica left them.
+                let _ = holding.describe().await;
+                holding
+                    .finish(
+                        OperationState::Failed,
+                        Event::OperationFailed,
+                        error(Code::Aborted, message),
+                    )
+                    .await
+            }
+            // Terminal but still in the slot cannot happen (completion clears
+            // the slot in the same transaction); leave it to an operator.
+            _ => Ok(()),
+        }
+    }
+
+    async fn execute(&self, mut holding: Holding<'_>) -> Result<(), LifecycleError> {
+        let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
+        let nodes = holding.describe().await.unwrap_or_default();
+        let steps = plan(&holding.operation, &holding.cluster.spec.spec, &nodes);
+        let total = steps.len() as u32;
+        holding.operation.state = OperationState::Running;
+        holding.operation.replica = Some(self.replica_id.clone());
+        holding.operation.owner_epoch = Some(self.epoch);
+        holding.operation.started_at = Some(now_rfc3339());
+        for (index, step) in steps.iter().enumerate() {
+            holding.operation.progress = Some(Progress {
+                step: index as u32 + 1,
+                total_steps: total,
+                step_name: step.name(),
+            });
+            // The claim (first step) and each step boundary: a cancel request
+            // shows up here as a conflict.
+            match holding.save_operation().await {
+                Ok(()) => {}
+                Err(Interrupt::Cancelled) => {
+                    let message = format!(
+                        "cancelled before step {} of {total} ({})",
+                        index + 1,
+                        step.name()
+                    );
+                    return holding
+                        .finish(
+                            OperationState::Cancelled,
+                            Event::OperationFailed,
+                            error(Code::Cancelled, message),
+                        )
+                        .await;
+                }
+                Err(Interrupt::Lost) => return Ok(()),
+            }
+            let outcome = tokio::time::timeout_at(deadline, holding.call(step)).await;
+            let failure = match outcome {
+                Ok(Ok(())) => continue,
+                Ok(Err(status)) => error(
+                    status.code(),
+                    format!(
+                        "step {} of {total} ({}) failed: {}",
+                        index + 1,
+                        step.name(),
+                        status.message()
+                    ),
+                ),
+                Err(_) => error(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "timed out during step {} of {total} ({})",
+                        index + 1,
+                        step.name()
+                    ),
+                ),
+            };
+            return holding
+                .finish(OperationState::Failed, step.failure_event(), failure)
+                .await;
+        }
+        if steps.is_empty() {
+            // Nothing to do still claims, so the record says who ran it.
+            if let Err(Interrupt::Lost) = holding.save_operation().await {
+                return Ok(());
+            }
+        }
+        holding
+            .finish(OperationState::Succeeded, Event::OperationSucceeded, None)
+            .await?;
+        self.operations
+            .collect_garbage(&holding.cluster.spec.name)
+            .await?;
+        Ok(())
+    }
+}

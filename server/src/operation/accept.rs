@@ -1,0 +1,326 @@
+//! Accepting a lifecycle request: decide the event from the request and the
+//! cluster as read, check the table, and commit everything in one
+//! transaction guarded by the state key's revision.
+
+use super::*;
+use crate::cluster::machine::{self, Admission, Event};
+use crate::cluster::validate::{self, FieldError};
+use crate::cluster::{ClusterRecord, FirstOperation, OperationSlot, Spec, SpecRecord};
+
+/// A request to run an operation on a cluster.
+#[derive(Debug, Clone)]
+pub struct LifecycleRequest {
+    pub kind: OperationKind,
+    pub params: OperationParams,
+    pub request_id: String,
+}
+
+/// What accepting a request in the cluster's current state means.
+struct Admitted {
+    event: Event,
+    entered: ClusterState,
+    /// The spec after the request, when it changes it.
+    spec: Option<Spec>,
+    /// Only the spec changes (scaling a Created cluster): no execution.
+    spec_only: bool,
+}
+
+/// Scaling to `params` from `spec`.
+fn scale_event(spec: &Spec, params: &OperationParams) -> Event {
+    if params.autoscaling.is_some() {
+        Event::AutoscaleRequested
+    } else if params.worker_nodes.is_some_and(|n| n < spec.worker_nodes) {
+        Event::ScaleDownRequested
+    } else {
+        Event::ScaleUpRequested
+    }
+}
+
+fn desired_spec(
+    current: &Spec,
+    kind: OperationKind,
+    params: &OperationParams,
+) -> Result<Option<Spec>> {
+    let mut spec = current.clone();
+    match kind {
+        OperationKind::Scale => {
+            if let Some(workers) = params.worker_nodes {
+                spec.worker_nodes = workers;
+            }
+            if let Some(offering) = &params.node_offering {
+                spec.node_offering = offering.clone();
+            }
+            if let Some(autoscaling) = &params.autoscaling {
+                spec.autoscaling = autoscaling.clone();
+            }
+        }
+        OperationKind::Upgrade => {
+            spec.version = params.version.clone().unwrap_or_default();
+        }
+        OperationKind::AddNodes => {
+            spec.worker_nodes += params.add_count.unwrap_or(0);
+        }
+        OperationKind::RemoveNodes => {
+            let removed = params.node_ids.len() as u32;
+            if removed > spec.worker_nodes {
+                return Err(FieldError::new(
+                    "node_ids",
+                    format!("the cluster has only {} worker nodes", spec.worker_nodes),
+                )
+                .into());
+            }
+            spec.worker_nodes -= removed;
+        }
+        _ => return Ok(None),
+    }
+    validate::spec("spec", &spec)?;
+    Ok((spec != *current).then_some(spec))
+}
+
+fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted> {
+    let name = &cluster.spec.name;
+    let state = cluster.state.state;
+    let spec = &cluster.spec.spec;
+    let event = match request.kind {
+        OperationKind::Start => Event::StartRequested,
+        OperationKind::Stop => Event::StopRequested,
+        OperationKind::Scale => scale_event(spec, &request.params),
+        OperationKind::Upgrade => Event::UpgradeRequested,
+        OperationKind::AddNodes => Event::AddNodeRequested,
+        OperationKind::RemoveNodes => Event::RemoveNodeRequested,
+        OperationKind::Destroy => Event::DestroyRequested,
+        OperationKind::Recover => Event::RecoveryRequested,
+    };
+    let desired = desired_spec(spec, request.kind, &request.params)?;
+    if request.kind == OperationKind::Scale {
+        if state == ClusterState::Created {
+            // Nothing exists yet: scaling only edits what will be created.
+            return Ok(Admitted {
+                event,
+                entered: state,
+                spec: desired,
+                spec_only: true,
+            });
+        }
+        if state == ClusterState::Stopped {
+            let only_offering = desired.as_ref().is_none_or(|d| {
+                d.worker_nodes == spec.worker_nodes && d.autoscaling == spec.autoscaling
+            });
+            if !only_offering {
+                return Err(LifecycleError::StoppedClusterScale(name.clone()));
+            }
+        }
+    }
+    let entered = match machine::admit(state, event) {
+        Some(Admission::Moves(to)) => to,
+        Some(Admission::GoAhead) => state,
+        None => {
+            return Err(LifecycleError::NoTransition {
+                cluster: name.clone(),
+                state,
+                kind: request.kind.name(),
+            })
+        }
+    };
+    Ok(Admitted {
+        event,
+        entered,
+        spec: desired,
+        spec_only: false,
+    })
+}
+
+/// A new, time-ordered operation id.
+fn new_operation_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+impl Operations {
+    /// Accepts a lifecycle request in one transaction, or refuses it having
+    /// written nothing.
+    pub async fn accept(
+        &self,
+        cluster: &str,
+        request: LifecycleRequest,
+    ) -> Result<OperationRecord> {
+        if let Some(existing) = self.by_request_id(cluster, &request.request_id).await? {
+            return Ok(existing.record);
+        }
+        let current = self.registry.get(cluster).await?;
+        if let Some(slot) = &current.state.operation {
+            return Err(busy(cluster, slot));
+        }
+        let admitted = admit(&current, &request)?;
+        let now = crate::cluster::now_rfc3339();
+        let mut record = OperationRecord::pending(
+            new_operation_id(),
+            cluster,
+            &current.spec.uid,
+            request.kind,
+            admitted.event,
+            request.params.clone(),
+            current.state.state,
+            admitted.entered,
+            &request.request_id,
+            now.clone(),
+        );
+        let state_key = self.keys.cluster_state(cluster);
+        let mut compares = vec![Compare::mod_revision(
+            &state_key,
+            CmpOp::Equal,
+            current.state_revision,
+        )];
+        let mut writes = Vec::new();
+        if admitted.spec_only {
+            record.state = OperationState::Succeeded;
+            record.started_at = Some(now.clone());
+            record.finished_at = Some(now.clone());
+            // The state key is rewritten unchanged so that a concurrent
+            // request racing on its revision loses.
+            writes.push(Op::put(&state_key, to_json(&current.state)));
+        } else {
+            let mut state = current.state.clone();
+            state.operation = Some(OperationSlot {
+                id: record.id.clone(),
+                kind: request.kind.name().to_string(),
+            });
+            if state.state != admitted.entered {
+                state.state = admitted.entered;
+                state.changed_at = now.clone();
+            }
+            writes.push(Op::put(&state_key, to_json(&state)));
+        }
+        if let Some(spec) = admitted.spec {
+            let spec_record = SpecRecord {
+                generation: current.spec.generation + 1,
+                spec,
+                ..current.spec.clone()
+            };
+            writes.push(Op::put(
+                self.keys.cluster_spec(cluster),
+                to_json(&spec_record),
+            ));
+        }
+        writes.push(Op::put(
+            self.keys.operation(cluster, &record.id),
+            to_json(&record),
+        ));
+        if !request.request_id.is_empty() {
+            let request_key = self.keys.request(cluster, &request.request_id);
+            compares.push(Compare::absent(&request_key));
+            writes.push(Op::put(request_key, record.id.clone()));
+        }
+        match self
+            .store
+            .cas(Txn::new().when(compares).and_then(writes))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(
+                    cluster,
+                    operation = %record.id,
+                    kind = request.kind.name(),
+                    from = %record.from_state,
+                    to = %record.entered_state,
+                    "operation accepted"
+                );
+                Ok(record)
+            }
+            Err(StoreError::Conflict { .. }) => {
+                Err(self.explain_lost_race(cluster, &request).await)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Why an accept's transaction failed, read after the fact.
+    async fn explain_lost_race(&self, cluster: &str, request: &LifecycleRequest) -> LifecycleError {
+        match self.by_request_id(cluster, &request.request_id).await {
+            Ok(Some(_)) => {
+                // The same request won concurrently; the caller retries and
+                // then gets that operation.
+                return LifecycleError::Raced(cluster.to_string());
+            }
+            Err(error) => return error,
+            Ok(None) => {}
+        }
+        match self.registry.get(cluster).await {
+            Ok(now) => match &now.state.operation {
+                Some(slot) => busy(cluster, slot),
+                None => LifecycleError::Raced(cluster.to_string()),
+            },
+            Err(error) => error.into(),
+        }
+    }
+
+    /// Creates a cluster and, when `start`, accepts its first start (which
+    /// provisions the nodes) in the same transaction.
+    pub async fn create_cluster(
+        &self,
+        name: &str,
+        spec: Spec,
+        request_id: &str,
+        start: bool,
+    ) -> Result<(ClusterRecord, Option<OperationRecord>)> {
+        let uid = uuid::Uuid::new_v4().to_string();
+        let first = start.then(|| {
+            let record = OperationRecord::pending(
+                new_operation_id(),
+                name,
+                &uid,
+                OperationKind::Start,
+                Event::StartRequested,
+                OperationParams {
+                    provision: true,
+                    ..OperationParams::default()
+                },
+                ClusterState::Created,
+                machine::next(ClusterState::Created, Event::StartRequested)
+                    .unwrap_or(ClusterState::Starting),
+                request_id,
+                crate::cluster::now_rfc3339(),
+            );
+            let mut writes = vec![Op::put(
+                self.keys.operation(name, &record.id),
+                to_json(&record),
+            )];
+            if !request_id.is_empty() {
+                writes.push(Op::put(
+                    self.keys.request(name, request_id),
+                    record.id.clone(),
+                ));
+            }
+            let first = FirstOperation {
+                slot: OperationSlot {
+                    id: record.id.clone(),
+                    kind: OperationKind::Start.name().to_string(),
+                },
+                entered: record.entered_state,
+                writes,
+            };
+            (first, record)
+        });
+        let (first, record) = first.unzip();
+        let cluster = self
+            .registry
+            .create(name, uid, spec, request_id, first)
+            .await?;
+        let operation = match record {
+            // A retried create returns the start it accepted the first time.
+            Some(record) if record.cluster_uid == cluster.spec.uid => Some(record),
+            _ => self
+                .by_request_id(name, request_id)
+                .await?
+                .map(|v| v.record),
+        };
+        Ok((cluster, operation))
+    }
+}
+
+fn busy(cluster: &str, slot: &OperationSlot) -> LifecycleError {
+    LifecycleError::Busy {
+        cluster: cluster.to_string(),
+        operation: slot.id.clone(),
+        kind: slot.kind.clone(),
+    }
+}

@@ -1,0 +1,282 @@
+//! Operations: accepting lifecycle requests (one etcd transaction each),
+//! reading, waiting for and cancelling them, and bounding their history.
+//!
+//! # Guarantees
+//! - Accepting compares the state key's revision, so at most one request
+//!   fills a cluster's operation slot; a loser changes nothing and gets
+//!   [`LifecycleError::Busy`] or [`LifecycleError::Raced`] (ABORTED).
+//! - A request whose event has no transition from the cluster's state (and
+//!   is no go-ahead) is refused with [`LifecycleError::NoTransition`].
+//! - A repeated `request_id` returns the operation it first created.
+
+mod accept;
+mod record;
+
+pub use accept::LifecycleRequest;
+pub use record::{
+    OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
+};
+
+use crate::cluster::{from_json, to_json, ClusterState, Registry, RegistryError};
+use crate::keys::KeyLayout;
+use crate::store::{CmpOp, Compare, EventKind, Op, RangeRequest, SharedStore, StoreError, Txn};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("operation {id:?} of cluster {cluster:?} not found")]
+    NotFound { cluster: String, id: String },
+    #[error(
+        "cluster {cluster:?} is busy with operation {operation} ({kind}); retry when it completes"
+    )]
+    Busy {
+        cluster: String,
+        operation: String,
+        kind: String,
+    },
+    #[error("cluster {0:?} changed while the request was being accepted; retry")]
+    Raced(String),
+    #[error("cluster {cluster:?} is {state}: {kind} is not possible from this state")]
+    NoTransition {
+        cluster: String,
+        state: ClusterState,
+        kind: &'static str,
+    },
+    #[error("cluster {0:?} is Stopped: a stopped cluster can only change its node offering")]
+    StoppedClusterScale(String),
+    #[error("this replica has no provider configured (--provider): it cannot run operations")]
+    NoProvider,
+    #[error(transparent)]
+    Invalid(#[from] crate::cluster::validate::FieldError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+impl From<StoreError> for LifecycleError {
+    fn from(error: StoreError) -> Self {
+        LifecycleError::Registry(RegistryError::Store(error))
+    }
+}
+
+pub type Result<T, E = LifecycleError> = std::result::Result<T, E>;
+
+/// An operation record and the mod revision it was read at.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub record: OperationRecord,
+    pub revision: i64,
+}
+
+/// One page of a cluster's operations, newest first.
+pub struct OperationPage {
+    pub operations: Vec<OperationRecord>,
+    pub next_before: Option<String>,
+}
+
+/// The operations in the store.
+#[derive(Clone)]
+pub struct Operations {
+    store: SharedStore,
+    keys: KeyLayout,
+    registry: Registry,
+    /// Finished operations kept per cluster.
+    history_limit: usize,
+}
+
+impl Operations {
+    pub fn new(store: SharedStore, keys: KeyLayout, history_limit: usize) -> Self {
+        let registry = Registry::new(store.clone(), keys.clone());
+        Self {
+            store,
+            keys,
+            registry,
+            history_limit,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn keys(&self) -> &KeyLayout {
+        &self.keys
+    }
+
+    pub fn store(&self) -> &SharedStore {
+        &self.store
+    }
+
+    /// Reads one operation.
+    pub async fn get(&self, cluster: &str, id: &str) -> Result<Versioned> {
+        let kv = self
+            .store
+            .get(&self.keys.operation(cluster, id))
+            .await?
+            .into_single()
+            .ok_or_else(|| LifecycleError::NotFound {
+                cluster: cluster.to_string(),
+                id: id.to_string(),
+            })?;
+        Ok(Versioned {
+            record: from_json(&kv)?,
+            revision: kv.mod_revision,
+        })
+    }
+
+    /// The operation a request id created, if any.
+    pub async fn by_request_id(
+        &self,
+        cluster: &str,
+        request_id: &str,
+    ) -> Result<Option<Versioned>> {
+        if request_id.is_empty() {
+            return Ok(None);
+        }
+        let Some(kv) = self
+            .store
+            .get(&self.keys.request(cluster, request_id))
+            .await?
+            .into_single()
+        else {
+            return Ok(None);
+        };
+        let id = String::from_utf8_lossy(&kv.value).into_owned();
+        self.get(cluster, &id).await.map(Some)
+    }
+
+    /// Lists a cluster's operations, newest first, before `before` (an id).
+    pub async fn list(
+        &self,
+        cluster: &str,
+        before: Option<&str>,
+        page_size: usize,
+    ) -> Result<OperationPage> {
+        let all = self
+            .store
+            .range(RangeRequest::prefix(self.keys.operations(cluster)))
+            .await?;
+        let mut records: Vec<OperationRecord> = all
+            .kvs
+            .iter()
+            .rev()
+            .filter(|kv| before.is_none_or(|b| kv.key < self.keys.operation(cluster, b)))
+            .take(page_size + 1)
+            .map(|kv| from_json(kv).map_err(LifecycleError::from))
+            .collect::<Result<_>>()?;
+        let next_before = (records.len() > page_size).then(|| {
+            records.truncate(page_size);
+            records.last().map(|r| r.id.clone()).unwrap_or_default()
+        });
+        Ok(OperationPage {
+            operations: records,
+            next_before,
+        })
+    }
+
+    /// Waits until the operation is terminal or `timeout` passes; returns it
+    /// as last seen. Driven by a watch on its key, not by polling.
+    pub async fn wait(
+        &self,
+        cluster: &str,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<OperationRecord> {
+        let current = self.get(cluster, id).await?;
+        if current.record.state.is_terminal() {
+            return Ok(current.record);
+        }
+        let key = self.keys.operation(cluster, id);
+        let mut watch = self.store.watch(&key, current.revision + 1).await?;
+        let mut latest = current.record;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return Ok(latest),
+                event = watch.next() => match event {
+                    Some(Ok(event)) if event.kind == EventKind::Put && event.kv.key == key => {
+                        latest = from_json(&event.kv)?;
+                        if latest.state.is_terminal() {
+                            return Ok(latest);
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    // The history was compacted or the watch broke: read again.
+                    Some(Err(_)) | None => {
+                        let again = self.get(cluster, id).await?;
+                        if again.record.state.is_terminal() {
+                            return Ok(again.record);
+                        }
+                        watch = self.store.watch(&key, again.revision + 1).await?;
+                        latest = again.record;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Asks an operation to stop at its next step boundary.
+    pub async fn cancel(&self, cluster: &str, id: &str) -> Result<OperationRecord> {
+        loop {
+            let Versioned {
+                mut record,
+                revision,
+            } = self.get(cluster, id).await?;
+            if record.state.is_terminal() || record.cancel_requested {
+                return Ok(record);
+            }
+            record.cancel_requested = true;
+            let key = self.keys.operation(cluster, id);
+            let txn = Txn::new()
+                .when([Compare::mod_revision(&key, CmpOp::Equal, revision)])
+                .and_then([Op::put(&key, to_json(&record))]);
+            match self.store.cas(txn).await {
+                Ok(_) => {
+                    tracing::info!(cluster, operation = id, "cancel requested");
+                    return Ok(record);
+                }
+                // The executor moved it on meanwhile: look again.
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Deletes the oldest finished operations beyond the history limit
+    /// (and their request-id index entries).
+    pub async fn collect_garbage(&self, cluster: &str) -> Result<usize> {
+        let all = self
+            .store
+            .range(RangeRequest::prefix(self.keys.operations(cluster)))
+            .await?;
+        let excess = all
+            .kvs
+            .len()
+            .saturating_sub(self.history_limit)
+            .min(GC_BATCH);
+        let mut ops = Vec::new();
+        let mut deleted = 0;
+        for kv in &all.kvs {
+            if deleted == excess {
+                break;
+            }
+            let record: OperationRecord = from_json(kv)?;
+            if record.state.is_terminal() {
+                ops.push(Op::delete(kv.key.clone()));
+                if !record.request_id.is_empty() {
+                    ops.push(Op::delete(self.keys.request(cluster, &record.request_id)));
+                }
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            // Deleting a finished record is safe whatever happened since.
+            self.store.txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Records deleted per garbage-collection transaction (two ops each, well
+/// under etcd's 128 operations per transaction).
+const GC_BATCH: usize = 50;

@@ -16,6 +16,7 @@
 pub use drover_proto::v1;
 use tonic::transport::Channel;
 use v1::clusters_client::ClustersClient;
+use v1::operations_client::OperationsClient;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,7 @@ pub enum ClientError {
 #[derive(Clone)]
 pub struct Client {
     clusters: ClustersClient<Channel>,
+    operations: OperationsClient<Channel>,
 }
 
 impl Client {
@@ -51,8 +53,34 @@ impl Client {
                 source,
             })?;
         Ok(Self {
-            clusters: ClustersClient::new(channel),
+            clusters: ClustersClient::new(channel.clone()),
+            operations: OperationsClient::new(channel),
         })
+    }
+
+    /// The generated Clusters client, for every lifecycle RPC.
+    pub fn clusters(&mut self) -> &mut ClustersClient<Channel> {
+        &mut self.clusters
+    }
+
+    /// The generated Operations client.
+    pub fn operations(&mut self) -> &mut OperationsClient<Channel> {
+        &mut self.operations
+    }
+
+    /// Waits until the operation is terminal or `timeout` passes and returns
+    /// it as last seen (check its `state`).
+    pub async fn wait_operation(
+        &mut self,
+        operation: &v1::Operation,
+        timeout: std::time::Duration,
+    ) -> Result<v1::Operation, ClientError> {
+        let request = v1::WaitOperationRequest {
+            cluster: operation.cluster.clone(),
+            id: operation.id.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        Ok(self.operations.wait_operation(request).await?.into_inner())
     }
 
     pub async fn create_cluster(

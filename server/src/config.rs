@@ -20,6 +20,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
 /// etcd leader election (which renews every lease anyway).
 pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
 pub const DEFAULT_OPERATION_HISTORY: usize = 50;
+pub const DEFAULT_SCAN_INTERVAL_SECONDS: u64 = 10;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 
 /// The command line of the `drover` binary.
@@ -101,6 +102,9 @@ pub struct Settings {
     /// Finished operations kept per cluster [default: 50].
     #[arg(long, env = "DROVER_OPERATION_HISTORY")]
     pub operation_history: Option<usize>,
+    /// Seconds between status scans, 1-3600 [default: 10].
+    #[arg(long, env = "DROVER_SCAN_INTERVAL")]
+    pub scan_interval: Option<u64>,
 }
 
 impl Settings {
@@ -116,6 +120,7 @@ impl Settings {
             log_format: self.log_format.or(file.log_format),
             operation_timeout: self.operation_timeout.or(file.operation_timeout),
             operation_history: self.operation_history.or(file.operation_history),
+            scan_interval: self.scan_interval.or(file.scan_interval),
         }
     }
 }
@@ -138,6 +143,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
+    pub scan_interval: std::time::Duration,
 }
 
 /// A configuration error: one line naming the setting.
@@ -283,7 +289,17 @@ impl Config {
                 format!("{operation_history} is outside 1..=10000"),
             ));
         }
+        let scan_interval = settings
+            .scan_interval
+            .unwrap_or(DEFAULT_SCAN_INTERVAL_SECONDS);
+        if !(1..=3600).contains(&scan_interval) {
+            return Err(invalid(
+                "scan_interval",
+                format!("{scan_interval} is outside 1..=3600 seconds"),
+            ));
+        }
         Ok(Config {
+            scan_interval: std::time::Duration::from_secs(scan_interval),
             operation_timeouts,
             operation_history,
             listen,

@@ -5,6 +5,10 @@
 //! - [`keys`]: the etcd key layout (a user-facing contract).
 //! - [`cluster`]: cluster records, states, validation and the registry.
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
+//! - [`operation`]: accepting, reading, waiting for and cancelling operations.
+//! - [`executor`]: runs accepted operations step by step through the provider.
+//! - [`scanner`]: moves idle clusters by what the provider reports.
+//! - [`provider`]: the provider client and the simulated provider.
 //! - [`server`]: assembles services, health and reflection, and serves.
 //! - [`telemetry`]: structured logs.
 
@@ -15,6 +19,7 @@ pub mod executor;
 pub mod keys;
 pub mod operation;
 pub mod provider;
+pub mod scanner;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -7,6 +7,7 @@ use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::operation::Operations;
 use crate::provider::Provider;
+use crate::scanner::Scanner;
 use crate::store::SharedStore;
 use drover_proto::v1::{
     admin_server::AdminServer, clusters_server::ClustersServer,
@@ -53,12 +54,14 @@ pub async fn serve(
         let epoch = store.get(&keys.clusters()).await?.revision;
         let executor = Executor::new(
             operations.clone(),
-            provider,
+            provider.clone(),
             config.replica_id.clone(),
             epoch,
             config.operation_timeouts.clone(),
         );
-        tokio::spawn(executor.run(work_stopped));
+        tokio::spawn(executor.run(work_stopped.clone()));
+        let scanner = Scanner::new(operations.clone(), provider, config.scan_interval);
+        tokio::spawn(scanner.run(work_stopped));
     } else {
         tracing::warn!("no provider configured: lifecycle operations are refused");
     }

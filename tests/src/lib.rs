@@ -2,11 +2,15 @@
 //!
 //! - [`etcd`]: a real etcd process per test.
 //! - [`replica`]: a real `drover` replica process.
+//! - [`provider`]: the simulated provider process and its control client.
+//! - [`history`]: replays state-key history and checks it against the table.
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
 pub mod conformance;
 pub mod etcd;
+pub mod history;
+pub mod provider;
 pub mod replica;
 
 use std::future::Future;

@@ -18,6 +18,11 @@ pub struct ReplicaProcess {
 impl ReplicaProcess {
     /// Starts `drover serve` against `etcd_endpoint` and waits until healthy.
     pub async fn serve(etcd_endpoint: &str, replica_id: &str) -> Self {
+        Self::serve_with(etcd_endpoint, replica_id, &[]).await
+    }
+
+    /// As [`Self::serve`], with extra flags (e.g. `--provider URL`).
+    pub async fn serve_with(etcd_endpoint: &str, replica_id: &str, extra: &[&str]) -> Self {
         let port = free_port();
         let mut command = Command::new(workspace_binary("drover"));
         command
@@ -25,7 +30,8 @@ impl ReplicaProcess {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--etcd-endpoints", etcd_endpoint])
             .args(["--replica-id", replica_id])
-            .args(["--lease-ttl", "2"]);
+            .args(["--lease-ttl", "2"])
+            .args(extra);
         Self::start(command, port).await
     }
 

@@ -37,6 +37,7 @@ impl From<ApiError> for Status {
                 LifecycleError::NoTransition { .. }
                 | LifecycleError::StoppedClusterScale(_)
                 | LifecycleError::NoProvider => Status::failed_precondition(message),
+                LifecycleError::ProviderUnavailable(_) => Status::unavailable(message),
                 LifecycleError::Invalid(field) => ApiError::InvalidArgument(field).into(),
                 LifecycleError::Registry(error) => ApiError::Registry(error).into(),
             },

@@ -59,7 +59,11 @@ impl Step {
 pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) -> Vec<Step> {
     let params = &operation.params;
     match operation.kind {
-        OperationKind::Start if params.provision => vec![Step::CreateNodes, Step::HealthCheck],
+        // The first start provisions; so does a start of a cluster whose
+        // provisioning failed (Error, no nodes).
+        OperationKind::Start if params.provision || nodes.is_empty() => {
+            vec![Step::CreateNodes, Step::HealthCheck]
+        }
         OperationKind::Start => vec![Step::StartNodes, Step::HealthCheck],
         // A cluster that was never provisioned has nothing to stop.
         OperationKind::Stop if nodes.is_empty() && operation.go_ahead => vec![],

@@ -17,7 +17,8 @@ pub use record::{
     OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
 };
 
-use crate::cluster::{from_json, to_json, ClusterState, Registry, RegistryError};
+use crate::cluster::machine::{self, Event};
+use crate::cluster::{from_json, to_json, ClusterRecord, ClusterState, Registry, RegistryError};
 use crate::keys::KeyLayout;
 use crate::store::{CmpOp, Compare, EventKind, Op, RangeRequest, SharedStore, StoreError, Txn};
 use std::time::Duration;
@@ -46,6 +47,8 @@ pub enum LifecycleError {
     StoppedClusterScale(String),
     #[error("this replica has no provider configured (--provider): it cannot run operations")]
     NoProvider,
+    #[error("the provider did not answer: {0}")]
+    ProviderUnavailable(String),
     #[error(transparent)]
     Invalid(#[from] crate::cluster::validate::FieldError),
     #[error(transparent)]
@@ -213,6 +216,43 @@ impl Operations {
                 },
             }
         }
+    }
+
+    /// Moves an idle cluster by a non-request event (FaultsDetected), a CAS
+    /// on the state as read; `message` goes to the status.
+    pub async fn transition(
+        &self,
+        cluster: &ClusterRecord,
+        event: Event,
+        message: String,
+    ) -> Result<ClusterState> {
+        let name = &cluster.spec.name;
+        let from = cluster.state.state;
+        let to = machine::next(from, event).ok_or_else(|| LifecycleError::NoTransition {
+            cluster: name.clone(),
+            state: from,
+            kind: "this transition",
+        })?;
+        let mut state = cluster.state.clone();
+        state.state = to;
+        state.changed_at = crate::cluster::now_rfc3339();
+        let mut status = cluster.status.clone().unwrap_or_default();
+        status.schema = crate::cluster::SCHEMA_VERSION;
+        status.message = Some(message.clone());
+        let state_key = self.keys.cluster_state(name);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                &state_key,
+                CmpOp::Equal,
+                cluster.state_revision,
+            )])
+            .and_then([
+                Op::put(&state_key, to_json(&state)),
+                Op::put(self.keys.cluster_status(name), to_json(&status)),
+            ]);
+        self.store.cas(txn).await?;
+        tracing::info!(cluster = %name, %from, %to, %event, message, "cluster moved");
+        Ok(to)
     }
 
     /// Asks an operation to stop at its next step boundary.

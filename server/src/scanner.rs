@@ -1,0 +1,146 @@
+//! The status scanner: compares what the provider reports with each idle
+//! cluster's state and moves it by the table.
+//!
+//! - Running with faulty nodes → Alert (FaultsDetected), a CAS on the state
+//!   as read.
+//! - Alert with every node healthy → a Recover operation (Recovering →
+//!   Running); Alert with every node stopped → a Stop operation (Stopping →
+//!   Stopped). Both go through the normal accept path, so each move is an
+//!   edge and holds the slot.
+//! - Destroying with no operation (a destroy that failed) → the destroy is
+//!   retried.
+//!
+//! Clusters holding an operation are left to the executor.
+
+use crate::cluster::machine::Event;
+use crate::cluster::{ClusterFilter, ClusterRecord, ClusterState};
+use crate::operation::{
+    LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
+};
+use crate::provider::Provider;
+use drover_proto::provider::v1 as pb;
+use std::time::Duration;
+use tokio::sync::watch;
+
+const PAGE: usize = 500;
+
+pub struct Scanner {
+    operations: Operations,
+    provider: Provider,
+    interval: Duration,
+}
+
+impl Scanner {
+    pub fn new(operations: Operations, provider: Provider, interval: Duration) -> Self {
+        Self {
+            operations,
+            provider,
+            interval,
+        }
+    }
+
+    /// Scans every `interval` until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(error) = self.scan().await {
+                tracing::warn!(%error, "status scan failed");
+            }
+        }
+    }
+
+    async fn scan(&self) -> Result<(), LifecycleError> {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .operations
+                .registry()
+                .list(&ClusterFilter::default(), after.as_deref(), PAGE)
+                .await?;
+            for cluster in &page.clusters {
+                if let Err(error) = self.check(cluster).await {
+                    tracing::debug!(cluster = %cluster.spec.name, %error, "scanner left the cluster alone");
+                }
+            }
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
+        if cluster.state.operation.is_some() {
+            return Ok(());
+        }
+        let name = &cluster.spec.name;
+        let request = |kind| LifecycleRequest {
+            kind,
+            params: OperationParams::default(),
+            request_id: String::new(),
+        };
+        match cluster.state.state {
+            ClusterState::Running => {
+                let nodes = self.describe(cluster).await?;
+                let faulty: Vec<&str> = nodes
+                    .iter()
+                    .filter(|n| !ready(n))
+                    .map(|n| n.id.as_str())
+                    .collect();
+                if !faulty.is_empty() {
+                    let message = format!("faults detected on nodes {}", faulty.join(", "));
+                    self.operations
+                        .transition(cluster, Event::FaultsDetected, message)
+                        .await?;
+                }
+            }
+            ClusterState::Alert => {
+                let nodes = self.describe(cluster).await?;
+                if nodes.is_empty() {
+                    return Ok(());
+                }
+                if nodes.iter().all(ready) {
+                    self.operations
+                        .accept(name, request(OperationKind::Recover))
+                        .await?;
+                } else if nodes.iter().all(|n| n.power_state == "off") {
+                    self.operations
+                        .accept(name, request(OperationKind::Stop))
+                        .await?;
+                }
+            }
+            ClusterState::Destroying => {
+                tracing::info!(cluster = %name, "retrying a destroy that did not finish");
+                self.operations
+                    .accept(name, request(OperationKind::Destroy))
+                    .await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn describe(
+        &self,
+        cluster: &ClusterRecord,
+    ) -> Result<Vec<pb::ProviderNode>, LifecycleError> {
+        let request = pb::DescribeClusterRequest {
+            cluster_uid: cluster.spec.uid.clone(),
+        };
+        self.provider
+            .clone()
+            .describe_cluster(request)
+            .await
+            .map(|r| r.into_inner().nodes)
+            .map_err(|status| LifecycleError::ProviderUnavailable(status.message().to_string()))
+    }
+}
+
+fn ready(node: &pb::ProviderNode) -> bool {
+    node.healthy && node.power_state == "on"
+}

@@ -1,0 +1,104 @@
+//! The simulated provider as a real process, with its control client.
+
+use crate::{free_port, replica::health, wait_until, workspace_binary};
+use drover_proto::provider::v1 as pb;
+use pb::simulator_client::SimulatorClient;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+pub struct SimProcess {
+    child: Child,
+    port: u16,
+}
+
+impl SimProcess {
+    pub async fn start() -> Self {
+        let port = free_port();
+        let child = Command::new(workspace_binary("drover-sim-provider"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn drover-sim-provider");
+        let sim = Self { child, port };
+        let endpoint = sim.endpoint();
+        wait_until(Duration::from_secs(20), "the simulated provider", || {
+            let endpoint = endpoint.clone();
+            async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+        })
+        .await;
+        sim
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn control(&self) -> SimulatorClient<Channel> {
+        SimulatorClient::connect(self.endpoint())
+            .await
+            .expect("connect to the simulator")
+    }
+
+    pub async fn set_latency(&self, latency: Duration) {
+        let config = pb::SimulatorConfig {
+            step_latency_ms: latency.as_millis() as u64,
+        };
+        self.control()
+            .await
+            .configure(config)
+            .await
+            .expect("configure");
+    }
+
+    /// Arms a failure (or a hang) of the `nth` next call of `method`.
+    pub async fn fault(&self, method: &str, nth: u32, hang: bool) {
+        let fault = pb::Fault {
+            method: method.into(),
+            nth,
+            hang,
+            message: format!("simulated {method} failure"),
+        };
+        self.control()
+            .await
+            .inject_fault(fault)
+            .await
+            .expect("inject fault");
+    }
+
+    pub async fn set_health(&self, cluster_uid: &str, healthy: bool) {
+        let request = pb::NodeHealth {
+            cluster_uid: cluster_uid.into(),
+            node_ids: Vec::new(),
+            healthy,
+        };
+        self.control()
+            .await
+            .set_node_health(request)
+            .await
+            .expect("set health");
+    }
+
+    /// Every accepted mutating call for a cluster, oldest first.
+    pub async fn audit(&self, cluster_uid: &str) -> Vec<pb::AuditEntry> {
+        let request = pb::AuditLogRequest {
+            cluster_uid: cluster_uid.into(),
+        };
+        self.control()
+            .await
+            .get_audit_log(request)
+            .await
+            .expect("audit log")
+            .into_inner()
+            .entries
+    }
+}
+
+impl Drop for SimProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

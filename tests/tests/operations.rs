@@ -1,0 +1,707 @@
+//! Operations end to end: a real etcd, the simulated provider process and a
+//! `drover serve` process. Every test ends by replaying the state keys'
+//! history and checking each change against the table.
+
+use drover_client::v1::{self, ClusterState as S, OperationState as O};
+use drover_client::Client;
+use drover_server::cluster::ClusterState;
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::history::assert_transitions_are_edges;
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::wait_until;
+use std::time::Duration;
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Fixture {
+    etcd: EtcdProcess,
+    sim: SimProcess,
+    _replica: ReplicaProcess,
+    client: Client,
+}
+
+impl Fixture {
+    async fn new(extra: &[&str]) -> Self {
+        let etcd = EtcdProcess::start().await;
+        let sim = SimProcess::start().await;
+        let endpoint = sim.endpoint();
+        let mut args = vec!["--provider", endpoint.as_str(), "--scan-interval", "1"];
+        args.extend_from_slice(extra);
+        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+        let client = replica.client().await;
+        Self {
+            etcd,
+            sim,
+            _replica: replica,
+            client,
+        }
+    }
+
+    /// Creates a cluster and, unless `create_only`, waits for its start.
+    async fn create(&mut self, name: &str, workers: u32, create_only: bool) -> v1::Cluster {
+        let response = self
+            .client
+            .clusters()
+            .create_cluster(v1::CreateClusterRequest {
+                name: name.into(),
+                spec: Some(v1::ClusterSpec {
+                    version: "1.29.0".into(),
+                    control_nodes: 1,
+                    worker_nodes: workers,
+                    node_offering: "medium".into(),
+                    ..Default::default()
+                }),
+                create_only,
+                request_id: String::new(),
+            })
+            .await
+            .expect("create")
+            .into_inner();
+        if let Some(start) = response.operation {
+            let done = self.finish(start).await;
+            assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+        }
+        self.cluster(name).await
+    }
+
+    async fn cluster(&mut self, name: &str) -> v1::Cluster {
+        self.client.get_cluster(name).await.expect("get cluster")
+    }
+
+    async fn state(&mut self, name: &str) -> i32 {
+        self.cluster(name).await.status.unwrap().state.unwrap()
+    }
+
+    async fn finish(&mut self, operation: v1::Operation) -> v1::Operation {
+        let done = self
+            .client
+            .wait_operation(&operation, WAIT)
+            .await
+            .expect("wait");
+        assert!(
+            done.state >= O::Succeeded as i32,
+            "still {:?} after {WAIT:?}",
+            done.state
+        );
+        done
+    }
+
+    async fn check_history(&self) -> std::collections::HashMap<String, Vec<ClusterState>> {
+        assert_transitions_are_edges(&self.etcd.store().await, "/drover/v1/").await
+    }
+}
+
+fn stop(name: &str) -> v1::StopClusterRequest {
+    v1::StopClusterRequest {
+        name: name.into(),
+        request_id: String::new(),
+    }
+}
+
+fn start(name: &str) -> v1::StartClusterRequest {
+    v1::StartClusterRequest {
+        name: name.into(),
+        request_id: String::new(),
+    }
+}
+
+fn upgrade(name: &str, version: &str) -> v1::UpgradeClusterRequest {
+    v1::UpgradeClusterRequest {
+        name: name.into(),
+        version: version.into(),
+        request_id: String::new(),
+    }
+}
+
+fn scale(name: &str, workers: Option<u32>, offering: Option<&str>) -> v1::ScaleClusterRequest {
+    v1::ScaleClusterRequest {
+        name: name.into(),
+        worker_nodes: workers,
+        node_offering: offering.map(String::from),
+        autoscaling: None,
+        request_id: String::new(),
+    }
+}
+
+fn methods(entries: &[drover_proto::provider::v1::AuditEntry]) -> Vec<&str> {
+    entries.iter().map(|e| e.method.as_str()).collect()
+}
+
+#[tokio::test]
+async fn every_operation_kind_end_to_end() {
+    let mut f = Fixture::new(&[]).await;
+    let created = f.create("web", 2, false).await;
+    let status = created.status.clone().unwrap();
+    assert_eq!(status.state, Some(S::Running as i32));
+    assert_eq!(status.current_version.as_deref(), Some("1.29.0"));
+    assert_eq!(status.nodes.len(), 3);
+    let uid = created.uid.clone();
+
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("web"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.from_state, op.entered_state),
+        (S::Running as i32, S::Stopping as i32)
+    );
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    assert_eq!(f.state("web").await, S::Stopped as i32);
+
+    // A stopped cluster can only change its offering.
+    let refused = f
+        .client
+        .clusters()
+        .scale_cluster(scale("web", Some(5), None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let op = f
+        .client
+        .clusters()
+        .scale_cluster(scale("web", None, Some("large")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::ScalingStoppedCluster as i32);
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    assert_eq!(f.state("web").await, S::Stopped as i32);
+
+    let op = f
+        .client
+        .clusters()
+        .start_cluster(start("web"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    let op = f
+        .client
+        .clusters()
+        .scale_cluster(scale("web", Some(4), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::Scaling as i32);
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    let cluster = f.cluster("web").await;
+    assert_eq!(cluster.spec.unwrap().worker_nodes, 4);
+    assert_eq!(cluster.status.unwrap().nodes.len(), 5);
+
+    let op = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.30.0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::Upgrading as i32);
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Succeeded as i32);
+    assert_eq!(done.progress.unwrap().total_steps, 5, "one step per node");
+    let status = f.cluster("web").await.status.unwrap();
+    assert_eq!(status.current_version.as_deref(), Some("1.30.0"));
+    assert!(status.nodes.iter().all(|n| n.version == "1.30.0"));
+
+    let add = v1::AddNodesRequest {
+        name: "web".into(),
+        count: 2,
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .add_nodes(add)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::Importing as i32);
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    assert_eq!(f.cluster("web").await.status.unwrap().nodes.len(), 7);
+
+    let remove = v1::RemoveNodesRequest {
+        name: "web".into(),
+        node_ids: vec!["worker-0".into()],
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .remove_nodes(remove)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::RemovingNodes as i32);
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    let status = f.cluster("web").await.status.unwrap();
+    assert_eq!(status.nodes.len(), 6);
+    assert!(status.nodes.iter().all(|n| n.id != "worker-0"));
+
+    let destroy = v1::DeleteClusterRequest {
+        name: "web".into(),
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .delete_cluster(destroy)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.entered_state, S::Destroying as i32);
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    assert_eq!(f.state("web").await, S::Destroyed as i32);
+
+    let audit = f.sim.audit(&uid).await;
+    assert_eq!(
+        methods(&audit),
+        [
+            "CreateNodes",
+            "StopNodes",
+            "ResizeNodes",
+            "StartNodes",
+            "ResizeNodes",
+            "UpgradeNode",
+            "UpgradeNode",
+            "UpgradeNode",
+            "UpgradeNode",
+            "UpgradeNode",
+            "ResizeNodes",
+            "DeleteNodes",
+            "DeleteNodes",
+        ]
+    );
+    let listed = f
+        .client
+        .operations()
+        .list_operations(v1::ListOperationsRequest {
+            cluster: "web".into(),
+            page_size: 3,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let kinds: Vec<i32> = listed.operations.iter().map(|o| o.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            v1::OperationKind::Destroy as i32,
+            v1::OperationKind::RemoveNodes as i32,
+            v1::OperationKind::AddNodes as i32
+        ],
+        "newest first"
+    );
+    assert!(!listed.next_page_token.is_empty());
+
+    // The name is free again at once, under a new uid.
+    let again = f.create("web", 1, true).await;
+    assert_ne!(again.uid, uid);
+    let history = f.check_history().await;
+    assert_eq!(history[&uid].last(), Some(&ClusterState::Destroyed));
+}
+
+#[tokio::test]
+async fn scaling_a_created_cluster_only_edits_the_spec() {
+    let mut f = Fixture::new(&[]).await;
+    let created = f.create("draft", 1, true).await;
+    let op = f
+        .client
+        .clusters()
+        .scale_cluster(scale("draft", Some(6), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.state, O::Succeeded as i32);
+    let cluster = f.cluster("draft").await;
+    assert_eq!(cluster.generation, 2);
+    assert_eq!(cluster.spec.unwrap().worker_nodes, 6);
+    assert_eq!(cluster.status.unwrap().state, Some(S::Created as i32));
+    assert!(
+        f.sim.audit(&created.uid).await.is_empty(),
+        "nothing touched the provider"
+    );
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn refused_requests_name_the_state_and_change_nothing() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("db", 1, false).await;
+    let refused = f
+        .client
+        .clusters()
+        .start_cluster(start("db"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("Running"),
+        "{}",
+        refused.message()
+    );
+    let bad = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("db", "latest"))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().starts_with("version: "), "{}", bad.message());
+    let missing = f
+        .client
+        .clusters()
+        .stop_cluster(stop("nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(
+        f.cluster("db").await.revision,
+        cluster.revision,
+        "nothing was written"
+    );
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn of_32_concurrent_conflicting_requests_exactly_one_is_accepted() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("hot", 2, false).await;
+    f.sim.set_latency(Duration::from_millis(200)).await;
+    let before = f.sim.audit(&cluster.uid).await.len();
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let mut client = f.client.clone();
+        tasks.push(tokio::spawn(async move {
+            let clusters = client.clusters();
+            match i % 3 {
+                0 => clusters.stop_cluster(stop("hot")).await,
+                1 => clusters.upgrade_cluster(upgrade("hot", "1.31.0")).await,
+                _ => clusters.scale_cluster(scale("hot", Some(9), None)).await,
+            }
+        }));
+    }
+    let mut accepted = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(op) => accepted.push(op.into_inner()),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Aborted, "{status:?}");
+                assert!(status.message().contains("retry"), "{}", status.message());
+            }
+        }
+    }
+    assert_eq!(accepted.len(), 1, "exactly one accepted: {accepted:?}");
+    let winner = accepted.pop().unwrap();
+    assert_eq!(f.finish(winner.clone()).await.state, O::Succeeded as i32);
+    let audit = f.sim.audit(&cluster.uid).await;
+    for entry in &audit[before..] {
+        assert_eq!(
+            entry.token.as_ref().unwrap().operation_id,
+            winner.id,
+            "only the winner touched the provider"
+        );
+    }
+    let listed = f
+        .client
+        .operations()
+        .list_operations(v1::ListOperationsRequest {
+            cluster: "hot".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.operations.len(), 2, "the start and the winner only");
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn failing_steps_end_where_the_table_says() {
+    let mut f = Fixture::new(&["--operation-timeout", "stop=2"]).await;
+    // A failed upgrade: Upgrading -> Alert, version unchanged, the nodes
+    // upgraded so far stay upgraded.
+    f.create("up", 2, false).await;
+    f.sim.fault("UpgradeNode", 2, false).await;
+    let op = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("up", "1.30.0"))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32);
+    let error = done.error.unwrap();
+    assert!(error.message.contains("step 2 of 3"), "{}", error.message);
+    assert!(error.message.contains("upgrade node"), "{}", error.message);
+    let status = f.cluster("up").await.status.unwrap();
+    assert_eq!(status.state, Some(S::Alert as i32));
+    assert_eq!(status.current_version.as_deref(), Some("1.29.0"));
+    assert_eq!(
+        status
+            .nodes
+            .iter()
+            .filter(|n| n.version == "1.30.0")
+            .count(),
+        1
+    );
+
+    // Provisioning failure: Starting -> Error (CreateFailed); a start of an
+    // Error cluster is a go-ahead and, when it works, Error -> Running.
+    f.sim.fault("CreateNodes", 1, false).await;
+    let response = f
+        .client
+        .clusters()
+        .create_cluster(v1::CreateClusterRequest {
+            name: "broken".into(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "m".into(),
+                ..Default::default()
+            }),
+            create_only: false,
+            request_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        f.finish(response.operation.unwrap()).await.state,
+        O::Failed as i32
+    );
+    assert_eq!(f.state("broken").await, S::Error as i32);
+    let op = f
+        .client
+        .clusters()
+        .start_cluster(start("broken"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (op.from_state, op.entered_state),
+        (S::Error as i32, S::Error as i32),
+        "go-ahead keeps the state"
+    );
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    assert_eq!(f.state("broken").await, S::Running as i32);
+
+    // A hung provider hits the per-kind timeout: Stopping -> Alert.
+    f.sim.fault("StopNodes", 1, true).await;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("broken"))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32);
+    assert_eq!(done.error.unwrap().code, "DeadlineExceeded");
+    assert_eq!(f.state("broken").await, S::Alert as i32);
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_at_the_next_step_boundary() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("slow", 3, false).await;
+    f.sim.set_latency(Duration::from_millis(400)).await;
+    let op = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("slow", "1.30.0"))
+        .await
+        .unwrap()
+        .into_inner();
+    let (cluster_name, id) = (op.cluster.clone(), op.id.clone());
+    let mut ops = f.client.clone();
+    wait_until(WAIT, "the upgrade to start its first step", || {
+        let mut ops = ops.clone();
+        let request = v1::GetOperationRequest {
+            cluster: cluster_name.clone(),
+            id: id.clone(),
+        };
+        async move {
+            let op = ops
+                .operations()
+                .get_operation(request)
+                .await
+                .unwrap()
+                .into_inner();
+            op.state == O::Running as i32
+        }
+    })
+    .await;
+    let cancel = v1::CancelOperationRequest {
+        cluster: "slow".into(),
+        id: op.id.clone(),
+    };
+    let requested = ops
+        .operations()
+        .cancel_operation(cancel)
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(requested.cancel_requested);
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
+    let upgrades = f
+        .sim
+        .audit(&cluster.uid)
+        .await
+        .iter()
+        .filter(|e| e.method == "UpgradeNode")
+        .count();
+    assert!(
+        (1..4).contains(&upgrades),
+        "stopped early: {upgrades} of 4 nodes upgraded"
+    );
+    // A cancelled operation ends as a failed one would: Upgrading -> Alert.
+    assert_eq!(f.state("slow").await, S::Alert as i32);
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn a_repeated_request_id_returns_the_same_operation() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("idem", 1, false).await;
+    let request = v1::StopClusterRequest {
+        name: "idem".into(),
+        request_id: "stop-1".into(),
+    };
+    let first = f
+        .client
+        .clusters()
+        .stop_cluster(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    f.finish(first.clone()).await;
+    let second = f
+        .client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.id, first.id);
+    let stops = f
+        .sim
+        .audit(&cluster.uid)
+        .await
+        .iter()
+        .filter(|e| e.method == "StopNodes")
+        .count();
+    assert_eq!(stops, 1, "the retry ran nothing");
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn wait_returns_at_the_deadline_for_a_running_operation() {
+    let mut f = Fixture::new(&[]).await;
+    f.create("patient", 1, false).await;
+    f.sim.set_latency(Duration::from_secs(2)).await;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("patient"))
+        .await
+        .unwrap()
+        .into_inner();
+    let early = f
+        .client
+        .wait_operation(&op, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(
+        early.state < O::Succeeded as i32,
+        "not finished yet: {early:?}"
+    );
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("watched", 2, false).await;
+    f.sim.set_health(&cluster.uid, false).await;
+    let mut probe = f.client.clone();
+    wait_until(WAIT, "the cluster to go to Alert", || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .get_cluster("watched")
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .state
+                == Some(S::Alert as i32)
+        }
+    })
+    .await;
+    f.sim.set_health(&cluster.uid, true).await;
+    wait_until(WAIT, "the cluster to recover to Running", || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .get_cluster("watched")
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .state
+                == Some(S::Running as i32)
+        }
+    })
+    .await;
+    // A destroy that fails stays Destroying; the scanner retries it.
+    f.sim.fault("DeleteNodes", 1, false).await;
+    let destroy = v1::DeleteClusterRequest {
+        name: "watched".into(),
+        request_id: String::new(),
+    };
+    let op = probe
+        .clusters()
+        .delete_cluster(destroy)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(f.finish(op).await.state, O::Failed as i32);
+    wait_until(WAIT, "the destroy to be retried", || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .get_cluster("watched")
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .state
+                == Some(S::Destroyed as i32)
+        }
+    })
+    .await;
+    let history = f.check_history().await;
+    let states = &history[&cluster.uid];
+    for expected in [
+        ClusterState::Alert,
+        ClusterState::Recovering,
+        ClusterState::Destroying,
+        ClusterState::Destroyed,
+    ] {
+        assert!(
+            states.contains(&expected),
+            "{expected} missing from {states:?}"
+        );
+    }
+}

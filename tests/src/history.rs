@@ -3,17 +3,23 @@
 
 use drover_server::cluster::machine;
 use drover_server::cluster::{ClusterState, StateRecord};
-use drover_server::store::{EventKind, Store};
+use drover_server::store::{EventKind, RangeRequest, Store};
 use std::collections::HashMap;
 use std::time::Duration;
 
 /// Every state each cluster (by uid) went through, in order, from revision 1.
 pub async fn state_history(store: &dyn Store, prefix: &str) -> HashMap<String, Vec<ClusterState>> {
-    let head = store.get(prefix).await.expect("read revision").revision;
-    let mut watch = store
-        .watch(&format!("{prefix}clusters/"), 1)
+    let clusters = format!("{prefix}clusters/");
+    // Every write under clusters/ puts at least one key there, so the newest
+    // mod revision among the keys is the last change to replay.
+    let current = store
+        .range(RangeRequest::prefix(&clusters))
         .await
-        .expect("watch history");
+        .expect("read clusters");
+    let Some(head) = current.kvs.iter().map(|kv| kv.mod_revision).max() else {
+        return HashMap::new();
+    };
+    let mut watch = store.watch(&clusters, 1).await.expect("watch history");
     let mut history: HashMap<String, Vec<ClusterState>> = HashMap::new();
     loop {
         let event = tokio::time::timeout(Duration::from_secs(10), watch.next())

@@ -705,3 +705,61 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
         );
     }
 }
+
+#[tokio::test]
+async fn operation_history_is_bounded_per_cluster() {
+    let mut f = Fixture::new(&["--operation-history", "2"]).await;
+    f.create("short", 1, false).await;
+    for _ in 0..2 {
+        let op = f
+            .client
+            .clusters()
+            .stop_cluster(stop("short"))
+            .await
+            .unwrap()
+            .into_inner();
+        f.finish(op).await;
+        let op = f
+            .client
+            .clusters()
+            .start_cluster(start("short"))
+            .await
+            .unwrap()
+            .into_inner();
+        f.finish(op).await;
+    }
+    let mut ops = f.client.clone();
+    let list = |page_token: String| {
+        let mut ops = ops.clone();
+        async move {
+            let request = v1::ListOperationsRequest {
+                cluster: "short".into(),
+                page_size: 1,
+                page_token,
+            };
+            ops.operations()
+                .list_operations(request)
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let first = list(String::new()).await;
+    assert_eq!(first.operations[0].kind, v1::OperationKind::Start as i32);
+    let second = list(first.next_page_token.clone()).await;
+    assert_eq!(second.operations[0].kind, v1::OperationKind::Stop as i32);
+    assert!(
+        second.next_page_token.is_empty(),
+        "only 2 of 5 operations are kept"
+    );
+    assert!(
+        first.operations[0].id > second.operations[0].id,
+        "newest first"
+    );
+    let kept = v1::GetOperationRequest {
+        cluster: "short".into(),
+        id: second.operations[0].id.clone(),
+    };
+    assert!(ops.operations().get_operation(kept).await.is_ok());
+    f.check_history().await;
+}

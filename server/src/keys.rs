@@ -57,6 +57,27 @@ impl KeyLayout {
         format!("{}requests/{cluster}/{request_id}", self.prefix)
     }
 
+    /// `<prefix>members/`: the live replicas.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.prefix)
+    }
+
+    /// One replica's membership, bound to its lease.
+    pub fn member(&self, replica: &str) -> String {
+        format!("{}{replica}", self.members())
+    }
+
+    /// `<prefix>owners/`: which replica owns which cluster.
+    pub fn owners(&self) -> String {
+        format!("{}owners/", self.prefix)
+    }
+
+    /// One cluster's owner, bound to the owner's lease. Its create revision
+    /// is the owner's fencing epoch.
+    pub fn owner(&self, cluster: &str) -> String {
+        format!("{}{cluster}", self.owners())
+    }
+
     /// The first key after every key of cluster `name`, for paging: `/` is
     /// followed by `0` in byte order and no cluster name contains `/`.
     pub fn after_cluster(&self, name: &str) -> String {

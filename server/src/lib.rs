@@ -19,6 +19,7 @@ pub mod executor;
 pub mod keys;
 pub mod operation;
 pub mod provider;
+pub mod replication;
 pub mod scanner;
 pub mod server;
 pub mod store;

@@ -10,7 +10,8 @@
 //! - Destroying with no operation (a destroy that failed) → the destroy is
 //!   retried.
 //!
-//! Clusters holding an operation are left to the executor.
+//! Only clusters this replica owns are scanned; clusters holding an
+//! operation are left to the executor.
 
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterFilter, ClusterRecord, ClusterState};
@@ -18,7 +19,9 @@ use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
 use crate::provider::Provider;
+use crate::replication::Replication;
 use drover_proto::provider::v1 as pb;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -27,14 +30,21 @@ const PAGE: usize = 500;
 pub struct Scanner {
     operations: Operations,
     provider: Provider,
+    replication: Arc<Replication>,
     interval: Duration,
 }
 
 impl Scanner {
-    pub fn new(operations: Operations, provider: Provider, interval: Duration) -> Self {
+    pub fn new(
+        operations: Operations,
+        provider: Provider,
+        replication: Arc<Replication>,
+        interval: Duration,
+    ) -> Self {
         Self {
             operations,
             provider,
+            replication,
             interval,
         }
     }
@@ -75,10 +85,14 @@ impl Scanner {
     }
 
     async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
+        let name = &cluster.spec.name;
+        let Some(claim) = self.replication.claim(name) else {
+            // Another replica's cluster.
+            return Ok(());
+        };
         if cluster.state.operation.is_some() {
             return Ok(());
         }
-        let name = &cluster.spec.name;
         let request = |kind| LifecycleRequest {
             kind,
             params: OperationParams::default(),
@@ -94,8 +108,9 @@ impl Scanner {
                     .collect();
                 if !faulty.is_empty() {
                     let message = format!("faults detected on nodes {}", faulty.join(", "));
+                    let fence = claim.fence(self.operations.keys(), name);
                     self.operations
-                        .transition(cluster, Event::FaultsDetected, message)
+                        .transition(cluster, Event::FaultsDetected, message, &fence)
                         .await?;
                 }
             }

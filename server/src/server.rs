@@ -7,6 +7,7 @@ use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::operation::Operations;
 use crate::provider::Provider;
+use crate::replication::{Replication, ReplicationConfig};
 use crate::scanner::Scanner;
 use crate::store::SharedStore;
 use drover_proto::v1::{
@@ -14,13 +15,18 @@ use drover_proto::v1::{
     operations_server::OperationsServer, tasks_server::TasksServer,
 };
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 /// How long in-flight RPCs may take to finish after SIGTERM.
-pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// How long running operations may take to finish after SIGTERM before the
+/// lease is revoked and peers recover them.
+pub const HANDOFF_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -37,8 +43,10 @@ pub enum ServeError {
     Store(#[from] crate::store::StoreError),
 }
 
-/// Serves the replica's gRPC API until `shutdown` completes. Without a
-/// provider the replica accepts no lifecycle operations.
+/// Serves the replica's gRPC API until `shutdown` completes. With a
+/// provider the replica joins as a member, owns its share of the clusters
+/// and runs their operations; without one it only serves reads and accepts
+/// nothing that needs execution.
 pub async fn serve(
     config: &Config,
     store: SharedStore,
@@ -47,24 +55,6 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let keys = KeyLayout::new(config.key_prefix.clone());
     let operations = Operations::new(store.clone(), keys.clone(), config.operation_history);
-    let (stop_work, work_stopped) = tokio::sync::watch::channel(false);
-    let executes = provider.is_some();
-    if let Some(provider) = provider {
-        // This incarnation's fencing epoch: newer than any before it.
-        let epoch = store.get(&keys.clusters()).await?.revision;
-        let executor = Executor::new(
-            operations.clone(),
-            provider.clone(),
-            config.replica_id.clone(),
-            epoch,
-            config.operation_timeouts.clone(),
-        );
-        tokio::spawn(executor.run(work_stopped.clone()));
-        let scanner = Scanner::new(operations.clone(), provider, config.scan_interval);
-        tokio::spawn(scanner.run(work_stopped));
-    } else {
-        tracing::warn!("no provider configured: lifecycle operations are refused");
-    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -92,16 +82,73 @@ pub async fn serve(
         address: config.listen,
         source,
     })?;
+
+    let (stop_work, work_stopped) = tokio::sync::watch::channel(false);
+    let executes = provider.is_some();
+    let workers = match provider {
+        Some(provider) => {
+            let (replication, adoptions) = Replication::new(
+                store.clone(),
+                keys.clone(),
+                ReplicationConfig {
+                    replica_id: config.replica_id.clone(),
+                    address: address.to_string(),
+                    lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
+                },
+            );
+            tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
+            tokio::spawn(Arc::clone(&replication).run_ownership(work_stopped.clone()));
+            let executor = Executor::new(
+                operations.clone(),
+                provider.clone(),
+                Arc::clone(&replication),
+                config.operation_timeouts.clone(),
+            );
+            tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
+            let scanner = Scanner::new(
+                operations.clone(),
+                provider,
+                Arc::clone(&replication),
+                config.scan_interval,
+            );
+            tokio::spawn(scanner.run(work_stopped));
+            Some((replication, executor))
+        }
+        None => {
+            tracing::warn!("no provider configured: lifecycle operations are refused");
+            None
+        }
+    };
+    let admin = AdminService::new(
+        store.clone(),
+        keys.clone(),
+        workers.as_ref().map(|(r, _)| Arc::clone(r)),
+    );
     tracing::info!(%address, replica = %config.replica_id, "serving gRPC");
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = async move {
         shutdown.await;
-        // Tell load balancers first, then stop accepting and drain.
+        // Tell load balancers first, then take no new work, let running
+        // operations finish for a while, and hand the clusters off at once
+        // by revoking the lease.
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
         let _ = stop_work.send(true);
+        if let Some((replication, executor)) = workers {
+            let deadline = tokio::time::Instant::now() + HANDOFF_GRACE;
+            while executor.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if executor.in_flight() > 0 {
+                tracing::warn!(
+                    running = executor.in_flight(),
+                    "hand-off grace over: peers will recover the running operations"
+                );
+            }
+            replication.resign().await;
+        }
         tracing::info!(grace = ?DRAIN_GRACE, "shutting down: draining in-flight requests");
         let _ = draining_tx.send(());
     };
@@ -122,7 +169,7 @@ pub async fn serve(
         )))
         .add_service(OperationsServer::new(OperationsService::new(operations)))
         .add_service(TasksServer::new(TasksService))
-        .add_service(AdminServer::new(AdminService))
+        .add_service(AdminServer::new(admin))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain);
     tokio::select! {
         served = serving => served?,

@@ -32,7 +32,9 @@ impl From<ApiError> for Status {
             ApiError::InvalidArgument(_) => Status::invalid_argument(message),
             ApiError::Unimplemented(_) => Status::unimplemented(message),
             ApiError::Lifecycle(error) => match error {
-                LifecycleError::NotFound { .. } => Status::not_found(message),
+                LifecycleError::NotFound { .. } | LifecycleError::NoOwner(_) => {
+                    Status::not_found(message)
+                }
                 LifecycleError::Busy { .. } | LifecycleError::Raced(_) => Status::aborted(message),
                 LifecycleError::NoTransition { .. }
                 | LifecycleError::StoppedClusterScale(_)

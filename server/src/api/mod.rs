@@ -1,13 +1,15 @@
 //! The gRPC services of drover.v1. Handlers validate, call the domain, and
 //! convert errors to statuses once, in [`error`].
 
+mod admin;
 mod clusters;
 mod convert;
 mod error;
 mod operations;
 mod pending;
 
+pub use admin::AdminService;
 pub use clusters::ClustersService;
 pub use error::ApiError;
 pub use operations::OperationsService;
-pub use pending::{AdminService, TasksService};
+pub use pending::TasksService;

@@ -2,7 +2,7 @@
 //! contract so clients can be written now, answering UNIMPLEMENTED.
 
 use super::error::ApiError;
-use drover_proto::v1::{self, admin_server::Admin, tasks_server::Tasks};
+use drover_proto::v1::{self, tasks_server::Tasks};
 use tonic::{Request, Response, Status};
 
 fn unimplemented<T>(rpc: &'static str) -> Result<Response<T>, Status> {
@@ -37,24 +37,5 @@ impl Tasks for TasksService {
         _: Request<v1::ListTaskRunsRequest>,
     ) -> Result<Response<v1::ListTaskRunsResponse>, Status> {
         unimplemented("ListTaskRuns")
-    }
-}
-
-/// drover.v1.Admin, not yet served.
-pub struct AdminService;
-
-#[tonic::async_trait]
-impl Admin for AdminService {
-    async fn list_members(
-        &self,
-        _: Request<v1::ListMembersRequest>,
-    ) -> Result<Response<v1::ListMembersResponse>, Status> {
-        unimplemented("ListMembers")
-    }
-    async fn get_owner(
-        &self,
-        _: Request<v1::GetOwnerRequest>,
-    ) -> Result<Response<v1::Owner>, Status> {
-        unimplemented("GetOwner")
     }
 }

@@ -6,15 +6,20 @@
 //! broken watch, and periodically, to catch anything missed).
 //!
 //! # Guarantees
-//! - Every write the executor makes goes through [`run::Holding::commit`],
-//!   which compares the state key's and the operation's revisions: an
-//!   operation only moves the cluster while it still holds it.
+//! - Every write the executor makes goes through `Holding::commit`, which
+//!   compares the state key's and the operation's revisions and this
+//!   replica's ownership: an operation only moves the cluster while it still
+//!   holds it, and only its owner writes.
+//! - Every provider call carries the owner's fencing token and is made only
+//!   while the claim is alive.
 //! - An operation runs at most once per replica at a time.
 //!
-//! # Caveats
-//! - One replica: ownership (and its compare in every write) comes with
-//!   replication. An operation found RUNNING at start-up was left by a
-//!   previous incarnation of a replica and is failed, never resumed blindly.
+//! Only clusters this replica owns are driven; the replication layer hands
+//! over each cluster it adopts.
+//!
+//! - An operation found RUNNING under another owner epoch was orphaned by a
+//!   lost replica: it is failed with an error naming that replica and step,
+//!   never resumed blindly. A PENDING one nobody started is run.
 
 mod plan;
 mod run;
@@ -24,11 +29,12 @@ pub use plan::{plan, Step};
 use crate::cluster::{from_json, StateRecord};
 use crate::operation::{OperationKind, Operations};
 use crate::provider::Provider;
+use crate::replication::Replication;
 use crate::store::{EventKind, RangeRequest};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 const RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -66,10 +72,7 @@ impl Timeouts {
 pub struct Executor {
     operations: Operations,
     provider: Provider,
-    replica_id: String,
-    /// Fencing epoch of this replica incarnation: the store revision when it
-    /// started, so a later incarnation always carries a newer one.
-    epoch: i64,
+    replication: Arc<Replication>,
     timeouts: Timeouts,
     in_flight: Mutex<HashSet<String>>,
 }
@@ -78,22 +81,33 @@ impl Executor {
     pub fn new(
         operations: Operations,
         provider: Provider,
-        replica_id: String,
-        epoch: i64,
+        replication: Arc<Replication>,
         timeouts: Timeouts,
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
             provider,
-            replica_id,
-            epoch,
+            replication,
             timeouts,
             in_flight: Mutex::new(HashSet::new()),
         })
     }
 
-    /// Finds and runs operations until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    /// Operations running on this replica now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Finds and runs operations until `shutdown` turns true; `adoptions`
+    /// names each cluster this replica just became the owner of.
+    pub async fn run(
+        self: Arc<Self>,
+        mut shutdown: watch::Receiver<bool>,
+        mut adoptions: mpsc::UnboundedReceiver<String>,
+    ) {
         let store = self.operations.store().clone();
         let prefix = self.operations.keys().clusters();
         while !*shutdown.borrow() {
@@ -119,6 +133,7 @@ impl Executor {
                 tokio::select! {
                     _ = shutdown.changed() => break,
                     _ = &mut rescan => break,
+                    Some(cluster) = adoptions.recv() => self.adopt(&cluster).await,
                     event = watch.next() => match event {
                         Some(Ok(event)) if event.kind == EventKind::Put && event.kv.key.ends_with("/state") => {
                             if let Ok(state) = from_json::<StateRecord>(&event.kv) {
@@ -152,11 +167,32 @@ impl Executor {
         Ok(listed.revision)
     }
 
+    /// Looks at a cluster this replica just became the owner of: its
+    /// operation may be one a lost owner left behind.
+    async fn adopt(self: &Arc<Self>, cluster: &str) {
+        let key = self.operations.keys().cluster_state(cluster);
+        match self.operations.store().get(&key).await {
+            Ok(read) => {
+                if let Some(kv) = read.into_single() {
+                    if let Ok(state) = from_json::<StateRecord>(&kv) {
+                        self.start_slot(&key, &state);
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(cluster, %error, "cannot read an adopted cluster; the next scan retries")
+            }
+        }
+    }
+
     fn start_slot(self: &Arc<Self>, state_key: &str, state: &StateRecord) {
         let Some(slot) = &state.operation else { return };
         let Some((cluster, _)) = self.operations.keys().split_cluster_key(state_key) else {
             return;
         };
+        if self.replication.claim(cluster).is_none() {
+            return;
+        }
         if !self
             .in_flight
             .lock()

@@ -12,6 +12,7 @@ use crate::operation::{
     LifecycleError, OperationError, OperationKind, OperationRecord, OperationState, Progress,
     Versioned,
 };
+use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
 use tonic::Code;
@@ -27,6 +28,7 @@ enum Interrupt {
 /// The cluster and operation as this executor holds them.
 pub(super) struct Holding<'e> {
     executor: &'e Executor,
+    claim: Claim,
     cluster: ClusterRecord,
     operation: OperationRecord,
     operation_revision: i64,
@@ -53,6 +55,7 @@ impl Holding<'_> {
                     self.operation_revision,
                 ),
             ])
+            .when(self.claim.fence(keys, name))
             .and_then(writes);
         Ok(self.executor.operations.store().cas(txn).await?.revision)
     }
@@ -120,12 +123,17 @@ impl Holding<'_> {
     fn token(&self) -> Option<pb::FencingToken> {
         Some(pb::FencingToken {
             cluster_uid: self.cluster.spec.uid.clone(),
-            epoch: self.executor.epoch,
+            epoch: self.claim.epoch,
             operation_id: self.operation.id.clone(),
         })
     }
 
     async fn call(&mut self, step: &Step) -> Result<(), tonic::Status> {
+        if self.executor.replication.claim(&self.cluster.spec.name) != Some(self.claim) {
+            return Err(tonic::Status::aborted(
+                "this replica no longer owns the cluster",
+            ));
+        }
         let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
         let token = self.token();
@@ -341,9 +349,13 @@ impl Executor {
         {
             return Ok(());
         }
+        let Some(claim) = self.replication.claim(cluster) else {
+            return Ok(());
+        };
         let Versioned { record, revision } = self.operations.get(cluster, id).await?;
         let mut holding = Holding {
             executor: self,
+            claim,
             cluster: current,
             operation: record,
             operation_revision: revision,
@@ -360,7 +372,7 @@ impl Executor {
                     .await
             }
             OperationState::Pending => self.execute(holding).await,
-            OperationState::Running => {
+            OperationState::Running if holding.operation.owner_epoch != Some(claim.epoch) => {
                 let progress = holding.operation.progress.clone();
                 let replica = holding.operation.replica.clone().unwrap_or_default();
                 let message = match progress {
@@ -380,8 +392,10 @@ impl Executor {
                     )
                     .await
             }
-            // Terminal but still in the slot cannot happen (completion clears
-            // the slot in the same transaction); leave it to an operator.
+            // Running under this very claim: a duplicate wake-up of an
+            // operation already in flight here. Terminal but still in the slot
+            // cannot happen (completion clears the slot in the same
+            // transaction).
             _ => Ok(()),
         }
     }
@@ -392,8 +406,8 @@ impl Executor {
         let steps = plan(&holding.operation, &holding.cluster.spec.spec, &nodes);
         let total = steps.len() as u32;
         holding.operation.state = OperationState::Running;
-        holding.operation.replica = Some(self.replica_id.clone());
-        holding.operation.owner_epoch = Some(self.epoch);
+        holding.operation.replica = Some(self.replication.replica_id().to_string());
+        holding.operation.owner_epoch = Some(holding.claim.epoch);
         holding.operation.started_at = Some(now_rfc3339());
         for (index, step) in steps.iter().enumerate() {
             holding.operation.progress = Some(Progress {

@@ -47,6 +47,8 @@ pub enum LifecycleError {
     StoppedClusterScale(String),
     #[error("this replica has no provider configured (--provider): it cannot run operations")]
     NoProvider,
+    #[error("cluster {0:?} has no live owner")]
+    NoOwner(String),
     #[error("the provider did not answer: {0}")]
     ProviderUnavailable(String),
     #[error(transparent)]
@@ -219,12 +221,14 @@ impl Operations {
     }
 
     /// Moves an idle cluster by a non-request event (FaultsDetected), a CAS
-    /// on the state as read; `message` goes to the status.
+    /// on the state as read and on `fence` (the owner's claim); `message`
+    /// goes to the status.
     pub async fn transition(
         &self,
         cluster: &ClusterRecord,
         event: Event,
         message: String,
+        fence: &[Compare],
     ) -> Result<ClusterState> {
         let name = &cluster.spec.name;
         let from = cluster.state.state;
@@ -246,6 +250,7 @@ impl Operations {
                 CmpOp::Equal,
                 cluster.state_revision,
             )])
+            .when(fence.iter().cloned())
             .and_then([
                 Op::put(&state_key, to_json(&state)),
                 Op::put(self.keys.cluster_status(name), to_json(&status)),

@@ -1,0 +1,101 @@
+//! Membership: one lease per replica incarnation, `members/<id>` bound to
+//! it, renewed every TTL/3. Losing it drops every claim at once; then the
+//! replica rejoins with a new lease.
+
+use super::*;
+use crate::cluster::{to_json, SCHEMA_VERSION};
+use crate::store::{Op, StoreError, Txn};
+use tokio::sync::watch;
+
+const REJOIN_DELAY: Duration = Duration::from_millis(500);
+
+impl Replication {
+    /// Keeps this replica a member until `shutdown` turns true.
+    pub async fn run_membership(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let renew_every = self.config.lease_ttl / 3;
+        while !*shutdown.borrow() {
+            let lease = match self.join().await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot join as a member; retrying");
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(REJOIN_DELAY) => continue,
+                    }
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(renew_every) => {}
+                }
+                let sent = Instant::now();
+                match self.store.keep_alive(lease).await {
+                    Ok(ttl) => {
+                        if let Some(session) =
+                            lock(&self.session).as_mut().filter(|s| s.lease == lease)
+                        {
+                            session.valid_until = sent + Duration::from_secs(ttl as u64);
+                        }
+                    }
+                    Err(StoreError::LeaseNotFound(_)) => {
+                        self.drop_session("the lease expired");
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "lease keep-alive failed");
+                        if self.live_lease() != Some(lease) {
+                            self.drop_session("keep-alives failed for longer than the TTL");
+                            break;
+                        }
+                    }
+                }
+                if self.live_lease() != Some(lease) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Grants a lease and writes `members/<id>` bound to it.
+    async fn join(&self) -> crate::store::Result<LeaseId> {
+        let sent = Instant::now();
+        let ttl = self.config.lease_ttl.as_secs() as i64;
+        let lease = self.store.grant_lease(ttl).await?;
+        let member = MemberRecord {
+            schema: SCHEMA_VERSION,
+            id: self.config.replica_id.clone(),
+            address: self.config.address.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            lease,
+        };
+        let key = self.keys.member(&self.config.replica_id);
+        self.store
+            .txn(Txn::new().and_then([Op::put_with_lease(key, to_json(&member), lease)]))
+            .await?;
+        *lock(&self.session) = Some(Session {
+            lease,
+            valid_until: sent + self.config.lease_ttl,
+        });
+        tracing::info!(lease, ttl, "joined as a member");
+        Ok(lease)
+    }
+
+    /// Leaves at once: drops every claim and revokes the lease, which
+    /// deletes this replica's member and owner keys so peers take over now
+    /// instead of after the TTL.
+    pub async fn resign(&self) {
+        let session = lock(&self.session).take();
+        lock(&self.owned).clear();
+        if let Some(session) = session {
+            match self.store.revoke_lease(session.lease).await {
+                Ok(()) => {
+                    tracing::info!(lease = session.lease, "lease revoked: clusters handed off")
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "lease revoke failed; peers take over after the TTL")
+                }
+            }
+        }
+    }
+}

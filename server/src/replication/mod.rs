@@ -1,0 +1,165 @@
+//! Replication: membership (one lease per replica), per-cluster ownership
+//! (owner keys bound to that lease, spread by rendezvous hashing) and the
+//! fencing every owner write and provider call carries.
+//!
+//! # Guarantees
+//! - [`Replication::claim`] returns a cluster's claim only while this
+//!   replica's lease is believed alive: once keep-alives have failed for
+//!   longer than the TTL (or the lease is gone) every claim is dropped at
+//!   once, before a new lease is granted.
+//! - Every owner write compares the owner key's lease and create revision
+//!   ([`Claim::fence`]), so a replica that lost ownership while paused can
+//!   change nothing; its provider calls carry an older epoch than the new
+//!   owner's and the provider refuses them.
+//!
+//! # Assumptions
+//! - Every replica runs the same rendezvous hash over the same member list.
+//!
+//! # Caveats
+//! - A lease TTL is a minimum: after an etcd leader change, failover can
+//!   take up to twice the TTL.
+
+mod membership;
+mod ownership;
+mod rendezvous;
+
+pub use rendezvous::preferred;
+
+use crate::keys::KeyLayout;
+use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// `members/<id>`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub schema: u32,
+    pub id: String,
+    /// gRPC address the replica serves.
+    pub address: String,
+    /// Drover version it runs.
+    pub version: String,
+    pub lease: LeaseId,
+}
+
+/// `owners/<cluster>`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    pub schema: u32,
+    pub replica: String,
+    pub lease: LeaseId,
+}
+
+/// This replica's ownership of one cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub lease: LeaseId,
+    /// The owner key's create revision: grows with every new owner.
+    pub epoch: i64,
+}
+
+impl Claim {
+    /// The compares that make a write apply only while this claim holds.
+    pub fn fence(&self, keys: &KeyLayout, cluster: &str) -> [Compare; 2] {
+        let owner = keys.owner(cluster);
+        [
+            Compare::lease(&owner, CmpOp::Equal, self.lease),
+            Compare::create_revision(owner, CmpOp::Equal, self.epoch),
+        ]
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    lease: LeaseId,
+    /// Past this instant the lease may have expired: stop acting as owner.
+    valid_until: Instant,
+}
+
+/// Settings of the replication layer.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    pub replica_id: String,
+    pub address: String,
+    pub lease_ttl: Duration,
+}
+
+/// The replication state of this replica; shared by the executor, the
+/// scanner and the API.
+pub struct Replication {
+    store: SharedStore,
+    keys: KeyLayout,
+    config: ReplicationConfig,
+    session: Mutex<Option<Session>>,
+    owned: Mutex<HashMap<String, Claim>>,
+    adopted: mpsc::UnboundedSender<String>,
+}
+
+impl Replication {
+    /// The replication layer and the stream of clusters it adopts (for the
+    /// executor to look at).
+    pub fn new(
+        store: SharedStore,
+        keys: KeyLayout,
+        config: ReplicationConfig,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
+        let (adopted, adoptions) = mpsc::unbounded_channel();
+        let replication = Arc::new(Self {
+            store,
+            keys,
+            config,
+            session: Mutex::new(None),
+            owned: Mutex::new(HashMap::new()),
+            adopted,
+        });
+        (replication, adoptions)
+    }
+
+    pub fn replica_id(&self) -> &str {
+        &self.config.replica_id
+    }
+
+    /// This replica's claim on `cluster`, if it owns it and its lease is
+    /// believed alive.
+    pub fn claim(&self, cluster: &str) -> Option<Claim> {
+        self.live_lease()?;
+        lock(&self.owned).get(cluster).copied()
+    }
+
+    /// Clusters this replica owns now.
+    pub fn owned_count(&self) -> usize {
+        lock(&self.owned).len()
+    }
+
+    fn live_lease(&self) -> Option<LeaseId> {
+        let mut session = lock(&self.session);
+        match *session {
+            Some(s) if Instant::now() < s.valid_until => Some(s.lease),
+            Some(s) => {
+                tracing::warn!(
+                    lease = s.lease,
+                    "lease may have expired: no longer acting as an owner"
+                );
+                *session = None;
+                drop(session);
+                lock(&self.owned).clear();
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn drop_session(&self, why: &str) {
+        if lock(&self.session).take().is_some() {
+            tracing::warn!(why, "lost the replica lease: no longer acting as an owner");
+        }
+        lock(&self.owned).clear();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}

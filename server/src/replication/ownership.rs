@@ -1,0 +1,168 @@
+//! Ownership: a free cluster is claimed by its preferred live member; an
+//! idle cluster whose preferred member changed is released so that member
+//! can claim it; a busy one is released after its operation ends.
+
+use super::*;
+use crate::cluster::{from_json, to_json, StateRecord, SCHEMA_VERSION};
+use crate::store::{Op, RangeRequest, Txn};
+use std::collections::HashSet;
+use tokio::sync::watch;
+
+impl Replication {
+    /// Reconciles ownership on every membership or ownership change and at
+    /// least every TTL/3, until `shutdown` turns true.
+    pub async fn run_ownership(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let period = self.config.lease_ttl / 3;
+        loop {
+            let revision = match self.reconcile().await {
+                Ok(revision) => revision,
+                Err(error) => {
+                    tracing::warn!(%error, "ownership reconcile failed");
+                    0
+                }
+            };
+            let changed = async {
+                // Either prefix changing is a reason to look again.
+                let members = self.store.watch(&self.keys.members(), revision + 1).await;
+                let owners = self.store.watch(&self.keys.owners(), revision + 1).await;
+                match (members, owners) {
+                    (Ok(mut members), Ok(mut owners)) => {
+                        tokio::select! {
+                            _ = members.next() => {},
+                            _ = owners.next() => {},
+                        }
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = changed => {},
+                _ = tokio::time::sleep(period) => {},
+            }
+        }
+    }
+
+    /// One pass: returns the store revision it read at.
+    async fn reconcile(&self) -> crate::store::Result<i64> {
+        let members = self
+            .store
+            .range(RangeRequest::prefix(self.keys.members()))
+            .await?;
+        let Some(lease) = self.live_lease() else {
+            return Ok(members.revision);
+        };
+        let live: Vec<String> = members
+            .kvs
+            .iter()
+            .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
+            .map(|m| m.id)
+            .collect();
+        if !live.iter().any(|id| id == &self.config.replica_id) {
+            // Not (yet) visible as a member: claim nothing.
+            return Ok(members.revision);
+        }
+        let owners = self
+            .store
+            .range(RangeRequest::prefix(self.keys.owners()))
+            .await?;
+        let clusters = self
+            .store
+            .range(RangeRequest::prefix(self.keys.clusters()))
+            .await?;
+        let mut owner_of: HashMap<String, (OwnerRecord, i64)> = HashMap::new();
+        for kv in &owners.kvs {
+            if let (Some(cluster), Ok(owner)) = (
+                kv.key.strip_prefix(&self.keys.owners()),
+                from_json::<OwnerRecord>(kv),
+            ) {
+                owner_of.insert(cluster.to_string(), (owner, kv.create_revision));
+            }
+        }
+        let mut owned: HashMap<String, Claim> = owner_of
+            .iter()
+            .filter(|(_, (owner, _))| owner.lease == lease)
+            .map(|(cluster, (_, epoch))| {
+                (
+                    cluster.clone(),
+                    Claim {
+                        lease,
+                        epoch: *epoch,
+                    },
+                )
+            })
+            .collect();
+        let mut existing = HashSet::new();
+        for kv in clusters.kvs.iter().filter(|kv| kv.key.ends_with("/state")) {
+            let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) else {
+                continue;
+            };
+            let Ok(state) = from_json::<StateRecord>(kv) else {
+                continue;
+            };
+            existing.insert(cluster.to_string());
+            let preferred = preferred(cluster, live.iter().map(String::as_str));
+            let mine = preferred == Some(self.config.replica_id.as_str());
+            match owned.get(cluster).copied() {
+                None if mine && !owner_of.contains_key(cluster) => {
+                    if let Some(claim) = self.try_claim(cluster, lease).await? {
+                        owned.insert(cluster.to_string(), claim);
+                        let _ = self.adopted.send(cluster.to_string());
+                    }
+                }
+                Some(claim) if !mine && state.operation.is_none() => {
+                    if self.release(cluster, claim).await? {
+                        owned.remove(cluster);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Owner keys of clusters that no longer exist.
+        for (cluster, claim) in owned.clone() {
+            if !existing.contains(&cluster) && self.release(&cluster, claim).await? {
+                owned.remove(&cluster);
+            }
+        }
+        if self.live_lease() == Some(lease) {
+            *lock(&self.owned) = owned;
+        }
+        Ok(members.revision)
+    }
+
+    async fn try_claim(
+        &self,
+        cluster: &str,
+        lease: LeaseId,
+    ) -> crate::store::Result<Option<Claim>> {
+        let key = self.keys.owner(cluster);
+        let owner = OwnerRecord {
+            schema: SCHEMA_VERSION,
+            replica: self.config.replica_id.clone(),
+            lease,
+        };
+        let txn = Txn::new()
+            .when([Compare::absent(&key)])
+            .and_then([Op::put_with_lease(&key, to_json(&owner), lease)]);
+        let result = self.store.txn(txn).await?;
+        if !result.succeeded {
+            return Ok(None);
+        }
+        tracing::info!(cluster, epoch = result.revision, "claimed cluster");
+        Ok(Some(Claim {
+            lease,
+            epoch: result.revision,
+        }))
+    }
+
+    async fn release(&self, cluster: &str, claim: Claim) -> crate::store::Result<bool> {
+        let txn = Txn::new()
+            .when(claim.fence(&self.keys, cluster))
+            .and_then([Op::delete(self.keys.owner(cluster))]);
+        let released = self.store.txn(txn).await?.succeeded;
+        if released {
+            tracing::info!(cluster, "released cluster to its preferred member");
+        }
+        Ok(released)
+    }
+}

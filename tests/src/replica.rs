@@ -30,8 +30,10 @@ impl ReplicaProcess {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--etcd-endpoints", etcd_endpoint])
             .args(["--replica-id", replica_id])
-            .args(["--lease-ttl", "2"])
             .args(extra);
+        if !extra.contains(&"--lease-ttl") {
+            command.args(["--lease-ttl", "2"]);
+        }
         Self::start(command, port).await
     }
 
@@ -47,17 +49,25 @@ impl ReplicaProcess {
 
     async fn start(mut command: Command, port: u16) -> Self {
         let child = command
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("DROVER_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn drover");
-        let replica = Self { child, port };
+        let mut replica = Self { child, port };
         let endpoint = replica.endpoint();
         wait_until(
             Duration::from_secs(20),
             "the replica to report SERVING",
             || {
+                let exited = replica.child.try_wait().expect("poll drover");
+                assert!(
+                    exited.is_none(),
+                    "drover exited during start-up: {exited:?}"
+                );
                 let endpoint = endpoint.clone();
                 async move { health(&endpoint).await == Some(ServingStatus::Serving) }
             },
@@ -80,14 +90,25 @@ impl ReplicaProcess {
         self.child.id()
     }
 
+    /// Sends a signal (`STOP`, `CONT`, `TERM`, ...) to this replica only.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.pid());
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits (without blocking the runtime, so this
     /// process's own connections can close) for the exit.
     pub async fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {}", self.pid());
+        self.signal("TERM");
         let mut exit = None;
         wait_until(Duration::from_secs(30), "the replica to exit", || {
             exit = self.child.try_wait().expect("poll drover");

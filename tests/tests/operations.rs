@@ -15,11 +15,12 @@ use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Fields drop in order: the replica first, etcd last.
 struct Fixture {
-    etcd: EtcdProcess,
-    sim: SimProcess,
     _replica: ReplicaProcess,
     client: Client,
+    sim: SimProcess,
+    etcd: EtcdProcess,
 }
 
 impl Fixture {

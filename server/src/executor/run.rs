@@ -15,6 +15,7 @@ use crate::operation::{
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
+use std::time::Duration;
 use tonic::Code;
 
 /// How a drive ends early.
@@ -38,10 +39,19 @@ pub(super) struct Holding<'e> {
 impl Holding<'_> {
     /// The one place executor writes go through: the transaction applies
     /// only while the cluster's state and the operation are as this executor
-    /// last saw them.
+    /// last saw them, and while this replica owns the cluster.
+    ///
+    /// etcd being unreachable is retried while the claim lives. A write whose
+    /// outcome was unknown (the connection broke after sending) is
+    /// recognised afterwards by the operation record it wrote.
     async fn commit(&mut self, writes: Vec<Op>) -> Result<i64, LifecycleError> {
         let keys = self.executor.operations.keys();
         let name = &self.cluster.spec.name;
+        let operation_key = keys.operation(name, &self.operation.id);
+        let written_operation = writes.iter().find_map(|op| match op {
+            Op::Put { key, value, .. } if *key == operation_key => Some(value.clone()),
+            _ => None,
+        });
         let txn = Txn::new()
             .when([
                 Compare::mod_revision(
@@ -49,15 +59,34 @@ impl Holding<'_> {
                     CmpOp::Equal,
                     self.cluster.state_revision,
                 ),
-                Compare::mod_revision(
-                    keys.operation(name, &self.operation.id),
-                    CmpOp::Equal,
-                    self.operation_revision,
-                ),
+                Compare::mod_revision(&operation_key, CmpOp::Equal, self.operation_revision),
             ])
             .when(self.claim.fence(keys, name))
             .and_then(writes);
-        Ok(self.executor.operations.store().cas(txn).await?.revision)
+        let store = self.executor.operations.store();
+        let mut delay = Duration::from_millis(100);
+        let mut ambiguous = false;
+        loop {
+            match store.cas(txn.clone()).await {
+                Ok(result) => return Ok(result.revision),
+                Err(StoreError::Unavailable(error))
+                    if self.executor.replication.claim(name) == Some(self.claim) =>
+                {
+                    tracing::warn!(cluster = %name, %error, retry_in = ?delay, "etcd unavailable; retrying the write");
+                    ambiguous = true;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(StoreError::Conflict { revision }) if ambiguous => {
+                    let current = store.get(&operation_key).await?.into_single();
+                    return match (current, &written_operation) {
+                        (Some(kv), Some(written)) if &kv.value == written => Ok(kv.mod_revision),
+                        _ => Err(StoreError::Conflict { revision }.into()),
+                    };
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// Writes the operation record.
@@ -392,10 +421,12 @@ impl Executor {
                     )
                     .await
             }
-            // Running under this very claim: a duplicate wake-up of an
-            // operation already in flight here. Terminal but still in the slot
-            // cannot happen (completion clears the slot in the same
-            // transaction).
+            // Running under this very claim but not in flight here (its
+            // drive gave up, e.g. etcd was down for long): resume. Steps are
+            // idempotent and re-planned from the nodes as they are now.
+            OperationState::Running => self.execute(holding).await,
+            // Terminal but still in the slot cannot happen (completion clears
+            // the slot in the same transaction).
             _ => Ok(()),
         }
     }
@@ -408,7 +439,9 @@ impl Executor {
         holding.operation.state = OperationState::Running;
         holding.operation.replica = Some(self.replication.replica_id().to_string());
         holding.operation.owner_epoch = Some(holding.claim.epoch);
-        holding.operation.started_at = Some(now_rfc3339());
+        if holding.operation.started_at.is_none() {
+            holding.operation.started_at = Some(now_rfc3339());
+        }
         for (index, step) in steps.iter().enumerate() {
             holding.operation.progress = Some(Progress {
                 step: index as u32 + 1,

@@ -111,7 +111,8 @@ impl Replication {
                     }
                 }
                 Some(claim) if !mine && state.operation.is_none() => {
-                    if self.release(cluster, claim).await? {
+                    let released = self.release(cluster, claim).await?;
+                    if released {
                         owned.remove(cluster);
                     }
                 }

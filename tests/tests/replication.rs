@@ -1,0 +1,481 @@
+//! Replication end to end: three replica processes, a real etcd and the
+//! simulated provider process; kill -9, SIGSTOP past the TTL, SIGTERM,
+//! membership changes and an etcd restart.
+
+use drover_client::v1::{self, ClusterState as S, OperationState as O};
+use drover_client::Client;
+use drover_proto::v1::admin_client::AdminClient;
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::history::assert_transitions_are_edges;
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::wait_until;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const TTL_SECONDS: u64 = 2;
+/// Lease expiry is checked every 500 ms by etcd, the peer reconciles every
+/// TTL/3 and the scanner runs every second: failover must fit in this.
+const FAILOVER: Duration = Duration::from_secs(2 * TTL_SECONDS + 6);
+
+/// Fields drop in order: replicas first, etcd last.
+struct Cluster3 {
+    replicas: Vec<(String, ReplicaProcess)>,
+    sim: SimProcess,
+    etcd: EtcdProcess,
+}
+
+impl Cluster3 {
+    async fn start(count: usize, ttl: u64) -> Self {
+        let etcd = EtcdProcess::start().await;
+        let sim = SimProcess::start().await;
+        let mut this = Self {
+            etcd,
+            sim,
+            replicas: Vec::new(),
+        };
+        for i in 1..=count {
+            this.add(&format!("r{i}"), ttl).await;
+        }
+        this
+    }
+
+    async fn add(&mut self, id: &str, ttl: u64) {
+        let ttl = ttl.to_string();
+        let provider = self.sim.endpoint();
+        let args = [
+            "--provider",
+            provider.as_str(),
+            "--scan-interval",
+            "1",
+            "--lease-ttl",
+            ttl.as_str(),
+        ];
+        let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await;
+        self.replicas.push((id.to_string(), replica));
+    }
+
+    fn replica(&self, id: &str) -> &ReplicaProcess {
+        &self
+            .replicas
+            .iter()
+            .find(|(r, _)| r == id)
+            .expect("known replica")
+            .1
+    }
+
+    fn replica_mut(&mut self, id: &str) -> &mut ReplicaProcess {
+        &mut self
+            .replicas
+            .iter_mut()
+            .find(|(r, _)| r == id)
+            .expect("known replica")
+            .1
+    }
+
+    /// A client of some replica other than `avoid`.
+    async fn client_avoiding(&self, avoid: &str) -> Client {
+        let (_, replica) = self
+            .replicas
+            .iter()
+            .find(|(id, _)| id != avoid)
+            .expect("another replica");
+        replica.client().await
+    }
+
+    async fn admin_avoiding(&self, avoid: &str) -> AdminClient<tonic::transport::Channel> {
+        let (_, replica) = self
+            .replicas
+            .iter()
+            .find(|(id, _)| id != avoid)
+            .expect("another replica");
+        AdminClient::connect(replica.endpoint())
+            .await
+            .expect("admin client")
+    }
+}
+
+async fn owner(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+    cluster: &str,
+) -> Option<v1::Owner> {
+    admin
+        .get_owner(v1::GetOwnerRequest {
+            cluster: cluster.into(),
+        })
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+async fn create_running(client: &mut Client, name: &str, workers: u32) -> v1::Cluster {
+    let response = client
+        .clusters()
+        .create_cluster(v1::CreateClusterRequest {
+            name: name.into(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                worker_nodes: workers,
+                node_offering: "medium".into(),
+                ..Default::default()
+            }),
+            create_only: false,
+            request_id: String::new(),
+        })
+        .await
+        .expect("create")
+        .into_inner();
+    let start = response.operation.expect("a start");
+    let done = client
+        .wait_operation(&start, Duration::from_secs(30))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    client.get_cluster(name).await.unwrap()
+}
+
+async fn wait_running(client: &Client, id: &str, cluster: &str) {
+    wait_until(
+        Duration::from_secs(20),
+        "the operation to start running",
+        || {
+            let mut client = client.clone();
+            let request = v1::GetOperationRequest {
+                cluster: cluster.into(),
+                id: id.into(),
+            };
+            async move {
+                client
+                    .operations()
+                    .get_operation(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .state
+                    == O::Running as i32
+            }
+        },
+    )
+    .await;
+}
+
+async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
+    let request = v1::UpgradeClusterRequest {
+        name: cluster.into(),
+        version: "1.30.0".into(),
+        request_id: String::new(),
+    };
+    client
+        .clusters()
+        .upgrade_cluster(request)
+        .await
+        .expect("upgrade")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cluster() {
+    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    let cluster = create_running(&mut client, "victim", 3).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "victim").await.expect("an owner");
+    c.sim.set_latency(Duration::from_millis(500)).await;
+    let op = upgrade(&mut client, "victim").await;
+    wait_running(&client, &op.id, "victim").await;
+
+    c.replica_mut(&before.replica).kill9();
+    let killed = Instant::now();
+    let mut client = c.client_avoiding(&before.replica).await;
+    let failed = client.wait_operation(&op, FAILOVER).await.unwrap();
+    assert_eq!(
+        failed.state,
+        O::Failed as i32,
+        "orphan recovered within {FAILOVER:?}: {failed:?}"
+    );
+    let message = failed.error.unwrap().message;
+    assert!(
+        message.contains(&format!("replica {}", before.replica)),
+        "{message}"
+    );
+    assert!(message.contains("step"), "{message}");
+    c.sim.set_latency(Duration::ZERO).await;
+    let mut probe = client.clone();
+    wait_until(FAILOVER, "the cluster to be Running again", || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .get_cluster("victim")
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .state
+                == Some(S::Running as i32)
+        }
+    })
+    .await;
+    eprintln!("kill -9 to Running again: {:?}", killed.elapsed());
+    let after = owner(&mut c.admin_avoiding(&before.replica).await, "victim")
+        .await
+        .unwrap();
+    assert_ne!(after.replica, before.replica);
+    assert!(after.epoch > before.epoch, "a new owner has a newer epoch");
+    assert_eq!(probe.get_cluster("victim").await.unwrap().uid, cluster.uid);
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
+#[tokio::test]
+async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
+    let c = Cluster3::start(3, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    let cluster = create_running(&mut client, "zombie", 3).await;
+    let mut admin = c.admin_avoiding("").await;
+    let paused = owner(&mut admin, "zombie").await.expect("an owner");
+    c.sim.set_latency(Duration::from_millis(300)).await;
+    let op = upgrade(&mut client, "zombie").await;
+    wait_running(&client, &op.id, "zombie").await;
+
+    c.replica(&paused.replica).signal("STOP");
+    let mut client = c.client_avoiding(&paused.replica).await;
+    let mut admin = c.admin_avoiding(&paused.replica).await;
+    let failed = client.wait_operation(&op, FAILOVER).await.unwrap();
+    assert_eq!(failed.state, O::Failed as i32, "{failed:?}");
+    let probe = admin.clone();
+    wait_until(FAILOVER, "a new owner", || {
+        let mut probe = probe.clone();
+        let paused = paused.replica.clone();
+        async move {
+            owner(&mut probe, "zombie")
+                .await
+                .is_some_and(|o| o.replica != paused)
+        }
+    })
+    .await;
+    let audited_before_wake = c.sim.audit(&cluster.uid).await.len();
+
+    c.replica(&paused.replica).signal("CONT");
+    // It notices it lost its lease and rejoins with a new one.
+    wait_until(FAILOVER, "the woken replica to rejoin", || {
+        let mut probe = probe.clone();
+        let paused = paused.replica.clone();
+        async move {
+            let members = probe
+                .list_members(v1::ListMembersRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .members;
+            members.iter().any(|m| m.id == paused)
+        }
+    })
+    .await;
+    let audit = c.sim.audit(&cluster.uid).await;
+    let stale: Vec<_> = audit[audited_before_wake..]
+        .iter()
+        .filter(|e| e.token.as_ref().unwrap().epoch <= paused.epoch)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "provider calls accepted from the woken owner: {stale:?}"
+    );
+    let record = client
+        .operations()
+        .get_operation(v1::GetOperationRequest {
+            cluster: "zombie".into(),
+            id: op.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        record, failed,
+        "the woken owner did not rewrite the failed operation"
+    );
+    // Ownership may move back to the woken replica, but only under a new
+    // lease and a newer epoch.
+    wait_until(FAILOVER, "an owner with a newer epoch", || {
+        let mut admin = admin.clone();
+        let old = paused.epoch;
+        async move {
+            owner(&mut admin, "zombie")
+                .await
+                .is_some_and(|o| o.epoch > old)
+        }
+    })
+    .await;
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
+#[tokio::test]
+async fn sigterm_hands_clusters_off_faster_than_the_ttl() {
+    // A long TTL: only the revoke on SIGTERM can make the hand-off quick.
+    let mut c = Cluster3::start(3, 20).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "handed", 1).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "handed").await.expect("an owner");
+    let mut admin = c.admin_avoiding(&before.replica).await;
+    let status = c.replica_mut(&before.replica).terminate().await;
+    assert!(status.success(), "{status:?}");
+    let stopped = Instant::now();
+    wait_until(Duration::from_secs(10), "a peer to own the cluster", || {
+        let mut admin = admin.clone();
+        let gone = before.replica.clone();
+        async move {
+            owner(&mut admin, "handed")
+                .await
+                .is_some_and(|o| o.replica != gone)
+        }
+    })
+    .await;
+    eprintln!(
+        "SIGTERM hand-off: {:?} after exit (TTL 20 s)",
+        stopped.elapsed()
+    );
+    let members = admin
+        .list_members(v1::ListMembersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert!(
+        members.iter().all(|m| m.id != before.replica),
+        "the lease was revoked"
+    );
+}
+
+async fn owners(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+    names: &[String],
+) -> HashMap<String, String> {
+    let mut owners = HashMap::new();
+    for name in names {
+        if let Some(owner) = owner(admin, name).await {
+            owners.insert(name.clone(), owner.replica);
+        }
+    }
+    owners
+}
+
+async fn wait_spread(
+    admin: &AdminClient<tonic::transport::Channel>,
+    names: &[String],
+    members: &[&str],
+) {
+    let what = format!("{} clusters spread over {members:?}", names.len());
+    wait_until(Duration::from_secs(30), &what, || {
+        let mut admin = admin.clone();
+        async move {
+            let owners = owners(&mut admin, names).await;
+            owners.len() == names.len()
+                && names.iter().all(|name| {
+                    owners.get(name).map(String::as_str)
+                        == drover_server::replication::preferred(name, members.iter().copied())
+                })
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_hundred_clusters_spread_and_respread_over_membership_changes() {
+    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    let names: Vec<String> = (0..200).map(|i| format!("fleet-{i:03}")).collect();
+    for name in &names {
+        let request = v1::CreateClusterRequest {
+            name: name.clone(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "m".into(),
+                ..Default::default()
+            }),
+            create_only: true,
+            request_id: String::new(),
+        };
+        client.clusters().create_cluster(request).await.unwrap();
+    }
+    let admin = c.admin_avoiding("r3").await;
+    wait_spread(&admin, &names, &["r1", "r2", "r3"]).await;
+    let members = admin
+        .clone()
+        .list_members(v1::ListMembersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    for member in &members {
+        assert!(
+            member.clusters_owned >= 30,
+            "{} owns only {}",
+            member.id,
+            member.clusters_owned
+        );
+    }
+
+    c.replica_mut("r3").kill9();
+    wait_spread(&admin, &names, &["r1", "r2"]).await;
+
+    c.add("r4", TTL_SECONDS).await;
+    wait_spread(&admin, &names, &["r1", "r2", "r4"]).await;
+}
+
+#[tokio::test]
+async fn an_etcd_restart_mid_operation_loses_nothing() {
+    let mut c = Cluster3::start(1, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "steady", 3).await;
+    c.sim.set_latency(Duration::from_millis(400)).await;
+    let op = upgrade(&mut client, "steady").await;
+    wait_running(&client, &op.id, "steady").await;
+    c.etcd.restart().await;
+    let done = client.wait_operation(&op, Duration::from_secs(60)).await;
+    // The wait itself may have been cut by the restart: ask again.
+    let done = match done {
+        Ok(done) if done.state >= O::Succeeded as i32 => done,
+        _ => {
+            let mut probe = c.replicas[0].1.client().await;
+            probe
+                .wait_operation(&op, Duration::from_secs(60))
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        done.state >= O::Succeeded as i32,
+        "the operation ended: {done:?}"
+    );
+    c.sim.set_latency(Duration::ZERO).await;
+    let mut probe = c.replicas[0].1.client().await;
+    wait_until(FAILOVER, "the cluster to be Running", || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .get_cluster("steady")
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .state
+                == Some(S::Running as i32)
+        }
+    })
+    .await;
+    let listed = probe
+        .operations()
+        .list_operations(v1::ListOperationsRequest {
+            cluster: "steady".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed.operations.iter().any(|o| o.id == op.id),
+        "the operation record survived"
+    );
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}

@@ -239,7 +239,7 @@ async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
 
     c.replica(&paused.replica).signal("STOP");
     let mut client = c.client_avoiding(&paused.replica).await;
-    let mut admin = c.admin_avoiding(&paused.replica).await;
+    let admin = c.admin_avoiding(&paused.replica).await;
     let failed = client.wait_operation(&op, FAILOVER).await.unwrap();
     assert_eq!(failed.state, O::Failed as i32, "{failed:?}");
     let probe = admin.clone();

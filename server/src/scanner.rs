@@ -90,7 +90,7 @@ impl Scanner {
             // Another replica's cluster.
             return Ok(());
         };
-        if cluster.state.operation.is_some() {
+        if cluster.state.operation.is_some() || cluster.newer_schema().is_some() {
             return Ok(());
         }
         let request = |kind| LifecycleRequest {

@@ -38,7 +38,8 @@ impl From<ApiError> for Status {
                 LifecycleError::Busy { .. } | LifecycleError::Raced(_) => Status::aborted(message),
                 LifecycleError::NoTransition { .. }
                 | LifecycleError::StoppedClusterScale(_)
-                | LifecycleError::NoProvider => Status::failed_precondition(message),
+                | LifecycleError::NoProvider
+                | LifecycleError::NewerSchema { .. } => Status::failed_precondition(message),
                 LifecycleError::ProviderUnavailable(_) => Status::unavailable(message),
                 LifecycleError::Invalid(field) => ApiError::InvalidArgument(field).into(),
                 LifecycleError::Registry(error) => ApiError::Registry(error).into(),

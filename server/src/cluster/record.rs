@@ -116,3 +116,19 @@ pub struct ClusterRecord {
     pub state_revision: i64,
     pub status: Option<StatusRecord>,
 }
+
+impl ClusterRecord {
+    /// The newest schema among the cluster's records when it is newer than
+    /// this build understands: such a cluster is left to newer replicas.
+    pub fn newer_schema(&self) -> Option<u32> {
+        let newest = [
+            Some(self.spec.schema),
+            Some(self.state.schema),
+            self.status.as_ref().map(|s| s.schema),
+        ]
+        .into_iter()
+        .flatten()
+        .max()?;
+        (newest > SCHEMA_VERSION).then_some(newest)
+    }
+}

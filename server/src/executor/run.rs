@@ -370,6 +370,7 @@ impl Executor {
     /// Runs one operation from wherever it is.
     pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
         let current = self.operations.registry().get(cluster).await?;
+        crate::operation::check_schema(&current)?;
         if current
             .state
             .operation

@@ -147,6 +147,7 @@ impl Operations {
             return Ok(existing.record);
         }
         let current = self.registry.get(cluster).await?;
+        check_schema(&current)?;
         if let Some(slot) = &current.state.operation {
             return Err(busy(cluster, slot));
         }
@@ -322,5 +323,91 @@ fn busy(cluster: &str, slot: &OperationSlot) -> LifecycleError {
         cluster: cluster.to_string(),
         operation: slot.id.clone(),
         kind: slot.kind.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, Store};
+    use std::sync::Arc;
+
+    fn spec() -> Spec {
+        Spec {
+            version: "1.29.0".into(),
+            control_nodes: 1,
+            worker_nodes: 2,
+            node_offering: "m".into(),
+            ..Spec::default()
+        }
+    }
+
+    fn request(kind: OperationKind) -> LifecycleRequest {
+        LifecycleRequest {
+            kind,
+            params: OperationParams::default(),
+            request_id: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_with_a_newer_schema_is_never_rewritten() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let operations = Operations::new(store.clone(), keys.clone(), 10);
+        operations
+            .create_cluster("future", spec(), "", false)
+            .await
+            .unwrap();
+        let state_key = keys.cluster_state("future");
+        let kv = store.get(&state_key).await.unwrap().into_single().unwrap();
+        let mut state: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+        state["schema"] = 99.into();
+        state["state"] = "Running".into();
+        let newer = serde_json::to_vec(&state).unwrap();
+        store
+            .txn(Txn::new().and_then([Op::put(&state_key, newer.clone())]))
+            .await
+            .unwrap();
+
+        let error = operations
+            .accept("future", request(OperationKind::Stop))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, LifecycleError::NewerSchema { schema: 99, .. }),
+            "{error:?}"
+        );
+        let after = store.get(&state_key).await.unwrap().into_single().unwrap();
+        assert_eq!(after.value, newer, "the record was left alone");
+        assert!(store
+            .range(crate::store::RangeRequest::prefix(
+                keys.operations("future")
+            ))
+            .await
+            .unwrap()
+            .kvs
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_busy_cluster_refuses_with_the_operation_holding_it() {
+        let store = Arc::new(MemoryStore::new());
+        let operations = Operations::new(store, KeyLayout::new("/t/"), 10);
+        let (_, start) = operations
+            .create_cluster("busy", spec(), "", true)
+            .await
+            .unwrap();
+        let start = start.unwrap();
+        let error = operations
+            .accept("busy", request(OperationKind::Stop))
+            .await
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, LifecycleError::Busy { .. }), "{message}");
+        assert!(
+            message.contains(&start.id) && message.contains("(start)"),
+            "{message}"
+        );
     }
 }

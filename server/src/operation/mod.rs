@@ -47,6 +47,12 @@ pub enum LifecycleError {
     StoppedClusterScale(String),
     #[error("this replica has no provider configured (--provider): it cannot run operations")]
     NoProvider,
+    #[error("cluster {cluster:?} was written by a newer Drover (record schema {schema}, this replica knows {known}); use a newer replica")]
+    NewerSchema {
+        cluster: String,
+        schema: u32,
+        known: u32,
+    },
     #[error("cluster {0:?} has no live owner")]
     NoOwner(String),
     #[error("the provider did not answer: {0}")]
@@ -55,6 +61,21 @@ pub enum LifecycleError {
     Invalid(#[from] crate::cluster::validate::FieldError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+}
+
+/// Refuses to rewrite a cluster whose records have a newer schema.
+pub fn check_schema(cluster: &ClusterRecord) -> Result<()> {
+    match cluster.newer_schema() {
+        Some(schema) => {
+            tracing::warn!(cluster = %cluster.spec.name, schema, known = crate::cluster::SCHEMA_VERSION, "record schema is newer than this replica understands: leaving the cluster alone");
+            Err(LifecycleError::NewerSchema {
+                cluster: cluster.spec.name.clone(),
+                schema,
+                known: crate::cluster::SCHEMA_VERSION,
+            })
+        }
+        None => Ok(()),
+    }
 }
 
 impl From<StoreError> for LifecycleError {

@@ -100,6 +100,10 @@ impl Replication {
             let Ok(state) = from_json::<StateRecord>(kv) else {
                 continue;
             };
+            if state.schema > SCHEMA_VERSION {
+                // Left to replicas that understand it (a rolling upgrade).
+                continue;
+            }
             existing.insert(cluster.to_string());
             let preferred = preferred(cluster, live.iter().map(String::as_str));
             let mine = preferred == Some(self.config.replica_id.as_str());

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Brings up etcd and a Drover replica on loopback, shows them working with
-# droverctl and etcdctl, then keeps them running until Ctrl-C (or exits right
-# away with --no-wait) and stops them cleanly.
+# Brings up etcd, the simulated provider and three Drover replicas on
+# loopback, shows them working with droverctl and etcdctl, then keeps them
+# running until Ctrl-C (or exits right away with --no-wait) and stops them
+# cleanly.
 #
 #   deploy/local.sh [--no-wait]
 #
-# Ports: etcd 127.0.0.1:23790 (peer 23800), Drover gRPC 127.0.0.1:7070.
+# Ports: etcd 127.0.0.1:23790 (peer 23800), simulated provider 127.0.0.1:7080,
+# Drover replicas 127.0.0.1:7070, 7071, 7072.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,24 +50,32 @@ etcd --name local --data-dir "$workdir/etcd" \
 pids+=($!)
 wait_for etcd env ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" endpoint health
 
-target/debug/drover serve --listen 127.0.0.1:7070 --etcd-endpoints "$etcd_url" \
-  --replica-id replica-1 >"$workdir/replica-1.log" 2>&1 &
+target/debug/drover-sim-provider --listen 127.0.0.1:7080 >"$workdir/provider.log" 2>&1 &
 pids+=($!)
+for i in 0 1 2; do
+  target/debug/drover serve --listen "127.0.0.1:707$i" --etcd-endpoints "$etcd_url" \
+    --replica-id "replica-$i" --provider http://127.0.0.1:7080 --lease-ttl 5 \
+    >"$workdir/replica-$i.log" 2>&1 &
+  pids+=($!)
+done
 ctl() { target/debug/droverctl --endpoint "$drover_url" "$@"; }
-wait_for "drover" ctl cluster list
+for i in 0 1 2; do
+  wait_for "replica-$i" target/debug/droverctl --endpoint "http://127.0.0.1:707$i" cluster list
+done
 
 name="demo-$(date +%s)"
-echo "+ droverctl cluster create $name --version 1.29.4 --workers 3 --label team=demo --create-only"
-ctl cluster create "$name" --version 1.29.4 --workers 3 --label team=demo --create-only
-echo "+ droverctl cluster list"
-ctl cluster list
+show() { echo "+ droverctl $*"; ctl "$@"; }
+show cluster create "$name" --version 1.29.4 --workers 3 --label team=demo --wait
+show cluster upgrade "$name" --version 1.30.0 --wait
+show cluster get "$name"
+show members
 echo "+ droverctl cluster create bad_name --version 1.29.4   (refused: the field is named)"
 ctl cluster create bad_name --version 1.29.4 || true
-echo "+ etcdctl get --prefix /drover/v1/"
-ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" get --prefix /drover/v1/
+echo "+ etcdctl get --prefix /drover/v1/clusters/$name/"
+ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" get --prefix "/drover/v1/clusters/$name/"
 
 if [ "$wait_for_exit" -eq 1 ]; then
   echo
-  echo "etcd: $etcd_url   drover: $drover_url   (Ctrl-C to stop)"
+  echo "etcd: $etcd_url   drover: http://127.0.0.1:7070-7072   provider: http://127.0.0.1:7080   (Ctrl-C to stop)"
   wait "${pids[@]}"
 fi

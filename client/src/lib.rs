@@ -28,6 +28,12 @@ pub enum ClientError {
     },
     #[error("{:?}: {}", .0.code(), .0.message())]
     Status(#[from] tonic::Status),
+    #[error("operation {id} ended {state}: {message}")]
+    OperationFailed {
+        id: String,
+        state: String,
+        message: String,
+    },
 }
 
 /// A connection to one Drover replica.

@@ -2,12 +2,14 @@
 //!
 //! Exit codes: 0 success; 1 any other failure; 2 usage error; 3 not found;
 //! 4 already exists; 5 invalid argument; 6 failed precondition; 7 aborted
-//! (retry); 8 unavailable (retry).
+//! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
+//! `op wait`) failed or was cancelled.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError};
 use serde_json::{json, Value};
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "droverctl", version, about = "Command line for Drover")]
@@ -38,6 +40,40 @@ enum Command {
     /// Manage clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Follow and cancel operations.
+    #[command(subcommand)]
+    Op(OpCommand),
+    /// List the live replicas.
+    Members,
+}
+
+#[derive(Subcommand)]
+enum OpCommand {
+    /// Show one operation.
+    Get { cluster: String, id: String },
+    /// List a cluster's operations, newest first.
+    List { cluster: String },
+    /// Wait until an operation ends.
+    Wait {
+        cluster: String,
+        id: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Cancel an operation at its next step boundary.
+    Cancel { cluster: String, id: String },
+}
+
+/// Flags shared by every lifecycle command.
+#[derive(clap::Args)]
+struct Lifecycle {
+    /// Wait for the operation to end, showing its steps.
+    #[arg(long)]
+    wait: bool,
+    /// Idempotency key.
+    #[arg(long, default_value = "")]
+    request_id: String,
 }
 
 #[derive(Subcommand)]
@@ -59,9 +95,66 @@ enum ClusterCommand {
         /// Leave the cluster Created instead of starting it.
         #[arg(long)]
         create_only: bool,
-        /// Idempotency key.
-        #[arg(long, default_value = "")]
-        request_id: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Start a cluster.
+    Start {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Stop a cluster.
+    Stop {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Change worker count and/or node offering.
+    Scale {
+        name: String,
+        #[arg(long)]
+        workers: Option<u32>,
+        #[arg(long)]
+        offering: Option<String>,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Rolling upgrade to a version.
+    Upgrade {
+        name: String,
+        #[arg(long)]
+        version: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Add worker nodes.
+    AddNodes {
+        name: String,
+        #[arg(long)]
+        count: u32,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Remove worker nodes by id.
+    RemoveNodes {
+        name: String,
+        #[arg(required = true)]
+        node_ids: Vec<String>,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Recover a cluster in Alert.
+    Recover {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Destroy a cluster.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
     },
     /// Show one cluster.
     Get { name: String },
@@ -98,6 +191,7 @@ fn exit_code(error: &ClientError) -> u8 {
     use tonic::Code;
     match error {
         ClientError::Connect { .. } => 8,
+        ClientError::OperationFailed { .. } => 9,
         ClientError::Status(status) => match status.code() {
             Code::NotFound => 3,
             Code::AlreadyExists => 4,
@@ -121,11 +215,11 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             offering,
             labels,
             create_only,
-            request_id,
+            lifecycle,
         }) => {
             let response = client
                 .create_cluster(v1::CreateClusterRequest {
-                    name,
+                    name: name.clone(),
                     spec: Some(v1::ClusterSpec {
                         version,
                         control_nodes,
@@ -135,11 +229,197 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                         ..Default::default()
                     }),
                     create_only,
-                    request_id,
+                    request_id: lifecycle.request_id.clone(),
                 })
                 .await?;
-            if let Some(cluster) = response.cluster {
-                print_clusters(cli.output, &[cluster]);
+            match response.operation {
+                Some(op) => follow(&mut client, cli.output, op, lifecycle.wait).await?,
+                None => {
+                    if let Some(cluster) = response.cluster {
+                        print_clusters(cli.output, &[cluster]);
+                    }
+                }
+            }
+        }
+        Command::Cluster(ClusterCommand::Start { name, lifecycle }) => {
+            let request = v1::StartClusterRequest {
+                name,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client.clusters().start_cluster(request).await?.into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::Stop { name, lifecycle }) => {
+            let request = v1::StopClusterRequest {
+                name,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client.clusters().stop_cluster(request).await?.into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::Scale {
+            name,
+            workers,
+            offering,
+            lifecycle,
+        }) => {
+            let request = v1::ScaleClusterRequest {
+                name,
+                worker_nodes: workers,
+                node_offering: offering,
+                autoscaling: None,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client.clusters().scale_cluster(request).await?.into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::Upgrade {
+            name,
+            version,
+            lifecycle,
+        }) => {
+            let request = v1::UpgradeClusterRequest {
+                name,
+                version,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client
+                .clusters()
+                .upgrade_cluster(request)
+                .await?
+                .into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::AddNodes {
+            name,
+            count,
+            lifecycle,
+        }) => {
+            let request = v1::AddNodesRequest {
+                name,
+                count,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client.clusters().add_nodes(request).await?.into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::RemoveNodes {
+            name,
+            node_ids,
+            lifecycle,
+        }) => {
+            let request = v1::RemoveNodesRequest {
+                name,
+                node_ids,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client.clusters().remove_nodes(request).await?.into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::Recover { name, lifecycle }) => {
+            let request = v1::RecoverClusterRequest {
+                name,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client
+                .clusters()
+                .recover_cluster(request)
+                .await?
+                .into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Cluster(ClusterCommand::Delete { name, lifecycle }) => {
+            let request = v1::DeleteClusterRequest {
+                name,
+                request_id: lifecycle.request_id.clone(),
+            };
+            let op = client
+                .clusters()
+                .delete_cluster(request)
+                .await?
+                .into_inner();
+            follow(&mut client, cli.output, op, lifecycle.wait).await?;
+        }
+        Command::Op(OpCommand::Get { cluster, id }) => {
+            let op = client
+                .operations()
+                .get_operation(v1::GetOperationRequest { cluster, id })
+                .await?
+                .into_inner();
+            print_operations(cli.output, &[op]);
+        }
+        Command::Op(OpCommand::List { cluster }) => {
+            let request = v1::ListOperationsRequest {
+                cluster,
+                page_size: 100,
+                page_token: String::new(),
+            };
+            let page = client
+                .operations()
+                .list_operations(request)
+                .await?
+                .into_inner();
+            print_operations(cli.output, &page.operations);
+        }
+        Command::Op(OpCommand::Wait {
+            cluster,
+            id,
+            timeout,
+        }) => {
+            let op = client
+                .operations()
+                .get_operation(v1::GetOperationRequest { cluster, id })
+                .await?
+                .into_inner();
+            let op = client
+                .wait_operation(&op, Duration::from_secs(timeout))
+                .await?;
+            print_operations(cli.output, std::slice::from_ref(&op));
+            operation_outcome(&op)?;
+        }
+        Command::Op(OpCommand::Cancel { cluster, id }) => {
+            let request = v1::CancelOperationRequest { cluster, id };
+            let op = client
+                .operations()
+                .cancel_operation(request)
+                .await?
+                .into_inner();
+            print_operations(cli.output, &[op]);
+        }
+        Command::Members => {
+            let channel = tonic::transport::Channel::from_shared(cli.endpoint.clone())
+                .map_err(|_| tonic::Status::invalid_argument("endpoint is not a URL"))?
+                .connect()
+                .await
+                .map_err(|source| ClientError::Connect {
+                    endpoint: cli.endpoint.clone(),
+                    source,
+                })?;
+            let members = v1::admin_client::AdminClient::new(channel)
+                .list_members(v1::ListMembersRequest {})
+                .await?
+                .into_inner()
+                .members;
+            match cli.output {
+                Output::Json => {
+                    let list: Vec<Value> = members
+                        .iter()
+                        .map(|m| json!({"id": m.id, "address": m.address, "version": m.version, "lease_ttl_left_seconds": m.lease_ttl_left_seconds, "clusters_owned": m.clusters_owned}))
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+                }
+                Output::Table => {
+                    println!(
+                        "{:<20} {:<22} {:<8} {:>9} {:>8}",
+                        "ID", "ADDRESS", "VERSION", "LEASE(S)", "CLUSTERS"
+                    );
+                    for m in &members {
+                        println!(
+                            "{:<20} {:<22} {:<8} {:>9} {:>8}",
+                            m.id, m.address, m.version, m.lease_ttl_left_seconds, m.clusters_owned
+                        );
+                    }
+                }
             }
         }
         Command::Cluster(ClusterCommand::Get { name }) => {
@@ -171,6 +451,117 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
         }
     }
     Ok(())
+}
+
+/// Prints an accepted operation, or follows it to its end with `wait`.
+async fn follow(
+    client: &mut Client,
+    output: Output,
+    op: v1::Operation,
+    wait: bool,
+) -> Result<(), ClientError> {
+    if !wait {
+        print_operations(output, &[op]);
+        return Ok(());
+    }
+    let mut last_step = String::new();
+    let mut current = op;
+    loop {
+        if let Some(progress) = &current.progress {
+            let line = format!(
+                "[{}/{}] {}",
+                progress.step, progress.total_steps, progress.step_name
+            );
+            if line != last_step {
+                eprintln!("{line}");
+                last_step = line;
+            }
+        }
+        if current.state >= v1::OperationState::Succeeded as i32 {
+            break;
+        }
+        // Short waits, so each new step is shown as it starts.
+        current = client
+            .wait_operation(&current, Duration::from_millis(500))
+            .await?;
+    }
+    print_operations(output, std::slice::from_ref(&current));
+    operation_outcome(&current)
+}
+
+/// A failed or cancelled operation is a failure of the command.
+fn operation_outcome(op: &v1::Operation) -> Result<(), ClientError> {
+    if op.state == v1::OperationState::Succeeded as i32 {
+        return Ok(());
+    }
+    Err(ClientError::OperationFailed {
+        id: op.id.clone(),
+        state: operation_json(op)["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        message: op
+            .error
+            .as_ref()
+            .map_or_else(String::new, |e| e.message.clone()),
+    })
+}
+
+fn operation_json(op: &v1::Operation) -> Value {
+    json!({
+        "id": op.id,
+        "cluster": op.cluster,
+        "kind": enum_name(v1::OperationKind::try_from(op.kind).map(|k| k.as_str_name()), "OPERATION_KIND_"),
+        "state": enum_name(v1::OperationState::try_from(op.state).map(|s| s.as_str_name()), "OPERATION_STATE_"),
+        "progress": op.progress.as_ref().map(|p| json!({"step": p.step, "total_steps": p.total_steps, "step_name": p.step_name})),
+        "error": op.error.as_ref().map(|e| json!({"code": e.code, "message": e.message})),
+        "replica": op.replica,
+        "owner_epoch": op.owner_epoch,
+    })
+}
+
+fn enum_name<E>(name: Result<&str, E>, prefix: &str) -> String {
+    name.map(|n| n.trim_start_matches(prefix).to_string())
+        .unwrap_or_default()
+}
+
+fn print_operations(output: Output, ops: &[v1::Operation]) {
+    match output {
+        Output::Json => {
+            let value = match ops {
+                [one] => operation_json(one),
+                many => Value::Array(many.iter().map(operation_json).collect()),
+            };
+            println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+        }
+        Output::Table => {
+            println!(
+                "{:<38} {:<14} {:<10} {:<8}  DETAIL",
+                "ID", "KIND", "STATE", "STEP"
+            );
+            for op in ops {
+                let json = operation_json(op);
+                let step = op
+                    .progress
+                    .as_ref()
+                    .map(|p| format!("{}/{}", p.step, p.total_steps))
+                    .unwrap_or_default();
+                let detail = op
+                    .error
+                    .as_ref()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default();
+                println!(
+                    "{:<38} {:<14} {:<10} {:<8}  {}",
+                    op.id,
+                    json["kind"].as_str().unwrap_or_default(),
+                    json["state"].as_str().unwrap_or_default(),
+                    step,
+                    detail
+                );
+            }
+        }
+    }
 }
 
 fn state_name(cluster: &v1::Cluster) -> String {

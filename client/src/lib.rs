@@ -96,9 +96,13 @@ impl Client {
         Ok(self.clusters.create_cluster(request).await?.into_inner())
     }
 
+    /// Reads a cluster linearizably: every write acknowledged before the
+    /// call is visible. (Set `linearizable: false` on the raw request to read
+    /// the replica's watch cache instead.)
     pub async fn get_cluster(&mut self, name: &str) -> Result<v1::Cluster, ClientError> {
         let request = v1::GetClusterRequest {
             name: name.to_string(),
+            linearizable: true,
         };
         Ok(self.clusters.get_cluster(request).await?.into_inner())
     }

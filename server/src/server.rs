@@ -2,6 +2,7 @@
 //! shutdown signal, then drains in-flight RPCs.
 
 use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
+use crate::cluster::ClusterCache;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
@@ -84,6 +85,8 @@ pub async fn serve(
     })?;
 
     let (stop_work, work_stopped) = tokio::sync::watch::channel(false);
+    let cache = ClusterCache::new(store.clone(), keys.clone());
+    tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
     let executes = provider.is_some();
     let workers = match provider {
         Some(provider) => {
@@ -165,6 +168,7 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(ClustersServer::new(ClustersService::new(
             operations.clone(),
+            cache,
             executes,
         )))
         .add_service(OperationsServer::new(OperationsService::new(operations)))

@@ -4,8 +4,10 @@
 use drover_client::v1;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::replica::ReplicaProcess;
+use drover_tests::wait_until;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use tonic::Code;
 
 fn spec() -> v1::ClusterSpec {
@@ -219,6 +221,7 @@ async fn names_are_unique_uids_are_new_and_retries_are_idempotent() {
 
 #[tokio::test]
 async fn get_and_list_page_through_clusters_in_key_order() {
+    // Linearizable reads throughout; the watch cache is checked at the end.
     let etcd = EtcdProcess::start().await;
     let replica = ReplicaProcess::serve(&etcd.endpoint(), "r1").await;
     let mut client = replica.client().await;
@@ -244,6 +247,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
     loop {
         let page = client
             .list_clusters(v1::ListClustersRequest {
+                linearizable: true,
                 page_size: 3,
                 page_token,
                 ..Default::default()
@@ -266,6 +270,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
 
     let foo_family = client
         .list_clusters(v1::ListClustersRequest {
+            linearizable: true,
             label_selector: "family=foo".into(),
             ..Default::default()
         })
@@ -276,6 +281,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
 
     let created = client
         .list_clusters(v1::ListClustersRequest {
+            linearizable: true,
             state: v1::ClusterState::Created as i32,
             ..Default::default()
         })
@@ -284,6 +290,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
     assert_eq!(created.clusters.len(), names.len());
     let running = client
         .list_clusters(v1::ListClustersRequest {
+            linearizable: true,
             state: v1::ClusterState::Running as i32,
             ..Default::default()
         })
@@ -294,6 +301,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
     for (request, field) in [
         (
             v1::ListClustersRequest {
+                linearizable: true,
                 page_size: 5000,
                 ..Default::default()
             },
@@ -301,6 +309,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
         ),
         (
             v1::ListClustersRequest {
+                linearizable: true,
                 page_token: "??".into(),
                 ..Default::default()
             },
@@ -308,6 +317,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
         ),
         (
             v1::ListClustersRequest {
+                linearizable: true,
                 state: 99,
                 ..Default::default()
             },
@@ -315,6 +325,7 @@ async fn get_and_list_page_through_clusters_in_key_order() {
         ),
         (
             v1::ListClustersRequest {
+                linearizable: true,
                 label_selector: "novalue".into(),
                 ..Default::default()
             },
@@ -325,4 +336,48 @@ async fn get_and_list_page_through_clusters_in_key_order() {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with(field), "{}", status.message());
     }
+
+    // The watch cache serves the same answers once it has caught up.
+    let linearizable = client
+        .list_clusters(v1::ListClustersRequest {
+            linearizable: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the watch cache to catch up",
+        || {
+            let mut client = client.clone();
+            let expected = linearizable.clone();
+            async move {
+                client
+                    .list_clusters(v1::ListClustersRequest::default())
+                    .await
+                    .unwrap()
+                    == expected
+            }
+        },
+    )
+    .await;
+    let cached = client
+        .clusters()
+        .get_cluster(v1::GetClusterRequest {
+            name: "foo".into(),
+            linearizable: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cached, client.get_cluster("foo").await.unwrap());
+    let missing = client
+        .clusters()
+        .get_cluster(v1::GetClusterRequest {
+            name: "absent".into(),
+            linearizable: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
 }

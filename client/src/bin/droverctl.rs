@@ -166,6 +166,10 @@ enum ClusterCommand {
         /// Clusters per page.
         #[arg(long, default_value_t = 100)]
         page_size: u32,
+        /// Read the replica's watch cache (faster, may lag by milliseconds)
+        /// instead of etcd.
+        #[arg(long)]
+        cached: bool,
     },
 }
 
@@ -429,6 +433,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
         Command::Cluster(ClusterCommand::List {
             selector,
             page_size,
+            cached,
         }) => {
             let mut clusters = Vec::new();
             let mut page_token = String::new();
@@ -438,6 +443,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                         page_size,
                         page_token,
                         label_selector: selector.clone(),
+                        linearizable: !cached,
                         ..Default::default()
                     })
                     .await?;

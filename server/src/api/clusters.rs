@@ -3,12 +3,13 @@
 use super::convert::{cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto};
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{Autoscaling, ClusterFilter, Registry};
+use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -21,14 +22,16 @@ const MAX_ADD_NODES: u32 = 100;
 pub struct ClustersService {
     operations: Operations,
     registry: Registry,
+    cache: Arc<ClusterCache>,
     /// Whether this replica can run operations (has a provider).
     executes: bool,
 }
 
 impl ClustersService {
-    pub fn new(operations: Operations, executes: bool) -> Self {
+    pub fn new(operations: Operations, cache: Arc<ClusterCache>, executes: bool) -> Self {
         Self {
             registry: operations.registry().clone(),
+            cache,
             operations,
             executes,
         }
@@ -156,7 +159,14 @@ impl ClustersService {
 
     async fn get(&self, request: v1::GetClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
-        Ok(cluster_to_proto(self.registry.get(&request.name).await?))
+        let cached = (!request.linearizable)
+            .then(|| self.cache.get(&request.name))
+            .flatten();
+        let cluster = match cached {
+            Some(cluster) => cluster?,
+            None => self.registry.get(&request.name).await?,
+        };
+        Ok(cluster_to_proto(cluster))
     }
 
     async fn list(&self, request: v1::ListClustersRequest) -> ApiResult<v1::ListClustersResponse> {

@@ -1,12 +1,14 @@
 //! Clusters: their stored records, their states, validation of what users
 //! ask for, and the registry that reads and writes them.
 
+mod cache;
 pub mod machine;
 mod record;
 mod registry;
 mod state;
 pub mod validate;
 
+pub use cache::ClusterCache;
 pub use record::{
     Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
     StateRecord, StatusRecord, SCHEMA_VERSION,

@@ -50,7 +50,7 @@ pub struct ClusterFilter {
 }
 
 impl ClusterFilter {
-    fn matches(&self, cluster: &ClusterRecord) -> bool {
+    pub(crate) fn matches(&self, cluster: &ClusterRecord) -> bool {
         self.state.is_none_or(|state| cluster.state.state == state)
             && self
                 .labels
@@ -229,7 +229,7 @@ impl Registry {
 
     /// Builds a cluster from all of its keys; `None` when it has no state
     /// key (a half-deleted or foreign entry).
-    fn assemble(&self, kvs: Vec<KeyValue>) -> Result<Option<ClusterRecord>> {
+    pub(crate) fn assemble(&self, kvs: Vec<KeyValue>) -> Result<Option<ClusterRecord>> {
         let (mut spec, mut state, mut status) = (None, None, None);
         for kv in kvs {
             match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {

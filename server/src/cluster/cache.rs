@@ -1,0 +1,291 @@
+//! A watch cache of every cluster's records, serving Get and List without a
+//! round trip to etcd.
+//!
+//! It lists `clusters/` at revision R, then watches from R + 1, applying
+//! each change; when the watch fails (compaction, etcd restart) it lists
+//! again.
+//!
+//! # Guarantees
+//! - The cache only ever moves forward through etcd's history: a read never
+//!   shows a cluster older than an earlier read from the same cache.
+//!
+//! # Caveats
+//! - Reads may lag etcd by the watch delay (milliseconds). Callers that must
+//!   see their own writes ask for a linearizable read, served from etcd.
+//! - The records of one transaction arrive one event at a time, so for an
+//!   instant a cluster's spec and state may come from adjacent revisions.
+
+use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
+use crate::keys::KeyLayout;
+use crate::store::{EventKind, KeyValue, RangeRequest, SharedStore};
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const RELIST_DELAY: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+struct Snapshot {
+    /// Whether a list has completed since the last failure.
+    ready: bool,
+    /// Keyed by `<name>/`, so iteration follows etcd's key order.
+    clusters: BTreeMap<String, BTreeMap<String, KeyValue>>,
+}
+
+pub struct ClusterCache {
+    store: SharedStore,
+    keys: KeyLayout,
+    registry: Registry,
+    snapshot: RwLock<Snapshot>,
+}
+
+impl ClusterCache {
+    pub fn new(store: SharedStore, keys: KeyLayout) -> Arc<Self> {
+        Arc::new(Self {
+            registry: Registry::new(store.clone(), keys.clone()),
+            store,
+            keys,
+            snapshot: RwLock::new(Snapshot::default()),
+        })
+    }
+
+    /// Keeps the cache current until `shutdown` turns true.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let prefix = self.keys.clusters();
+        while !*shutdown.borrow() {
+            let listed = match self.store.range(RangeRequest::prefix(&prefix)).await {
+                Ok(listed) => listed,
+                Err(error) => {
+                    tracing::warn!(%error, "cache list failed; retrying");
+                    tokio::time::sleep(RELIST_DELAY).await;
+                    continue;
+                }
+            };
+            let mut watch = match self.store.watch(&prefix, listed.revision + 1).await {
+                Ok(watch) => watch,
+                Err(error) => {
+                    tracing::warn!(%error, "cache watch failed; retrying");
+                    tokio::time::sleep(RELIST_DELAY).await;
+                    continue;
+                }
+            };
+            {
+                let mut snapshot = self.write();
+                snapshot.clusters.clear();
+                for kv in listed.kvs {
+                    self.insert(&mut snapshot, kv);
+                }
+                snapshot.ready = true;
+            }
+            loop {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    event = watch.next() => match event {
+                        Some(Ok(event)) => self.apply(event.kind, event.kv),
+                        Some(Err(error)) => {
+                            tracing::info!(%error, "cache watch ended; re-listing");
+                            break;
+                        }
+                        None => break,
+                    },
+                }
+            }
+            // Until the next list completes, reads go to etcd.
+            self.write().ready = false;
+        }
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Snapshot> {
+        self.snapshot.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Snapshot> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, snapshot: &mut Snapshot, kv: KeyValue) {
+        if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
+            let (name, leaf) = (format!("{name}/"), leaf.to_string());
+            snapshot.clusters.entry(name).or_default().insert(leaf, kv);
+        }
+    }
+
+    fn apply(&self, kind: EventKind, kv: KeyValue) {
+        let mut snapshot = self.write();
+        match kind {
+            EventKind::Put => self.insert(&mut snapshot, kv),
+            EventKind::Delete => {
+                if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
+                    let name = format!("{name}/");
+                    if let Some(keys) = snapshot.clusters.get_mut(&name) {
+                        keys.remove(leaf);
+                        if keys.is_empty() {
+                            snapshot.clusters.remove(&name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One cluster from the cache; `None` when the cache is not ready.
+    pub fn get(&self, name: &str) -> Option<Result<ClusterRecord, RegistryError>> {
+        let snapshot = self.read();
+        if !snapshot.ready {
+            return None;
+        }
+        let kvs = snapshot
+            .clusters
+            .get(&format!("{name}/"))
+            .map(|keys| keys.values().cloned().collect())
+            .unwrap_or_default();
+        Some(
+            self.registry
+                .assemble(kvs)
+                .and_then(|c| c.ok_or_else(|| RegistryError::NotFound(name.to_string()))),
+        )
+    }
+
+    /// A page of clusters from the cache, as [`Registry::list`] would return
+    /// it; `None` when the cache is not ready.
+    pub fn list(
+        &self,
+        filter: &ClusterFilter,
+        after: Option<&str>,
+        page_size: usize,
+    ) -> Option<Result<ClusterPage, RegistryError>> {
+        let snapshot = self.read();
+        if !snapshot.ready {
+            return None;
+        }
+        let start = match after {
+            Some(name) => Bound::Excluded(format!("{name}/")),
+            None => Bound::Unbounded,
+        };
+        let mut clusters = Vec::new();
+        for keys in snapshot
+            .clusters
+            .range((start, Bound::Unbounded))
+            .map(|(_, keys)| keys)
+        {
+            match self.registry.assemble(keys.values().cloned().collect()) {
+                Ok(Some(cluster)) if filter.matches(&cluster) => clusters.push(cluster),
+                Ok(_) => {}
+                Err(error) => return Some(Err(error)),
+            }
+            if clusters.len() > page_size {
+                break;
+            }
+        }
+        let next_after = (clusters.len() > page_size).then(|| {
+            clusters.truncate(page_size);
+            clusters
+                .last()
+                .map(|c| c.spec.name.clone())
+                .unwrap_or_default()
+        });
+        Some(Ok(ClusterPage {
+            clusters,
+            next_after,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Spec;
+    use crate::store::{MemoryStore, Store};
+
+    fn spec() -> Spec {
+        Spec {
+            version: "1.0.0".into(),
+            control_nodes: 1,
+            node_offering: "m".into(),
+            ..Spec::default()
+        }
+    }
+
+    async fn eventually<F: Fn() -> bool>(what: &str, condition: F) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !condition() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn follows_the_store_in_key_order() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let registry = Registry::new(store.clone(), keys.clone());
+        registry
+            .create("foo", "u1".into(), spec(), "", None)
+            .await
+            .unwrap();
+        let cache = ClusterCache::new(store.clone(), keys.clone());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        eventually("the first list", || {
+            cache.get("foo").is_some_and(|r| r.is_ok())
+        })
+        .await;
+
+        for (name, uid) in [("foo-bar", "u2"), ("foo0", "u3")] {
+            registry
+                .create(name, uid.into(), spec(), "", None)
+                .await
+                .unwrap();
+        }
+        eventually("the watched creates", || {
+            cache
+                .list(&ClusterFilter::default(), None, 10)
+                .is_some_and(|p| p.unwrap().clusters.len() == 3)
+        })
+        .await;
+        let from_cache = cache
+            .list(&ClusterFilter::default(), None, 2)
+            .unwrap()
+            .unwrap();
+        let from_store = registry
+            .list(&ClusterFilter::default(), None, 2)
+            .await
+            .unwrap();
+        let names = |page: &ClusterPage| {
+            page.clusters
+                .iter()
+                .map(|c| c.spec.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&from_cache), names(&from_store));
+        assert_eq!(names(&from_cache), ["foo-bar", "foo"]);
+        assert_eq!(from_cache.next_after, from_store.next_after);
+        let rest = cache
+            .list(
+                &ClusterFilter::default(),
+                from_cache.next_after.as_deref(),
+                2,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(names(&rest), ["foo0"]);
+
+        store
+            .txn(
+                crate::store::Txn::new()
+                    .and_then([crate::store::Op::delete_prefix(keys.cluster("foo0"))]),
+            )
+            .await
+            .unwrap();
+        eventually("the delete", || {
+            matches!(cache.get("foo0"), Some(Err(RegistryError::NotFound(_))))
+        })
+        .await;
+        let _ = stop.send(true);
+    }
+}

@@ -7,7 +7,7 @@
 #   deploy/local.sh [--no-wait]
 #
 # Ports: etcd 127.0.0.1:23790 (peer 23800), simulated provider 127.0.0.1:7080,
-# Drover replicas 127.0.0.1:7070, 7071, 7072.
+# Drover replicas 127.0.0.1:7070, 7071, 7072 (admin HTTP 9070, 9071, 9072).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +55,7 @@ pids+=($!)
 for i in 0 1 2; do
   target/debug/drover serve --listen "127.0.0.1:707$i" --etcd-endpoints "$etcd_url" \
     --replica-id "replica-$i" --provider http://127.0.0.1:7080 --lease-ttl 5 \
+    --admin-listen "127.0.0.1:907$i" \
     >"$workdir/replica-$i.log" 2>&1 &
   pids+=($!)
 done

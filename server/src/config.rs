@@ -14,6 +14,7 @@ use std::path::PathBuf;
 pub const EXIT_CONFIG: i32 = 64;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9070";
 pub const DEFAULT_ETCD: &str = "http://127.0.0.1:2379";
 pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
 /// Short enough for fast failover, long enough to ride out a GC pause or an
@@ -62,6 +63,9 @@ pub struct DevArgs {
     /// Log format: text or json.
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Admin HTTP address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "DROVER_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
 }
 
 /// Every setting, as given (flags/environment or file); all optional here so
@@ -105,6 +109,10 @@ pub struct Settings {
     /// Seconds between status scans, 1-3600 [default: 10].
     #[arg(long, env = "DROVER_SCAN_INTERVAL")]
     pub scan_interval: Option<u64>,
+    /// Admin HTTP address for /metrics, /healthz and /readyz
+    /// [default: 127.0.0.1:9070].
+    #[arg(long, env = "DROVER_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
 }
 
 impl Settings {
@@ -121,6 +129,7 @@ impl Settings {
             operation_timeout: self.operation_timeout.or(file.operation_timeout),
             operation_history: self.operation_history.or(file.operation_history),
             scan_interval: self.scan_interval.or(file.scan_interval),
+            admin_listen: self.admin_listen.or(file.admin_listen),
         }
     }
 }
@@ -144,6 +153,7 @@ pub struct Config {
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
     pub scan_interval: std::time::Duration,
+    pub admin_listen: SocketAddr,
 }
 
 /// A configuration error: one line naming the setting.
@@ -183,6 +193,7 @@ impl Config {
         Self::from_settings(Settings {
             listen: args.listen,
             log_format: args.log_format,
+            admin_listen: args.admin_listen,
             replica_id: Some("dev".to_string()),
             ..Settings::default()
         })
@@ -298,7 +309,17 @@ impl Config {
                 format!("{scan_interval} is outside 1..=3600 seconds"),
             ));
         }
+        let admin_text = settings
+            .admin_listen
+            .unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.to_string());
+        let admin_listen = admin_text.parse().map_err(|_| {
+            invalid(
+                "admin_listen",
+                format!("{admin_text:?} is not an address of the form IP:PORT"),
+            )
+        })?;
         Ok(Config {
+            admin_listen,
             scan_interval: std::time::Duration::from_secs(scan_interval),
             operation_timeouts,
             operation_history,
@@ -438,6 +459,48 @@ mod tests {
                     ..settings()
                 },
                 "log_format",
+            ),
+            (
+                Settings {
+                    operation_timeout: Some(vec!["upgrade".into()]),
+                    ..settings()
+                },
+                "operation_timeout",
+            ),
+            (
+                Settings {
+                    operation_timeout: Some(vec!["fly=3".into()]),
+                    ..settings()
+                },
+                "operation_timeout",
+            ),
+            (
+                Settings {
+                    operation_timeout: Some(vec!["stop=0".into()]),
+                    ..settings()
+                },
+                "operation_timeout",
+            ),
+            (
+                Settings {
+                    operation_history: Some(0),
+                    ..settings()
+                },
+                "operation_history",
+            ),
+            (
+                Settings {
+                    scan_interval: Some(0),
+                    ..settings()
+                },
+                "scan_interval",
+            ),
+            (
+                Settings {
+                    admin_listen: Some("9070".into()),
+                    ..settings()
+                },
+                "admin_listen",
             ),
         ];
         for (settings, setting) in cases {

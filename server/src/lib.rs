@@ -10,13 +10,16 @@
 //! - [`scanner`]: moves idle clusters by what the provider reports.
 //! - [`provider`]: the provider client and the simulated provider.
 //! - [`server`]: assembles services, health and reflection, and serves.
+//! - [`metrics`]: the metrics registry; [`admin_http`]: /metrics, /healthz, /readyz.
 //! - [`telemetry`]: structured logs.
 
+pub mod admin_http;
 pub mod api;
 pub mod cluster;
 pub mod config;
 pub mod executor;
 pub mod keys;
+pub mod metrics;
 pub mod operation;
 pub mod provider;
 pub mod replication;

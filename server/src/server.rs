@@ -1,21 +1,25 @@
 //! Assembles a replica: services, health, reflection; serves until the
 //! shutdown signal, then drains in-flight RPCs.
 
+use crate::admin_http;
 use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
 use crate::cluster::ClusterCache;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
 use crate::operation::Operations;
 use crate::provider::Provider;
 use crate::replication::{Replication, ReplicationConfig};
 use crate::scanner::Scanner;
+use crate::store::MeteredStore;
 use crate::store::SharedStore;
 use drover_proto::v1::{
     admin_server::AdminServer, clusters_server::ClustersServer,
     operations_server::OperationsServer, tasks_server::TasksServer,
 };
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -54,8 +58,15 @@ pub async fn serve(
     provider: Option<Provider>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let metrics = Metrics::new();
+    let store = MeteredStore::wrap(store, Arc::clone(&metrics));
     let keys = KeyLayout::new(config.key_prefix.clone());
-    let operations = Operations::new(store.clone(), keys.clone(), config.operation_history);
+    let operations = Operations::new(
+        store.clone(),
+        keys.clone(),
+        config.operation_history,
+        Arc::clone(&metrics),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -85,6 +96,20 @@ pub async fn serve(
     })?;
 
     let (stop_work, work_stopped) = tokio::sync::watch::channel(false);
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            address: config.admin_listen,
+            source,
+        })?;
+    let ready = Arc::new(AtomicBool::new(true));
+    tracing::info!(address = %admin_listener.local_addr().map_err(|source| ServeError::Bind { address: config.admin_listen, source })?, "serving admin HTTP (/metrics, /healthz, /readyz)");
+    tokio::spawn(admin_http::serve(
+        admin_listener,
+        Arc::clone(&metrics),
+        Arc::clone(&ready),
+        work_stopped.clone(),
+    ));
     let cache = ClusterCache::new(store.clone(), keys.clone());
     tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
     let executes = provider.is_some();
@@ -98,6 +123,7 @@ pub async fn serve(
                     address: address.to_string(),
                     lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
                 },
+                Arc::clone(&metrics),
             );
             tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
             tokio::spawn(Arc::clone(&replication).run_ownership(work_stopped.clone()));
@@ -138,6 +164,7 @@ pub async fn serve(
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
+        ready.store(false, Ordering::SeqCst);
         let _ = stop_work.send(true);
         if let Some((replication, executor)) = workers {
             let deadline = tokio::time::Instant::now() + HANDOFF_GRACE;

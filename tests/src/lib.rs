@@ -82,3 +82,20 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     );
     path
 }
+
+/// A plain HTTP/1.0 GET on loopback: the status code and the body.
+pub fn http_get(base: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the admin port");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}

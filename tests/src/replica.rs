@@ -13,6 +13,7 @@ use tonic_health::pb::{
 pub struct ReplicaProcess {
     child: Child,
     port: u16,
+    admin_port: u16,
 }
 
 impl ReplicaProcess {
@@ -48,6 +49,8 @@ impl ReplicaProcess {
     }
 
     async fn start(mut command: Command, port: u16) -> Self {
+        let admin_port = free_port();
+        command.args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
         let child = command
             .env(
                 "RUST_LOG",
@@ -57,7 +60,11 @@ impl ReplicaProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn drover");
-        let mut replica = Self { child, port };
+        let mut replica = Self {
+            child,
+            port,
+            admin_port,
+        };
         let endpoint = replica.endpoint();
         wait_until(
             Duration::from_secs(20),
@@ -74,6 +81,11 @@ impl ReplicaProcess {
         )
         .await;
         replica
+    }
+
+    /// The admin HTTP base URL (/metrics, /healthz, /readyz).
+    pub fn admin_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
     }
 
     pub fn endpoint(&self) -> String {

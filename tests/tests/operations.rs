@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Fields drop in order: the replica first, etcd last.
 struct Fixture {
-    _replica: ReplicaProcess,
+    replica: ReplicaProcess,
     client: Client,
     sim: SimProcess,
     etcd: EtcdProcess,
@@ -35,7 +35,7 @@ impl Fixture {
         Self {
             etcd,
             sim,
-            _replica: replica,
+            replica,
             client,
         }
     }
@@ -763,4 +763,37 @@ async fn operation_history_is_bounded_per_cluster() {
     };
     assert!(ops.operations().get_operation(kept).await.is_ok());
     f.check_history().await;
+}
+
+#[tokio::test]
+async fn metrics_and_readiness_are_served_on_the_admin_port() {
+    let mut f = Fixture::new(&[]).await;
+    f.create("measured", 1, false).await;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("measured"))
+        .await
+        .unwrap()
+        .into_inner();
+    f.finish(op).await;
+    let admin = f.replica.admin_endpoint();
+    let (status, body) = drover_tests::http_get(&admin, "/metrics");
+    assert_eq!(status, 200);
+    for expected in [
+        "drover_operations_total{kind=\"start\",result=\"succeeded\"} 1",
+        "drover_operations_total{kind=\"stop\",result=\"succeeded\"} 1",
+        "drover_state_transitions_total{from=\"Running\",to=\"Stopping\"} 1",
+        "drover_state_transitions_total{from=\"Stopping\",to=\"Stopped\"} 1",
+        "drover_clusters_owned 1",
+        "drover_etcd_request_duration_seconds_count{request=\"txn\"}",
+        "drover_operation_duration_seconds_count{kind=\"stop\"} 1",
+        "drover_orphan_recoveries_total 0",
+        "drover_lease_keepalive_failures_total 0",
+    ] {
+        assert!(body.contains(expected), "{expected} missing from:\n{body}");
+    }
+    assert_eq!(drover_tests::http_get(&admin, "/healthz").0, 200);
+    assert_eq!(drover_tests::http_get(&admin, "/readyz").0, 200);
+    assert_eq!(drover_tests::http_get(&admin, "/nothing").0, 404);
 }

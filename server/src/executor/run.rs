@@ -8,6 +8,7 @@ use crate::cluster::{
     now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus, StateRecord,
     SCHEMA_VERSION,
 };
+use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{
     LifecycleError, OperationError, OperationKind, OperationRecord, OperationState, Progress,
     Versioned,
@@ -305,6 +306,23 @@ impl Holding<'_> {
             Op::put(keys.cluster_status(&name), to_json(&status)),
         ];
         self.commit(writes).await?;
+        let metrics = self.executor.operations.metrics();
+        metrics.transition(from, to);
+        let kind = self.operation.kind.name().to_string();
+        metrics
+            .operations
+            .get_or_create(&OperationLabels {
+                kind: kind.clone(),
+                result: format!("{state:?}").to_lowercase(),
+            })
+            .inc();
+        if let Ok(created) = humantime::parse_rfc3339(&self.operation.created_at) {
+            let elapsed = created.elapsed().unwrap_or_default().as_secs_f64();
+            metrics
+                .operation_seconds
+                .get_or_create(&KindLabels { kind })
+                .observe(elapsed);
+        }
         tracing::info!(
             cluster = %name,
             operation = %self.operation.id,
@@ -370,7 +388,7 @@ impl Executor {
     /// Runs one operation from wherever it is.
     pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
         let current = self.operations.registry().get(cluster).await?;
-        crate::operation::check_schema(&current)?;
+        self.operations.check_schema(&current)?;
         if current
             .state
             .operation
@@ -414,13 +432,16 @@ impl Executor {
                 };
                 // The nodes are as the lost replica left them.
                 let _ = holding.describe().await;
+                tracing::warn!(cluster, operation = id, %message, "recovering an orphaned operation");
                 holding
                     .finish(
                         OperationState::Failed,
                         Event::OperationFailed,
                         error(Code::Aborted, message),
                     )
-                    .await
+                    .await?;
+                self.operations.metrics().orphan_recoveries.inc();
+                Ok(())
             }
             // Running under this very claim but not in flight here (its
             // drive gave up, e.g. etcd was down for long): resume. Steps are

@@ -147,7 +147,7 @@ impl Operations {
             return Ok(existing.record);
         }
         let current = self.registry.get(cluster).await?;
-        check_schema(&current)?;
+        self.check_schema(&current)?;
         if let Some(slot) = &current.state.operation {
             return Err(busy(cluster, slot));
         }
@@ -217,6 +217,8 @@ impl Operations {
             .await
         {
             Ok(_) => {
+                self.metrics
+                    .transition(record.from_state, record.entered_state);
                 tracing::info!(
                     cluster,
                     operation = %record.id,
@@ -354,7 +356,12 @@ mod tests {
     async fn a_cluster_with_a_newer_schema_is_never_rewritten() {
         let store = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
-        let operations = Operations::new(store.clone(), keys.clone(), 10);
+        let operations = Operations::new(
+            store.clone(),
+            keys.clone(),
+            10,
+            crate::metrics::Metrics::new(),
+        );
         operations
             .create_cluster("future", spec(), "", false)
             .await
@@ -393,7 +400,12 @@ mod tests {
     #[tokio::test]
     async fn a_busy_cluster_refuses_with_the_operation_holding_it() {
         let store = Arc::new(MemoryStore::new());
-        let operations = Operations::new(store, KeyLayout::new("/t/"), 10);
+        let operations = Operations::new(
+            store,
+            KeyLayout::new("/t/"),
+            10,
+            crate::metrics::Metrics::new(),
+        );
         let (_, start) = operations
             .create_cluster("busy", spec(), "", true)
             .await

@@ -20,7 +20,9 @@ pub use record::{
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{from_json, to_json, ClusterRecord, ClusterState, Registry, RegistryError};
 use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, EventKind, Op, RangeRequest, SharedStore, StoreError, Txn};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,21 +65,6 @@ pub enum LifecycleError {
     Registry(#[from] RegistryError),
 }
 
-/// Refuses to rewrite a cluster whose records have a newer schema.
-pub fn check_schema(cluster: &ClusterRecord) -> Result<()> {
-    match cluster.newer_schema() {
-        Some(schema) => {
-            tracing::warn!(cluster = %cluster.spec.name, schema, known = crate::cluster::SCHEMA_VERSION, "record schema is newer than this replica understands: leaving the cluster alone");
-            Err(LifecycleError::NewerSchema {
-                cluster: cluster.spec.name.clone(),
-                schema,
-                known: crate::cluster::SCHEMA_VERSION,
-            })
-        }
-        None => Ok(()),
-    }
-}
-
 impl From<StoreError> for LifecycleError {
     fn from(error: StoreError) -> Self {
         LifecycleError::Registry(RegistryError::Store(error))
@@ -107,17 +94,44 @@ pub struct Operations {
     registry: Registry,
     /// Finished operations kept per cluster.
     history_limit: usize,
+    metrics: Arc<Metrics>,
 }
 
 impl Operations {
-    pub fn new(store: SharedStore, keys: KeyLayout, history_limit: usize) -> Self {
+    pub fn new(
+        store: SharedStore,
+        keys: KeyLayout,
+        history_limit: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let registry = Registry::new(store.clone(), keys.clone());
         Self {
             store,
             keys,
             registry,
             history_limit,
+            metrics,
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Refuses to rewrite a cluster whose records have a newer schema than
+    /// this build understands, and says so in the log and the metrics.
+    pub fn check_schema(&self, cluster: &ClusterRecord) -> Result<()> {
+        let Some(schema) = cluster.newer_schema() else {
+            return Ok(());
+        };
+        let known = crate::cluster::SCHEMA_VERSION;
+        tracing::warn!(cluster = %cluster.spec.name, schema, known, "record schema is newer than this replica understands: leaving the cluster alone");
+        self.metrics.newer_schema_skipped.inc();
+        Err(LifecycleError::NewerSchema {
+            cluster: cluster.spec.name.clone(),
+            schema,
+            known,
+        })
     }
 
     pub fn registry(&self) -> &Registry {
@@ -277,6 +291,7 @@ impl Operations {
                 Op::put(self.keys.cluster_status(name), to_json(&status)),
             ]);
         self.store.cas(txn).await?;
+        self.metrics.transition(from, to);
         tracing::info!(cluster = %name, %from, %to, %event, message, "cluster moved");
         Ok(to)
     }

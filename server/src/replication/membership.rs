@@ -39,11 +39,13 @@ impl Replication {
                         }
                     }
                     Err(StoreError::LeaseNotFound(_)) => {
+                        self.metrics.keepalive_failures.inc();
                         self.drop_session("the lease expired");
                         break;
                     }
                     Err(error) => {
                         tracing::warn!(%error, "lease keep-alive failed");
+                        self.metrics.keepalive_failures.inc();
                         if self.live_lease() != Some(lease) {
                             self.drop_session("keep-alives failed for longer than the TTL");
                             break;
@@ -87,6 +89,7 @@ impl Replication {
     pub async fn resign(&self) {
         let session = lock(&self.session).take();
         lock(&self.owned).clear();
+        self.metrics.clusters_owned.set(0);
         if let Some(session) = session {
             match self.store.revoke_lease(session.lease).await {
                 Ok(()) => {

@@ -26,6 +26,7 @@ mod rendezvous;
 pub use rendezvous::preferred;
 
 use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -96,6 +97,7 @@ pub struct Replication {
     session: Mutex<Option<Session>>,
     owned: Mutex<HashMap<String, Claim>>,
     adopted: mpsc::UnboundedSender<String>,
+    metrics: Arc<Metrics>,
 }
 
 impl Replication {
@@ -105,6 +107,7 @@ impl Replication {
         store: SharedStore,
         keys: KeyLayout,
         config: ReplicationConfig,
+        metrics: Arc<Metrics>,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
         let (adopted, adoptions) = mpsc::unbounded_channel();
         let replication = Arc::new(Self {
@@ -114,6 +117,7 @@ impl Replication {
             session: Mutex::new(None),
             owned: Mutex::new(HashMap::new()),
             adopted,
+            metrics,
         });
         (replication, adoptions)
     }
@@ -146,6 +150,7 @@ impl Replication {
                 *session = None;
                 drop(session);
                 lock(&self.owned).clear();
+                self.metrics.clusters_owned.set(0);
                 None
             }
             None => None,
@@ -157,6 +162,7 @@ impl Replication {
             tracing::warn!(why, "lost the replica lease: no longer acting as an owner");
         }
         lock(&self.owned).clear();
+        self.metrics.clusters_owned.set(0);
     }
 }
 

@@ -130,6 +130,7 @@ impl Replication {
             }
         }
         if self.live_lease() == Some(lease) {
+            self.metrics.clusters_owned.set(owned.len() as i64);
             *lock(&self.owned) = owned;
         }
         Ok(members.revision)

@@ -22,10 +22,12 @@
 
 mod etcd;
 mod memory;
+mod metered;
 mod types;
 
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::MemoryStore;
+pub use metered::MeteredStore;
 pub use types::{
     CmpOp, Compare, EventKind, GetResult, KeyValue, LeaseId, Op, OpResult, RangeRequest, Target,
     Txn, TxnResult, WatchEvent, WatchStream,

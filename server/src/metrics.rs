@@ -1,0 +1,139 @@
+//! Metrics, in one registry passed explicitly to whatever records them, and
+//! rendered in the Prometheus text format by the admin HTTP port.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub kind: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub request: String,
+}
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every metric Drover records.
+pub struct Metrics {
+    registry: Registry,
+    pub operations: Family<OperationLabels, Counter>,
+    pub operation_seconds: Family<KindLabels, Histogram, fn() -> Histogram>,
+    pub transitions: Family<TransitionLabels, Counter>,
+    pub etcd_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub keepalive_failures: Counter,
+    pub clusters_owned: Gauge,
+    pub orphan_recoveries: Counter,
+    pub newer_schema_skipped: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("drover");
+        let operations = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "operations",
+            "Finished operations by kind and result",
+            operations.clone(),
+        );
+        let operation_seconds =
+            Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                seconds_histogram,
+            );
+        registry.register(
+            "operation_duration_seconds",
+            "Operation duration from acceptance to end",
+            operation_seconds.clone(),
+        );
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "state_transitions",
+            "Cluster state changes by from and to state",
+            transitions.clone(),
+        );
+        let etcd_request_seconds =
+            Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                seconds_histogram,
+            );
+        registry.register(
+            "etcd_request_duration_seconds",
+            "Store request latency by request kind",
+            etcd_request_seconds.clone(),
+        );
+        let keepalive_failures = Counter::default();
+        registry.register(
+            "lease_keepalive_failures",
+            "Failed lease keep-alives",
+            keepalive_failures.clone(),
+        );
+        let clusters_owned = Gauge::default();
+        registry.register(
+            "clusters_owned",
+            "Clusters this replica owns",
+            clusters_owned.clone(),
+        );
+        let orphan_recoveries = Counter::default();
+        registry.register(
+            "orphan_recoveries",
+            "Operations failed because their owner was lost",
+            orphan_recoveries.clone(),
+        );
+        let newer_schema_skipped = Counter::default();
+        registry.register(
+            "newer_schema_records",
+            "Times a cluster was left alone because its records have a newer schema",
+            newer_schema_skipped.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            operations,
+            operation_seconds,
+            transitions,
+            etcd_request_seconds,
+            keepalive_failures,
+            clusters_owned,
+            orphan_recoveries,
+            newer_schema_skipped,
+        })
+    }
+
+    /// Counts a state change (nothing when the state stays).
+    pub fn transition(&self, from: impl ToString, to: impl ToString) {
+        let (from, to) = (from.to_string(), to.to_string());
+        if from != to {
+            self.transitions
+                .get_or_create(&TransitionLabels { from, to })
+                .inc();
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}

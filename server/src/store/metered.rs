@@ -1,0 +1,93 @@
+//! A [`Store`] decorator that records the latency of every request.
+
+use super::*;
+use crate::metrics::{Metrics, RequestLabels};
+use std::time::Instant;
+
+/// Times every call of the wrapped store into
+/// `drover_etcd_request_duration_seconds`.
+pub struct MeteredStore {
+    inner: SharedStore,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredStore {
+    pub fn wrap(inner: SharedStore, metrics: Arc<Metrics>) -> SharedStore {
+        Arc::new(Self { inner, metrics })
+    }
+
+    fn observe(&self, request: &str, started: Instant) {
+        self.metrics
+            .etcd_request_seconds
+            .get_or_create(&RequestLabels {
+                request: request.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+#[async_trait]
+impl Store for MeteredStore {
+    async fn get(&self, key: &str) -> Result<GetResult> {
+        let started = Instant::now();
+        let result = self.inner.get(key).await;
+        self.observe("get", started);
+        result
+    }
+
+    async fn range(&self, request: RangeRequest) -> Result<GetResult> {
+        let started = Instant::now();
+        let result = self.inner.range(request).await;
+        self.observe("range", started);
+        result
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+        let started = Instant::now();
+        let result = self.inner.txn(txn).await;
+        self.observe("txn", started);
+        result
+    }
+
+    async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
+        let started = Instant::now();
+        let result = self.inner.grant_lease(ttl_seconds).await;
+        self.observe("lease_grant", started);
+        result
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+        let started = Instant::now();
+        let result = self.inner.keep_alive(lease).await;
+        self.observe("lease_keepalive", started);
+        result
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let started = Instant::now();
+        let result = self.inner.revoke_lease(lease).await;
+        self.observe("lease_revoke", started);
+        result
+    }
+
+    async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
+        let started = Instant::now();
+        let result = self.inner.lease_time_to_live(lease).await;
+        self.observe("lease_ttl", started);
+        result
+    }
+
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        let started = Instant::now();
+        let result = self.inner.watch(prefix, from_revision).await;
+        self.observe("watch", started);
+        result
+    }
+
+    async fn compact(&self, revision: i64) -> Result<()> {
+        let started = Instant::now();
+        let result = self.inner.compact(revision).await;
+        self.observe("compact", started);
+        result
+    }
+}

@@ -17,6 +17,9 @@ const TTL_SECONDS: u64 = 2;
 /// Lease expiry is checked every 500 ms by etcd, the peer reconciles every
 /// TTL/3 and the scanner runs every second: failover must fit in this.
 const FAILOVER: Duration = Duration::from_secs(2 * TTL_SECONDS + 6);
+/// kill -9 to a recovered, Running cluster: the TTL plus a small margin
+/// (etcd's 500 ms expiry tick, the TTL/3 reconcile, the 1 s scanner).
+const RECOVERY: Duration = Duration::from_secs(TTL_SECONDS + 4);
 
 /// Fields drop in order: replicas first, etcd last.
 struct Cluster3 {
@@ -188,11 +191,11 @@ async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cl
     c.replica_mut(&before.replica).kill9();
     let killed = Instant::now();
     let mut client = c.client_avoiding(&before.replica).await;
-    let failed = client.wait_operation(&op, FAILOVER).await.unwrap();
+    let failed = client.wait_operation(&op, RECOVERY).await.unwrap();
     assert_eq!(
         failed.state,
         O::Failed as i32,
-        "orphan recovered within {FAILOVER:?}: {failed:?}"
+        "orphan recovered within {RECOVERY:?}: {failed:?}"
     );
     let message = failed.error.unwrap().message;
     assert!(
@@ -202,19 +205,24 @@ async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cl
     assert!(message.contains("step"), "{message}");
     c.sim.set_latency(Duration::ZERO).await;
     let mut probe = client.clone();
-    wait_until(FAILOVER, "the cluster to be Running again", || {
-        let mut probe = probe.clone();
-        async move {
-            probe
-                .get_cluster("victim")
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .state
-                == Some(S::Running as i32)
-        }
-    })
+    let left = RECOVERY.saturating_sub(killed.elapsed());
+    wait_until(
+        left,
+        "the cluster to be Running again within the TTL plus a margin",
+        || {
+            let mut probe = probe.clone();
+            async move {
+                probe
+                    .get_cluster("victim")
+                    .await
+                    .unwrap()
+                    .status
+                    .unwrap()
+                    .state
+                    == Some(S::Running as i32)
+            }
+        },
+    )
     .await;
     eprintln!("kill -9 to Running again: {:?}", killed.elapsed());
     let after = owner(&mut c.admin_avoiding(&before.replica).await, "victim")

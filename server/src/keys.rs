@@ -42,6 +42,11 @@ impl KeyLayout {
         format!("{}status", self.cluster(name))
     }
 
+    /// `<prefix>operations/`: every operation of every cluster.
+    pub fn all_operations(&self) -> String {
+        format!("{}operations/", self.prefix)
+    }
+
     /// `<prefix>operations/<cluster>/`: the operation history of a cluster.
     pub fn operations(&self, cluster: &str) -> String {
         format!("{}operations/{cluster}/", self.prefix)

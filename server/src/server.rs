@@ -27,6 +27,19 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
+/// Accepted connections with Nagle's algorithm off: gRPC's small frames
+/// would otherwise wait for delayed ACKs (tens of milliseconds per hop).
+pub fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
 /// How long in-flight RPCs may take to finish after SIGTERM.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// How long running operations may take to finish after SIGTERM before the
@@ -201,7 +214,7 @@ pub async fn serve(
         .add_service(OperationsServer::new(OperationsService::new(operations)))
         .add_service(TasksServer::new(TasksService))
         .add_service(AdminServer::new(admin))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain);
+        .serve_with_incoming_shutdown(incoming(listener), drain);
     tokio::select! {
         served = serving => served?,
         _ = grace_over => tracing::warn!("grace period over: closing remaining connections"),

@@ -66,21 +66,23 @@ impl Drop for TempDir {
     }
 }
 
-/// Path of a binary of this workspace, built next to the test executable.
+/// Path of a binary of this workspace, built next to the running
+/// executable: a test (`target/<profile>/deps/<test>`) or a tool
+/// (`target/<profile>/<tool>`).
 pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` before the tests",
-        path.display()
-    );
-    path
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [dir.join(name), dir.parent().unwrap_or(dir).join(name)];
+    candidates
+        .iter()
+        .find(|path| path.exists())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is missing next to {}: run `cargo build --workspace --bins` first",
+                exe.display()
+            )
+        })
 }
 
 /// A plain HTTP/1.0 GET on loopback: the status code and the body.

@@ -127,10 +127,11 @@ impl Holding<'_> {
             .get(&name, &self.operation.id)
             .await
         {
-            Ok(Versioned { record, revision })
-                if record.cancel_requested
-                    && !record.state.is_terminal()
-                    && record.replica == self.operation.replica =>
+            Ok(Versioned {
+                record, revision, ..
+            }) if record.cancel_requested
+                && !record.state.is_terminal()
+                && record.replica == self.operation.replica =>
             {
                 let state_unchanged = self
                     .executor
@@ -400,7 +401,9 @@ impl Executor {
         let Some(claim) = self.replication.claim(cluster) else {
             return Ok(());
         };
-        let Versioned { record, revision } = self.operations.get(cluster, id).await?;
+        let Versioned {
+            record, revision, ..
+        } = self.operations.get(cluster, id).await?;
         let mut holding = Holding {
             executor: self,
             claim,

@@ -10,6 +10,7 @@
 //! - A repeated `request_id` returns the operation it first created.
 
 mod accept;
+mod feed;
 mod record;
 
 pub use accept::LifecycleRequest;
@@ -21,9 +22,11 @@ use crate::cluster::machine::{self, Event};
 use crate::cluster::{from_json, to_json, ClusterRecord, ClusterState, Registry, RegistryError};
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
-use crate::store::{CmpOp, Compare, EventKind, Op, RangeRequest, SharedStore, StoreError, Txn};
+use crate::store::{CmpOp, Compare, Op, RangeRequest, SharedStore, StoreError, Txn};
+use feed::{FeedEvent, OperationFeed};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::broadcast;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -95,6 +98,7 @@ pub struct Operations {
     /// Finished operations kept per cluster.
     history_limit: usize,
     metrics: Arc<Metrics>,
+    feed: Arc<OperationFeed>,
 }
 
 impl Operations {
@@ -111,6 +115,7 @@ impl Operations {
             registry,
             history_limit,
             metrics,
+            feed: OperationFeed::new(),
         }
     }
 
@@ -221,38 +226,29 @@ impl Operations {
         id: &str,
         timeout: Duration,
     ) -> Result<OperationRecord> {
-        let current = self.get(cluster, id).await?;
-        if current.record.state.is_terminal() {
-            return Ok(current.record);
-        }
+        // Subscribe before reading, so no change after the read is missed.
+        let mut events = self
+            .feed
+            .subscribe(&self.store, &self.keys.all_operations());
+        let mut latest = self.get(cluster, id).await?.record;
         let key = self.keys.operation(cluster, id);
-        let mut watch = self.store.watch(&key, current.revision + 1).await?;
-        let mut latest = current.record;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        loop {
+        while !latest.state.is_terminal() {
             tokio::select! {
-                _ = &mut deadline => return Ok(latest),
-                event = watch.next() => match event {
-                    Some(Ok(event)) if event.kind == EventKind::Put && event.kv.key == key => {
-                        latest = from_json(&event.kv)?;
-                        if latest.state.is_terminal() {
-                            return Ok(latest);
-                        }
+                _ = &mut deadline => break,
+                event = events.recv() => match event {
+                    Ok(FeedEvent::Put(kv)) if kv.key == key => latest = from_json(&kv)?,
+                    Ok(FeedEvent::Put(_)) => {}
+                    // The feed restarted or this waiter fell behind: read again.
+                    Ok(FeedEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                        latest = self.get(cluster, id).await?.record;
                     }
-                    Some(Ok(_)) => {}
-                    // The history was compacted or the watch broke: read again.
-                    Some(Err(_)) | None => {
-                        let again = self.get(cluster, id).await?;
-                        if again.record.state.is_terminal() {
-                            return Ok(again.record);
-                        }
-                        watch = self.store.watch(&key, again.revision + 1).await?;
-                        latest = again.record;
-                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
                 },
             }
         }
+        Ok(latest)
     }
 
     /// Moves an idle cluster by a non-request event (FaultsDetected), a CAS
@@ -302,6 +298,7 @@ impl Operations {
             let Versioned {
                 mut record,
                 revision,
+                ..
             } = self.get(cluster, id).await?;
             if record.state.is_terminal() || record.cancel_requested {
                 return Ok(record);
@@ -330,6 +327,11 @@ impl Operations {
             .store
             .range(RangeRequest::prefix(self.keys.operations(cluster)))
             .await?;
+        // Collect only once the history is a batch over the limit, so the
+        // deletes cost one write per batch rather than one per operation.
+        if all.kvs.len() < self.history_limit + gc_slack(self.history_limit) {
+            return Ok(0);
+        }
         let excess = all
             .kvs
             .len()
@@ -356,6 +358,11 @@ impl Operations {
         }
         Ok(deleted)
     }
+}
+
+/// How far over the limit the history may grow before it is collected.
+fn gc_slack(limit: usize) -> usize {
+    (limit / 4).clamp(1, GC_BATCH)
 }
 
 /// Records deleted per garbage-collection transaction (two ops each, well

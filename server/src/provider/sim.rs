@@ -374,10 +374,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(ProviderServer::new(provider.clone()))
         .add_service(SimulatorServer::new(provider))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(crate::server::incoming(listener), shutdown)
         .await
 }
 

@@ -1,0 +1,551 @@
+//! drover-bench: Drover measured against raw etcd, side by side, in one run
+//! on the same etcd.
+//!
+//! Phases: raw etcd CAS transactions per second; complete Drover operations
+//! (stop/start pairs on a zero-latency simulated provider) through three
+//! replicas; failover (kill -9 of an owner with an operation in flight, and
+//! SIGTERM hand-off); bulk recovery of many clusters when one replica dies,
+//! with each replica's RSS. Prints a table and writes JSON.
+
+use clap::Parser;
+use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
+use drover_client::Client;
+use drover_server::store::{CmpOp, Compare, EtcdStore, Op, RangeRequest, Store, Txn};
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::wait_until;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(name = "drover-bench", about = "Drover vs raw etcd, side by side")]
+struct Args {
+    /// Concurrent clients in the throughput phases.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Length of each throughput phase, seconds.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Replica lease TTL, seconds.
+    #[arg(long, default_value_t = 2)]
+    ttl: u64,
+    /// kill -9 failovers to measure.
+    #[arg(long, default_value_t = 5)]
+    failovers: usize,
+    /// Clusters in the bulk-recovery phase.
+    #[arg(long, default_value_t = 10_000)]
+    bulk_clusters: usize,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench.json")]
+    json: std::path::PathBuf,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+async fn revision(store: &dyn Store) -> i64 {
+    store.get("/").await.expect("read revision").revision
+}
+
+/// Raw etcd: `clients` tasks, each compare-and-swapping its own key.
+async fn raw_cas(etcd: &EtcdProcess, clients: usize, length: Duration) -> f64 {
+    let store = Arc::new(etcd.store().await);
+    let deadline = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let key = format!("/bench/raw/{i}");
+            let mut last = store
+                .txn(Txn::new().and_then([Op::put(&key, "0")]))
+                .await
+                .unwrap()
+                .revision;
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(&key, CmpOp::Equal, last)])
+                    .and_then([Op::put(&key, done.to_string())]);
+                last = store.cas(txn).await.expect("uncontended CAS").revision;
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    total as f64 / length.as_secs_f64()
+}
+
+fn spec(workers: u32) -> v1::ClusterSpec {
+    v1::ClusterSpec {
+        version: "1.29.0".into(),
+        control_nodes: 1,
+        worker_nodes: workers,
+        node_offering: "m".into(),
+        ..Default::default()
+    }
+}
+
+async fn create(client: &mut Client, name: &str, start: bool) -> Option<v1::Operation> {
+    client
+        .clusters()
+        .create_cluster(v1::CreateClusterRequest {
+            name: name.into(),
+            spec: Some(spec(1)),
+            create_only: !start,
+            request_id: String::new(),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .operation
+}
+
+async fn finish(client: &mut Client, op: &v1::Operation) -> v1::Operation {
+    let done = client
+        .wait_operation(op, Duration::from_secs(60))
+        .await
+        .expect("wait");
+    assert!(
+        done.state >= O::Succeeded as i32,
+        "operation still running: {done:?}"
+    );
+    done
+}
+
+struct Throughput {
+    ops_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    writes_per_op: f64,
+}
+
+/// Stop/start pairs on one cluster per client, spread over the replicas.
+async fn drover_ops(
+    etcd: &EtcdProcess,
+    replicas: &[(String, ReplicaProcess)],
+    clients: usize,
+    length: Duration,
+) -> Throughput {
+    let mut setup = replicas[0].1.client().await;
+    for i in 0..clients {
+        let op = create(&mut setup, &format!("bench-{i}"), true)
+            .await
+            .expect("a start");
+        finish(&mut setup, &op).await;
+    }
+    let store = etcd.store().await;
+    let before = revision(&store).await;
+    let deadline = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let mut client = replicas[i % replicas.len()].1.client().await;
+        tasks.push(tokio::spawn(async move {
+            let name = format!("bench-{i}");
+            let mut latencies = Vec::new();
+            let mut stop_next = true;
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                let op = if stop_next {
+                    let request = v1::StopClusterRequest {
+                        name: name.clone(),
+                        request_id: String::new(),
+                    };
+                    client.clusters().stop_cluster(request).await
+                } else {
+                    let request = v1::StartClusterRequest {
+                        name: name.clone(),
+                        request_id: String::new(),
+                    };
+                    client.clusters().start_cluster(request).await
+                }
+                .expect("accepted")
+                .into_inner();
+                let done = finish(&mut client, &op).await;
+                assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+                latencies.push(started.elapsed());
+                stop_next = !stop_next;
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let elapsed = length.as_secs_f64();
+    let after = revision(&store).await;
+    latencies.sort();
+    Throughput {
+        ops_per_second: latencies.len() as f64 / elapsed,
+        p50: percentile(&latencies, 0.5),
+        p99: percentile(&latencies, 0.99),
+        writes_per_op: (after - before) as f64 / latencies.len().max(1) as f64,
+    }
+}
+
+async fn owner(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+    cluster: &str,
+) -> Option<v1::Owner> {
+    admin
+        .get_owner(v1::GetOwnerRequest {
+            cluster: cluster.into(),
+        })
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// Fields drop in order: replicas first, etcd last.
+struct Bench {
+    replicas: Vec<(String, ReplicaProcess)>,
+    sim: SimProcess,
+    etcd: EtcdProcess,
+    ttl: u64,
+    next_id: usize,
+}
+
+impl Bench {
+    async fn add_replica(&mut self) {
+        self.next_id += 1;
+        let id = format!("b{}", self.next_id);
+        let (provider, ttl) = (self.sim.endpoint(), self.ttl.to_string());
+        let args = [
+            "--provider",
+            provider.as_str(),
+            "--lease-ttl",
+            ttl.as_str(),
+            "--scan-interval",
+            "1",
+        ];
+        let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), &id, &args).await;
+        self.replicas.push((id, replica));
+    }
+
+    fn remove(&mut self, id: &str) -> ReplicaProcess {
+        let index = self
+            .replicas
+            .iter()
+            .position(|(r, _)| r == id)
+            .expect("known replica");
+        self.replicas.remove(index).1
+    }
+
+    async fn admin(&self) -> AdminClient<tonic::transport::Channel> {
+        AdminClient::connect(self.replicas[0].1.endpoint())
+            .await
+            .expect("admin")
+    }
+}
+
+/// kill -9 of the owner of a cluster whose operation is in flight, until
+/// the orphaned operation is failed by the new owner.
+async fn failover(bench: &mut Bench, rounds: usize) -> Vec<Duration> {
+    let mut times = Vec::new();
+    for round in 0..rounds {
+        let name = format!("failover-{round}");
+        let mut client = bench.replicas[0].1.client().await;
+        let op = create(&mut client, &name, true).await.expect("start");
+        finish(&mut client, &op).await;
+        bench.sim.set_latency(Duration::from_secs(3)).await;
+        let request = v1::StopClusterRequest {
+            name: name.clone(),
+            request_id: String::new(),
+        };
+        let op = client
+            .clusters()
+            .stop_cluster(request)
+            .await
+            .expect("stop")
+            .into_inner();
+        let mut admin = bench.admin().await;
+        let id = op.id.clone();
+        wait_until(Duration::from_secs(30), "the stop to be running", || {
+            let mut client = client.clone();
+            let request = v1::GetOperationRequest {
+                cluster: name.clone(),
+                id: id.clone(),
+            };
+            async move {
+                client
+                    .operations()
+                    .get_operation(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .state
+                    == O::Running as i32
+            }
+        })
+        .await;
+        let victim = owner(&mut admin, &name).await.expect("an owner").replica;
+        let mut replica = bench.remove(&victim);
+        let killed = Instant::now();
+        replica.kill9();
+        let mut survivor = bench.replicas[0].1.client().await;
+        let done = survivor
+            .wait_operation(&op, Duration::from_secs(60))
+            .await
+            .expect("wait");
+        assert_eq!(done.state, O::Failed as i32, "{done:?}");
+        times.push(killed.elapsed());
+        bench.sim.set_latency(Duration::ZERO).await;
+        bench.add_replica().await;
+    }
+    times.sort();
+    times
+}
+
+/// SIGTERM of an owner until a peer owns its cluster.
+async fn handoff(bench: &mut Bench) -> Duration {
+    let mut client = bench.replicas[0].1.client().await;
+    let op = create(&mut client, "handoff", true).await.expect("start");
+    finish(&mut client, &op).await;
+    let mut admin = bench.admin().await;
+    let victim = owner(&mut admin, "handoff")
+        .await
+        .expect("an owner")
+        .replica;
+    let mut replica = bench.remove(&victim);
+    let admin = bench.admin().await;
+    let started = Instant::now();
+    replica.signal("TERM");
+    wait_until(Duration::from_secs(60), "a peer to own the cluster", || {
+        let mut admin = admin.clone();
+        let victim = victim.clone();
+        async move {
+            owner(&mut admin, "handoff")
+                .await
+                .is_some_and(|o| o.replica != victim)
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let _ = replica.terminate().await;
+    bench.add_replica().await;
+    elapsed
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+struct Bulk {
+    recovery: Duration,
+    slowest_request: Duration,
+    rss_mib: Vec<f64>,
+}
+
+/// Many clusters over the replicas; kill one and time until every cluster
+/// is owned by a live replica again, probing etcd latency meanwhile.
+async fn bulk(bench: &mut Bench, clusters: usize, clients: usize) -> Bulk {
+    let store = Arc::new(bench.etcd.store().await);
+    let per_client = clusters.div_ceil(clients);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client = bench.replicas[c % bench.replicas.len()].1.client().await;
+        tasks.push(tokio::spawn(async move {
+            for i in (c * per_client)..((c + 1) * per_client).min(clusters) {
+                create(&mut client, &format!("bulk-{i:05}"), false).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    wait_until(
+        Duration::from_secs(300),
+        "every bulk cluster to be owned",
+        || {
+            let store = Arc::clone(&store);
+            async move { owned_bulk_clusters(&store, None).await == clusters }
+        },
+    )
+    .await;
+    let rss_mib = bench
+        .replicas
+        .iter()
+        .map(|(_, r)| rss_kib(r.pid()) as f64 / 1024.0)
+        .collect();
+
+    let victim = bench.replicas[0].0.clone();
+    let mut replica = bench.remove(&victim);
+    let probe_store = Arc::clone(&store);
+    let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let probe_flag = Arc::clone(&probing);
+    let probe = tokio::spawn(async move {
+        let mut slowest = Duration::ZERO;
+        while probe_flag.load(std::sync::atomic::Ordering::SeqCst) {
+            let started = Instant::now();
+            let _ = probe_store.get("/drover/v1/probe").await;
+            slowest = slowest.max(started.elapsed());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        slowest
+    });
+    let killed = Instant::now();
+    replica.kill9();
+    wait_until(
+        Duration::from_secs(300),
+        "the dead replica's clusters to be owned again",
+        || {
+            let (store, victim) = (Arc::clone(&store), victim.clone());
+            async move { owned_bulk_clusters(&store, Some(&victim)).await == clusters }
+        },
+    )
+    .await;
+    let recovery = killed.elapsed();
+    probing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let slowest_request = probe.await.unwrap();
+    Bulk {
+        recovery,
+        slowest_request,
+        rss_mib,
+    }
+}
+
+/// Bulk clusters with an owner key, not counting those owned by `dead`.
+async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
+    let owners = store
+        .range(RangeRequest::prefix("/drover/v1/owners/bulk-"))
+        .await
+        .expect("owners");
+    owners
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        .filter(|owner| dead.is_none_or(|dead| owner["replica"] != dead))
+        .count()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let length = Duration::from_secs(args.seconds);
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let mut bench = Bench {
+        etcd,
+        sim,
+        replicas: Vec::new(),
+        ttl: args.ttl,
+        next_id: 0,
+    };
+    for _ in 0..3 {
+        bench.add_replica().await;
+    }
+
+    eprintln!("raw etcd CAS, {} clients, {length:?}...", args.clients);
+    let raw = raw_cas(&bench.etcd, args.clients, length).await;
+    eprintln!("drover stop/start, {} clients, {length:?}...", args.clients);
+    let drover = drover_ops(&bench.etcd, &bench.replicas, args.clients, length).await;
+    eprintln!("failover x{}...", args.failovers);
+    let failovers = failover(&mut bench, args.failovers).await;
+    eprintln!("SIGTERM hand-off...");
+    let handoff = handoff(&mut bench).await;
+    eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
+    let bulk = bulk(&mut bench, args.bulk_clusters, args.clients).await;
+
+    let target = 0.7 * raw / drover.writes_per_op;
+    let report: Value = json!({
+        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
+        "clients": args.clients,
+        "lease_ttl_seconds": args.ttl,
+        "raw_etcd_cas_per_second": raw.round(),
+        "drover": {
+            "operations_per_second": (drover.ops_per_second * 10.0).round() / 10.0,
+            "latency_p50_ms": ms(drover.p50),
+            "latency_p99_ms": ms(drover.p99),
+            "etcd_writes_per_operation": (drover.writes_per_op * 100.0).round() / 100.0,
+            "goal_operations_per_second": target.round(),
+            "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
+        },
+        "failover_ms": {
+            "p50": ms(percentile(&failovers, 0.5)),
+            "p99": ms(percentile(&failovers, 0.99)),
+            "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+        },
+        "sigterm_handoff_ms": ms(handoff),
+        "bulk": {
+            "clusters": args.bulk_clusters,
+            "recovery_ms": ms(bulk.recovery),
+            "slowest_etcd_request_ms": ms(bulk.slowest_request),
+            "replica_rss_mib": bulk.rss_mib,
+        },
+    });
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report).unwrap())
+        .expect("write the JSON report");
+    println!("{:<44} {:>14} {:>14}", "measure", "value", "goal");
+    let row =
+        |name: &str, value: String, goal: String| println!("{name:<44} {value:>14} {goal:>14}");
+    row("raw etcd CAS txn/s", format!("{raw:.0}"), String::new());
+    row(
+        "drover operations/s",
+        format!("{:.1}", drover.ops_per_second),
+        format!(">= {target:.0}"),
+    );
+    row(
+        "drover op latency p50 / p99 (ms)",
+        format!("{:.1} / {:.1}", ms(drover.p50), ms(drover.p99)),
+        String::new(),
+    );
+    row(
+        "etcd writes per operation",
+        format!("{:.2}", drover.writes_per_op),
+        "<= 3 (1 step)".into(),
+    );
+    row(
+        "kill -9 to orphan recovered p50 / p99 (ms)",
+        format!(
+            "{:.0} / {:.0}",
+            ms(percentile(&failovers, 0.5)),
+            ms(percentile(&failovers, 0.99))
+        ),
+        format!("<= {} (p99)", args.ttl * 1000 + 1000),
+    );
+    row(
+        "SIGTERM hand-off (ms)",
+        format!("{:.0}", ms(handoff)),
+        "<= 1000".into(),
+    );
+    row(
+        &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
+        format!("{:.0}", ms(bulk.recovery)),
+        format!("<= {}", args.ttl * 1000 + 5000),
+    );
+    row(
+        "slowest etcd request meanwhile (ms)",
+        format!("{:.1}", ms(bulk.slowest_request)),
+        String::new(),
+    );
+    let rss: Vec<String> = bulk.rss_mib.iter().map(|m| format!("{m:.0}")).collect();
+    row(
+        "replica RSS at bulk size (MiB)",
+        rss.join(" / "),
+        "<= 64".into(),
+    );
+    println!("JSON: {}", args.json.display());
+}

@@ -86,6 +86,26 @@ pub async fn range_by_prefix_start_and_limit(store: &dyn Store) {
     assert_eq!(keys(&started), ["/t/c/foo/3", "/t/c/foobar/1"]);
 }
 
+/// A prefix larger than any single response (the etcd store pages it)
+/// still comes back whole, in order, and limits still cut it exactly.
+pub async fn range_larger_than_a_page(store: &dyn Store) {
+    for batch in 0..20 {
+        let puts = (0..125).map(|i| Op::put(format!("/t/big/{:05}", batch * 125 + i), "x"));
+        store.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    let all = store.range(RangeRequest::prefix("/t/big/")).await.unwrap();
+    assert_eq!(all.kvs.len(), 2500);
+    assert!(all.kvs.windows(2).all(|w| w[0].key < w[1].key), "key order");
+    assert!(!all.more);
+    let limited = store
+        .range(RangeRequest::prefix("/t/big/").limit(1500))
+        .await
+        .unwrap();
+    assert_eq!(limited.kvs.len(), 1500);
+    assert!(limited.more);
+    assert_eq!(limited.kvs.last().unwrap().key, "/t/big/01499");
+}
+
 /// Compares on mod revision, create revision and version pick the branch;
 /// a failed compare runs the failure ops and writes nothing else.
 pub async fn txn_compares_on_revisions_and_version(store: &dyn Store) {
@@ -352,6 +372,7 @@ macro_rules! for_each_conformance_case {
         $m! {
             put_and_get_report_revisions,
             range_by_prefix_start_and_limit,
+            range_larger_than_a_page,
             txn_compares_on_revisions_and_version,
             txn_compares_on_value_and_missing_keys,
             txn_writes_share_one_revision_and_deletes_reset,

@@ -485,5 +485,30 @@ async fn an_etcd_restart_mid_operation_loses_nothing() {
         listed.operations.iter().any(|o| o.id == op.id),
         "the operation record survived"
     );
+    // The watch cache lost its watch with etcd and re-listed: it serves the
+    // cluster as etcd has it now.
+    let linearizable = probe.get_cluster("steady").await.unwrap();
+    wait_until(
+        FAILOVER,
+        "the watch cache to re-list after the restart",
+        || {
+            let mut probe = probe.clone();
+            let expected = linearizable.clone();
+            async move {
+                let request = v1::GetClusterRequest {
+                    name: "steady".into(),
+                    linearizable: false,
+                };
+                probe
+                    .clusters()
+                    .get_cluster(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    == expected
+            }
+        },
+    )
+    .await;
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }

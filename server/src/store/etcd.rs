@@ -13,6 +13,9 @@ use etcd_client::{
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Keys per range request when reading a large prefix.
+const RANGE_PAGE: i64 = 1000;
+
 /// How to reach etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
@@ -162,26 +165,49 @@ impl Store for EtcdStore {
     }
 
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
-        let start = request
+        let mut start = request
             .start
             .clone()
             .filter(|start| start.as_str() > request.prefix.as_str())
-            .unwrap_or_else(|| request.prefix.clone());
-        let options = GetOptions::new()
-            .with_range(prefix_end(&request.prefix))
-            .with_limit(request.limit)
-            .with_sort(SortTarget::Key, SortOrder::Ascend);
-        let response = self
-            .client
-            .kv_client()
-            .get(start, Some(options))
-            .await
-            .map_err(into_store_error)?;
-        Ok(GetResult {
-            kvs: response.kvs().iter().map(from_etcd_kv).collect(),
-            revision: header_revision(response.header()),
-            more: response.more(),
-        })
+            .unwrap_or_else(|| request.prefix.clone())
+            .into_bytes();
+        let wanted = usize::try_from(request.limit).unwrap_or(0);
+        let mut result = GetResult::default();
+        // Large ranges are read in pages at one revision: one response must
+        // stay under the gRPC message limit, and the pages must agree.
+        loop {
+            let page = match wanted {
+                0 => RANGE_PAGE,
+                n => (n - result.kvs.len()).min(RANGE_PAGE as usize) as i64,
+            };
+            let mut options = GetOptions::new()
+                .with_range(prefix_end(&request.prefix))
+                .with_limit(page)
+                .with_sort(SortTarget::Key, SortOrder::Ascend);
+            if result.revision > 0 {
+                options = options.with_revision(result.revision);
+            }
+            let response = self
+                .client
+                .kv_client()
+                .get(start.clone(), Some(options))
+                .await
+                .map_err(into_store_error)?;
+            if result.revision == 0 {
+                result.revision = header_revision(response.header());
+            }
+            result.kvs.extend(response.kvs().iter().map(from_etcd_kv));
+            let full = wanted > 0 && result.kvs.len() >= wanted;
+            if !response.more() || full {
+                result.more = response.more();
+                return Ok(result);
+            }
+            let Some(last) = response.kvs().last() else {
+                return Ok(result);
+            };
+            start = last.key().to_vec();
+            start.push(0);
+        }
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {

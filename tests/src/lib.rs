@@ -101,3 +101,26 @@ pub fn http_get(base: &str, path: &str) -> (u16, String) {
         .unwrap_or(0);
     (status, body.to_string())
 }
+
+/// Polls (linearizable reads) until `cluster` is in `state`; panics after
+/// `deadline`.
+pub async fn wait_for_state(
+    client: &drover_client::Client,
+    cluster: &str,
+    state: drover_client::v1::ClusterState,
+    deadline: Duration,
+) {
+    let what = format!("cluster {cluster} to be {}", state.as_str_name());
+    wait_until(deadline, &what, || {
+        let mut client = client.clone();
+        async move {
+            let status = client
+                .get_cluster(cluster)
+                .await
+                .expect("get cluster")
+                .status;
+            status.and_then(|s| s.state) == Some(state as i32)
+        }
+    })
+    .await;
+}

@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::wait_until;
+use drover_tests::{wait_for_state, wait_until};
 use std::time::Duration;
 use tonic::Code;
 
@@ -636,35 +636,9 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
     let cluster = f.create("watched", 2, false).await;
     f.sim.set_health(&cluster.uid, false).await;
     let mut probe = f.client.clone();
-    wait_until(WAIT, "the cluster to go to Alert", || {
-        let mut probe = probe.clone();
-        async move {
-            probe
-                .get_cluster("watched")
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .state
-                == Some(S::Alert as i32)
-        }
-    })
-    .await;
+    wait_for_state(&probe, "watched", S::Alert, WAIT).await;
     f.sim.set_health(&cluster.uid, true).await;
-    wait_until(WAIT, "the cluster to recover to Running", || {
-        let mut probe = probe.clone();
-        async move {
-            probe
-                .get_cluster("watched")
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .state
-                == Some(S::Running as i32)
-        }
-    })
-    .await;
+    wait_for_state(&probe, "watched", S::Running, WAIT).await;
     // A destroy that fails stays Destroying; the scanner retries it.
     f.sim.fault("DeleteNodes", 1, false).await;
     let destroy = v1::DeleteClusterRequest {
@@ -678,20 +652,7 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
         .unwrap()
         .into_inner();
     assert_eq!(f.finish(op).await.state, O::Failed as i32);
-    wait_until(WAIT, "the destroy to be retried", || {
-        let mut probe = probe.clone();
-        async move {
-            probe
-                .get_cluster("watched")
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .state
-                == Some(S::Destroyed as i32)
-        }
-    })
-    .await;
+    wait_for_state(&probe, "watched", S::Destroyed, WAIT).await;
     let history = f.check_history().await;
     let states = &history[&cluster.uid];
     for expected in [

@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::wait_until;
+use drover_tests::{wait_for_state, wait_until};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -206,24 +206,7 @@ async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cl
     c.sim.set_latency(Duration::ZERO).await;
     let mut probe = client.clone();
     let left = RECOVERY.saturating_sub(killed.elapsed());
-    wait_until(
-        left,
-        "the cluster to be Running again within the TTL plus a margin",
-        || {
-            let mut probe = probe.clone();
-            async move {
-                probe
-                    .get_cluster("victim")
-                    .await
-                    .unwrap()
-                    .status
-                    .unwrap()
-                    .state
-                    == Some(S::Running as i32)
-            }
-        },
-    )
-    .await;
+    wait_for_state(&probe, "victim", S::Running, left).await;
     eprintln!("kill -9 to Running again: {:?}", killed.elapsed());
     let after = owner(&mut c.admin_avoiding(&before.replica).await, "victim")
         .await
@@ -458,20 +441,7 @@ async fn an_etcd_restart_mid_operation_loses_nothing() {
     );
     c.sim.set_latency(Duration::ZERO).await;
     let mut probe = c.replicas[0].1.client().await;
-    wait_until(FAILOVER, "the cluster to be Running", || {
-        let mut probe = probe.clone();
-        async move {
-            probe
-                .get_cluster("steady")
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .state
-                == Some(S::Running as i32)
-        }
-    })
-    .await;
+    wait_for_state(&probe, "steady", S::Running, FAILOVER).await;
     let listed = probe
         .operations()
         .list_operations(v1::ListOperationsRequest {

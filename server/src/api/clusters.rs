@@ -1,7 +1,7 @@
 //! The drover.v1.Clusters service.
 
 use super::convert::{cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto};
-use super::error::{ApiError, ApiResult};
+use super::error::{unimplemented, ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry};
 use crate::operation::{
@@ -226,10 +226,6 @@ fn parse_label_selector(selector: &str) -> Result<Vec<(String, String)>, FieldEr
 }
 
 type ClusterEventStream = Pin<Box<dyn Stream<Item = Result<v1::ClusterEvent, Status>> + Send>>;
-
-fn unimplemented<T>(rpc: &'static str) -> Result<Response<T>, Status> {
-    Err(ApiError::Unimplemented(rpc).into())
-}
 
 #[tonic::async_trait]
 impl Clusters for ClustersService {

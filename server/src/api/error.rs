@@ -65,3 +65,8 @@ impl From<ApiError> for Status {
 
 /// The result type of RPC handlers before conversion.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The answer of an RPC this version declares but does not serve.
+pub fn unimplemented<T>(rpc: &'static str) -> Result<tonic::Response<T>, Status> {
+    Err(ApiError::Unimplemented(rpc).into())
+}

@@ -1,13 +1,9 @@
 //! The services whose RPCs later versions implement: declared in the
 //! contract so clients can be written now, answering UNIMPLEMENTED.
 
-use super::error::ApiError;
+use super::error::unimplemented;
 use drover_proto::v1::{self, tasks_server::Tasks};
 use tonic::{Request, Response, Status};
-
-fn unimplemented<T>(rpc: &'static str) -> Result<Response<T>, Status> {
-    Err(ApiError::Unimplemented(rpc).into())
-}
 
 /// drover.v1.Tasks, not yet served.
 pub struct TasksService;

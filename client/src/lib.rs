@@ -36,7 +36,25 @@ pub enum ClientError {
     },
 }
 
-/// A connection to one Drover replica.
+impl ClientError {
+    /// Whether the same call may succeed later: UNAVAILABLE, ABORTED, no
+    /// connection, or a connection that broke during the call.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } => true,
+            ClientError::Status(status) => match status.code() {
+                tonic::Code::Unavailable | tonic::Code::Aborted => true,
+                // A connection that broke mid-call (the replica died).
+                tonic::Code::Unknown => std::error::Error::source(status)
+                    .is_some_and(|source| source.is::<tonic::transport::Error>()),
+                _ => false,
+            },
+            ClientError::OperationFailed { .. } => false,
+        }
+    }
+}
+
+/// A connection to Drover replicas.
 #[derive(Clone)]
 pub struct Client {
     clusters: ClustersClient<Channel>,
@@ -44,6 +62,63 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects to several replicas at once: requests are spread over the
+    /// endpoints that answer, and a replica that goes away is skipped. The
+    /// connections are made lazily, so this only checks the URLs.
+    pub fn connect_many(endpoints: &[String]) -> Result<Self, ClientError> {
+        let endpoints = endpoints
+            .iter()
+            .map(|url| {
+                Channel::from_shared(url.clone()).map_err(|_| {
+                    ClientError::Status(tonic::Status::invalid_argument(format!(
+                        "{url:?} is not a URL"
+                    )))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let channel = Channel::balance_list(endpoints.into_iter());
+        Ok(Self {
+            clusters: ClustersClient::new(channel.clone()),
+            operations: OperationsClient::new(channel),
+        })
+    }
+
+    /// Runs `call` until it succeeds or fails with something that is not
+    /// [retryable](ClientError::is_retryable), backing off exponentially with jitter from 50 ms to
+    /// 2 s, at most 10 times.
+    ///
+    /// Retrying an UNAVAILABLE lifecycle request is only safe with a
+    /// `request_id`: the first attempt may have been accepted.
+    ///
+    /// ```no_run
+    /// # async fn example(drover: drover_client::Client) -> Result<(), drover_client::ClientError> {
+    /// use drover_client::v1;
+    /// let op = drover
+    ///     .retrying(|mut c| async move {
+    ///         let request = v1::StopClusterRequest { name: "web".into(), request_id: "stop-web-1".into() };
+    ///         Ok(c.clusters().stop_cluster(request).await?.into_inner())
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        use backon::{ExponentialBuilder, Retryable};
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(50))
+            .with_max_delay(std::time::Duration::from_secs(2))
+            .with_max_times(10)
+            .with_jitter();
+        (|| call(self.clone()))
+            .retry(backoff)
+            .when(ClientError::is_retryable)
+            .await
+    }
+
     /// Connects to a replica's gRPC endpoint, e.g. `http://127.0.0.1:7070`.
     pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
         let channel = Channel::from_shared(endpoint.to_string())

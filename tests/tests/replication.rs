@@ -482,3 +482,55 @@ async fn an_etcd_restart_mid_operation_loses_nothing() {
     .await;
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
+
+#[tokio::test]
+async fn the_client_fails_over_between_replicas_and_retries_lost_races() {
+    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    let endpoints: Vec<String> = c.replicas.iter().map(|(_, r)| r.endpoint()).collect();
+    let drover = Client::connect_many(&endpoints).unwrap();
+    let mut setup = c.replicas[0].1.client().await;
+    create_running(&mut setup, "sturdy", 1).await;
+
+    c.sim.set_latency(Duration::from_millis(500)).await;
+    let busy = upgrade(&mut setup, "sturdy").await;
+    // Busy now: a plain stop loses the race, the retrying one waits it out.
+    let plain = setup
+        .clusters()
+        .stop_cluster(v1::StopClusterRequest {
+            name: "sturdy".into(),
+            request_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(plain.code(), tonic::Code::Aborted);
+    let stop = drover
+        .retrying(|mut client| async move {
+            let request = v1::StopClusterRequest {
+                name: "sturdy".into(),
+                request_id: "stop-sturdy".into(),
+            };
+            Ok(client.clusters().stop_cluster(request).await?.into_inner())
+        })
+        .await
+        .expect("accepted once the upgrade ended");
+    let mut waiter = drover.clone();
+    assert_eq!(
+        waiter.wait_operation(&busy, FAILOVER).await.unwrap().state,
+        O::Succeeded as i32
+    );
+    assert_eq!(
+        waiter.wait_operation(&stop, FAILOVER).await.unwrap().state,
+        O::Succeeded as i32
+    );
+
+    // One replica gone: the same client keeps working through the others.
+    c.sim.set_latency(Duration::ZERO).await;
+    c.replica_mut("r1").kill9();
+    for _ in 0..20 {
+        let cluster = drover
+            .retrying(|mut client| async move { client.get_cluster("sturdy").await })
+            .await
+            .expect("served by a live replica");
+        assert_eq!(cluster.name, "sturdy");
+    }
+}

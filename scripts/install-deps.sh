@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Installs what Drover's build and tests need and a fresh Debian machine
-# lacks: etcd (server and etcdctl) and protoc. Does nothing when present.
+# lacks: etcd (server and etcdctl), protoc, and grpcio + grpcio-tools for
+# the Python client test. Does nothing when present.
 set -euo pipefail
+
+if ! python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
+  echo "installing: grpcio grpcio-tools (pip)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
 
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

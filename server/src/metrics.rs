@@ -45,6 +45,7 @@ pub struct Metrics {
     pub etcd_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
+    pub clusters: Gauge,
     pub orphan_recoveries: Counter,
     pub newer_schema_skipped: Counter,
 }
@@ -94,6 +95,12 @@ impl Metrics {
             "Clusters this replica owns",
             clusters_owned.clone(),
         );
+        let clusters = Gauge::default();
+        registry.register(
+            "clusters",
+            "Clusters in this replica's watch cache (all clusters)",
+            clusters.clone(),
+        );
         let orphan_recoveries = Counter::default();
         registry.register(
             "orphan_recoveries",
@@ -114,6 +121,7 @@ impl Metrics {
             etcd_request_seconds,
             keepalive_failures,
             clusters_owned,
+            clusters,
             orphan_recoveries,
             newer_schema_skipped,
         })

@@ -146,6 +146,7 @@ impl Scanner {
     ) -> Result<Vec<pb::ProviderNode>, LifecycleError> {
         let request = pb::DescribeClusterRequest {
             cluster_uid: cluster.spec.uid.clone(),
+            token: None,
         };
         self.provider
             .clone()

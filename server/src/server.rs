@@ -123,7 +123,7 @@ pub async fn serve(
         Arc::clone(&ready),
         work_stopped.clone(),
     ));
-    let cache = ClusterCache::new(store.clone(), keys.clone());
+    let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
     tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
     let executes = provider.is_some();
     let workers = match provider {

@@ -747,6 +747,7 @@ async fn metrics_and_readiness_are_served_on_the_admin_port() {
         "drover_state_transitions_total{from=\"Running\",to=\"Stopping\"} 1",
         "drover_state_transitions_total{from=\"Stopping\",to=\"Stopped\"} 1",
         "drover_clusters_owned 1",
+        "drover_clusters 1",
         "drover_etcd_request_duration_seconds_count{request=\"txn\"}",
         "drover_operation_duration_seconds_count{kind=\"stop\"} 1",
         "drover_orphan_recoveries_total 0",

@@ -8,7 +8,9 @@ use std::process::Command;
 #[tokio::test]
 async fn a_python_client_generated_from_the_proto_works() {
     let replica = ReplicaProcess::dev().await;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
     let output = Command::new("python3")
         .arg(root.join("client/python/drover_smoke.py"))
         .arg(root.join("proto"))

@@ -17,6 +17,7 @@
 
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
 use crate::store::{EventKind, KeyValue, RangeRequest, SharedStore};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -36,14 +37,16 @@ struct Snapshot {
 
 pub struct ClusterCache {
     store: SharedStore,
+    metrics: Arc<Metrics>,
     keys: KeyLayout,
     registry: Registry,
     snapshot: RwLock<Snapshot>,
 }
 
 impl ClusterCache {
-    pub fn new(store: SharedStore, keys: KeyLayout) -> Arc<Self> {
+    pub fn new(store: SharedStore, keys: KeyLayout, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
+            metrics,
             registry: Registry::new(store.clone(), keys.clone()),
             store,
             keys,
@@ -78,6 +81,7 @@ impl ClusterCache {
                     self.insert(&mut snapshot, kv);
                 }
                 snapshot.ready = true;
+                self.metrics.clusters.set(snapshot.clusters.len() as i64);
             }
             loop {
                 tokio::select! {
@@ -115,7 +119,10 @@ impl ClusterCache {
     fn apply(&self, kind: EventKind, kv: KeyValue) {
         let mut snapshot = self.write();
         match kind {
-            EventKind::Put => self.insert(&mut snapshot, kv),
+            EventKind::Put => {
+                self.insert(&mut snapshot, kv);
+                self.metrics.clusters.set(snapshot.clusters.len() as i64);
+            }
             EventKind::Delete => {
                 if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
                     let name = format!("{name}/");
@@ -123,6 +130,7 @@ impl ClusterCache {
                         keys.remove(leaf);
                         if keys.is_empty() {
                             snapshot.clusters.remove(&name);
+                            self.metrics.clusters.set(snapshot.clusters.len() as i64);
                         }
                     }
                 }
@@ -228,7 +236,7 @@ mod tests {
             .create("foo", "u1".into(), spec(), "", None)
             .await
             .unwrap();
-        let cache = ClusterCache::new(store.clone(), keys.clone());
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(Arc::clone(&cache).run(stopped));
         eventually("the first list", || {

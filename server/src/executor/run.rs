@@ -234,8 +234,11 @@ impl Holding<'_> {
     }
 
     async fn describe(&mut self) -> Result<Vec<pb::ProviderNode>, tonic::Status> {
+        // Fenced: once this owner has looked, its predecessors' calls are
+        // refused (orphan recovery relies on it).
         let request = pb::DescribeClusterRequest {
             cluster_uid: self.cluster.spec.uid.clone(),
+            token: self.token(),
         };
         let nodes = self
             .executor
@@ -433,8 +436,12 @@ impl Executor {
                     ),
                     None => format!("replica {replica} was lost before its first step"),
                 };
-                // The nodes are as the lost replica left them.
-                let _ = holding.describe().await;
+                // Announce this owner's epoch before failing the orphan, so
+                // the lost replica (if it is only paused) can change nothing
+                // more; the nodes are as it left them.
+                if let Err(status) = holding.describe().await {
+                    tracing::warn!(cluster, operation = id, %status, "cannot fence the provider; the orphan is failed anyway");
+                }
                 tracing::warn!(cluster, operation = id, %message, "recovering an orphaned operation");
                 holding
                     .finish(

@@ -286,11 +286,24 @@ impl Provider for SimProvider {
         &self,
         request: Request<pb::DescribeClusterRequest>,
     ) -> Reply<pb::NodesResponse> {
-        let uid = request.into_inner().cluster_uid;
-        let state = self.lock();
+        let request = request.into_inner();
+        let mut state = self.lock();
+        if let Some(token) = request.token {
+            let newest = state
+                .newest_epoch
+                .entry(token.cluster_uid.clone())
+                .or_insert(i64::MIN);
+            if token.epoch < *newest {
+                return Err(Status::failed_precondition(format!(
+                    "stale fencing token: epoch {} is older than {} for cluster {}",
+                    token.epoch, *newest, token.cluster_uid
+                )));
+            }
+            *newest = token.epoch;
+        }
         let nodes = state
             .clusters
-            .get(&uid)
+            .get(&request.cluster_uid)
             .map(|c| c.nodes.clone())
             .unwrap_or_default();
         Ok(Response::new(pb::NodesResponse { nodes }))
@@ -416,6 +429,27 @@ mod tests {
             .into_inner();
         let methods: Vec<&str> = log.entries.iter().map(|e| e.method.as_str()).collect();
         assert_eq!(methods, ["CreateNodes", "StopNodes"]);
+    }
+
+    #[tokio::test]
+    async fn a_fenced_describe_refuses_older_epochs_from_then_on() {
+        let sim = SimProvider::new();
+        let create = pb::CreateNodesRequest {
+            token: token(5),
+            control_nodes: 1,
+            ..Default::default()
+        };
+        sim.create_nodes(Request::new(create)).await.unwrap();
+        let fence = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: token(9),
+        };
+        sim.describe_cluster(Request::new(fence)).await.unwrap();
+        let late = sim
+            .stop_nodes(Request::new(pb::PowerRequest { token: token(5) }))
+            .await
+            .unwrap_err();
+        assert_eq!(late.code(), tonic::Code::FailedPrecondition);
     }
 
     #[tokio::test]

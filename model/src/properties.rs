@@ -1,0 +1,134 @@
+//! What the checker asserts. `always` properties hold in every reachable
+//! state; the `eventually` one holds on every path by the time it ends;
+//! `sometimes` ones are scenarios that must be reachable, so that the
+//! others are not true for want of trying.
+
+use crate::protocol::State;
+use crate::store::Status;
+use crate::Drover;
+use stateright::Property;
+
+pub const ONE_OPERATION: &str = "at most one operation holds a cluster";
+pub const EDGES_ONLY: &str = "every state change is an edge of the table";
+pub const EPOCHS_GROW: &str = "the provider never takes an older epoch";
+pub const LIVE_LEASE_WRITES: &str = "no owner write takes effect without its lease";
+pub const MISSES_ARE_DEAD: &str = "a missed compare comes from a dead claim";
+pub const EVERYTHING_ENDS: &str = "every request is made and every operation ends";
+pub const ORPHAN_FAILED: &str = "a new owner fails an orphaned operation";
+pub const STALE_REFUSED: &str = "the provider refuses a stale epoch";
+pub const TWO_BELIEVERS: &str = "a zombie and a new owner both believe they own a cluster";
+pub const HANDED_BACK: &str = "an idle cluster is released to its preferred member";
+pub const SUCCEEDS: &str = "an operation succeeds";
+pub const NO_LATE_CALL: &str = "no call lands after its operation ended";
+
+pub fn all() -> Vec<Property<Drover>> {
+    vec![
+        Property::always(ONE_OPERATION, one_operation),
+        Property::always(EDGES_ONLY, edges_only),
+        Property::always(EPOCHS_GROW, epochs_grow),
+        Property::always(LIVE_LEASE_WRITES, live_lease_writes),
+        Property::always(MISSES_ARE_DEAD, misses_are_dead),
+        Property::eventually(EVERYTHING_ENDS, everything_ends),
+        Property::sometimes(ORPHAN_FAILED, |_, s: &State| {
+            s.store
+                .operations
+                .iter()
+                .any(|o| o.status == Status::Orphaned)
+        }),
+        Property::sometimes(STALE_REFUSED, |_, s: &State| s.history.refused_stale),
+        Property::sometimes(TWO_BELIEVERS, two_believers),
+        Property::sometimes(HANDED_BACK, |_, s: &State| s.history.released),
+        Property::sometimes(SUCCEEDS, |_, s: &State| {
+            s.store
+                .operations
+                .iter()
+                .any(|o| o.status == Status::Succeeded)
+        }),
+        Property::always(NO_LATE_CALL, |_, s: &State| !s.history.call_after_end),
+    ]
+}
+
+/// The slot holds a live operation, and no other operation of the cluster
+/// is PENDING or RUNNING.
+fn one_operation(_: &Drover, state: &State) -> bool {
+    state.store.states.iter().enumerate().all(|(cluster, key)| {
+        let mut live = state
+            .store
+            .operations
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.cluster == cluster && !o.status.is_terminal())
+            .map(|(id, _)| id);
+        live.next() == key.slot && live.next().is_none()
+    })
+}
+
+/// Compared, for every step, with the state etcd held just before it.
+fn edges_only(_: &Drover, state: &State) -> bool {
+    state.history.illegal_transition.is_none()
+}
+
+/// Per cluster, the accepted calls' epochs never decrease; so in
+/// particular no call under an older epoch lands for an operation after
+/// one under a newer epoch did. And every operation's calls carry one
+/// epoch: an operation's side effects come from one owner.
+fn epochs_grow(_: &Drover, state: &State) -> bool {
+    state.provider.accepted.iter().all(|calls| {
+        calls.iter().enumerate().all(|(i, earlier)| {
+            calls[i + 1..].iter().all(|later| {
+                later.epoch >= earlier.epoch
+                    && (later.operation != earlier.operation || later.epoch == earlier.epoch)
+            })
+        })
+    })
+}
+
+/// Every owner write (claim, start, completion, release) that took effect
+/// did so while etcd still held the writer's lease.
+fn live_lease_writes(_: &Drover, state: &State) -> bool {
+    !state.history.write_without_lease
+}
+
+/// Stable once true (requests are only ever used up, operations never
+/// leave a terminal state), so checking it where a path ends is exact.
+fn everything_ends(_: &Drover, state: &State) -> bool {
+    state.requests_left == 0
+        && state
+            .store
+            .operations
+            .iter()
+            .all(|o| o.status.is_terminal())
+}
+
+/// The model turns a transaction whose compares miss into no step, and its
+/// replica then holds the operation until it drops its session. That loses
+/// no behaviour only if a miss means the claim is dead for good: the owner
+/// key it compares is gone and, its create revision being in the past, can
+/// never come back.
+fn misses_are_dead(model: &Drover, state: &State) -> bool {
+    state.replicas.iter().all(|replica| {
+        replica
+            .holding
+            .iter()
+            .enumerate()
+            .all(|(cluster, holding)| {
+                holding.is_none_or(|h| {
+                    !h.phase.writes_next()
+                        || state.store.holds(&h.guard(cluster, model.fencing))
+                        || !state.store.owner_is(cluster, h.claim)
+                })
+            })
+    })
+}
+
+/// Two replicas believe they own the same cluster (one is a zombie).
+fn two_believers(_: &Drover, state: &State) -> bool {
+    (0..state.store.states.len()).any(|cluster| {
+        state
+            .replicas
+            .iter()
+            .filter(|r| r.claim(cluster).is_some())
+            .count()
+            > 1
+    })
+}

@@ -1,0 +1,199 @@
+//! etcd as the protocol sees it: one linearizable store with a global
+//! revision, keys that remember their create and mod revisions and the lease
+//! they are bound to, and transactions whose compares and writes apply as one
+//! atomic step of the model.
+
+use crate::machine::ClusterState;
+use std::collections::BTreeSet;
+
+/// etcd's revision: every transaction that writes bumps it by one.
+pub type Revision = u32;
+/// A lease id; every lease ever granted has a fresh one.
+pub type LeaseId = u8;
+pub type ReplicaId = usize;
+pub type ClusterId = usize;
+/// An operation's index in [`Store::operations`], in order of acceptance.
+pub type OperationId = usize;
+
+/// A lifecycle request the clients of the model make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Start,
+    Stop,
+}
+
+/// An operation record's state (`operations/<cluster>/<id>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Pending,
+    /// Started by the owner whose claim had this epoch.
+    Running {
+        epoch: Revision,
+    },
+    Succeeded,
+    Failed,
+    /// Failed by a new owner that found it RUNNING under another epoch.
+    Orphaned,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed | Status::Orphaned)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Operation {
+    pub cluster: ClusterId,
+    pub kind: Kind,
+    /// Accepted without an edge: it leaves the state alone when it ends.
+    pub go_ahead: bool,
+    pub status: Status,
+    pub mod_revision: Revision,
+}
+
+/// `clusters/<cluster>/state`: the state and the operation slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StateKey {
+    pub state: ClusterState,
+    pub slot: Option<OperationId>,
+    pub mod_revision: Revision,
+}
+
+/// `owners/<cluster>`, bound to the owner's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerKey {
+    pub replica: ReplicaId,
+    pub lease: LeaseId,
+    /// The epoch: a new owner key always has a newer create revision.
+    pub create_revision: Revision,
+}
+
+/// A replica's ownership of one cluster, as the replica believes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Claim {
+    pub lease: LeaseId,
+    pub epoch: Revision,
+}
+
+impl OwnerKey {
+    /// Whether this key is the one `claim` was made with: the fence every
+    /// owner write compares (lease and create revision).
+    pub fn is(&self, claim: Claim) -> bool {
+        self.lease == claim.lease && self.create_revision == claim.epoch
+    }
+}
+
+/// The compares of an executor write: the state key and the operation as
+/// last read and, when fencing, the owner key as claimed.
+#[derive(Debug, Clone, Copy)]
+pub struct Guard {
+    pub cluster: ClusterId,
+    pub state_revision: Revision,
+    pub operation: OperationId,
+    pub operation_revision: Revision,
+    pub owner: Option<Claim>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Store {
+    pub revision: Revision,
+    /// Leases etcd still holds.
+    pub leases: BTreeSet<LeaseId>,
+    next_lease: LeaseId,
+    /// `members/<replica>`: the lease it is bound to.
+    pub members: Vec<Option<LeaseId>>,
+    pub owners: Vec<Option<OwnerKey>>,
+    pub states: Vec<StateKey>,
+    pub operations: Vec<Operation>,
+}
+
+impl Store {
+    /// `clusters` clusters in Created and no owners; each replica has joined
+    /// (its lease is the replica's index).
+    pub fn new(replicas: usize, clusters: usize) -> Self {
+        let mut store = Store {
+            revision: 0,
+            leases: BTreeSet::new(),
+            next_lease: 0,
+            members: vec![None; replicas],
+            owners: vec![None; clusters],
+            states: Vec::with_capacity(clusters),
+            operations: Vec::new(),
+        };
+        for _ in 0..clusters {
+            let mod_revision = store.commit();
+            store.states.push(StateKey {
+                state: ClusterState::Created,
+                slot: None,
+                mod_revision,
+            });
+        }
+        for replica in 0..replicas {
+            store.join(replica);
+        }
+        store
+    }
+
+    /// The revision of a transaction that writes.
+    pub fn commit(&mut self) -> Revision {
+        self.revision += 1;
+        self.revision
+    }
+
+    /// Grants a lease and puts `members/<replica>` bound to it (rebinding
+    /// the key if an older lease of the replica still lives).
+    pub fn join(&mut self, replica: ReplicaId) -> LeaseId {
+        let lease = self.next_lease;
+        self.next_lease += 1;
+        self.leases.insert(lease);
+        self.members[replica] = Some(lease);
+        self.commit();
+        lease
+    }
+
+    /// The lease runs out: etcd deletes every key bound to it, in one
+    /// revision.
+    pub fn expire(&mut self, lease: LeaseId) {
+        self.leases.remove(&lease);
+        let mut deleted = false;
+        for member in self.members.iter_mut().filter(|m| **m == Some(lease)) {
+            *member = None;
+            deleted = true;
+        }
+        for owner in self
+            .owners
+            .iter_mut()
+            .filter(|o| o.is_some_and(|o| o.lease == lease))
+        {
+            *owner = None;
+            deleted = true;
+        }
+        if deleted {
+            self.commit();
+        }
+    }
+
+    /// Replicas with a member key, in id order.
+    pub fn live_members(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, lease)| lease.is_some())
+            .map(|(replica, _)| replica)
+    }
+
+    /// Whether every compare of `guard` holds now.
+    pub fn holds(&self, guard: &Guard) -> bool {
+        self.states[guard.cluster].mod_revision == guard.state_revision
+            && self.operations[guard.operation].mod_revision == guard.operation_revision
+            && guard
+                .owner
+                .is_none_or(|claim| self.owner_is(guard.cluster, claim))
+    }
+
+    /// Whether `owners/<cluster>` is the key `claim` was made with.
+    pub fn owner_is(&self, cluster: ClusterId, claim: Claim) -> bool {
+        self.owners[cluster].is_some_and(|owner| owner.is(claim))
+    }
+}

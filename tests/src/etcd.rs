@@ -89,3 +89,145 @@ impl Drop for EtcdProcess {
         self.kill();
     }
 }
+
+/// A multi-member etcd cluster on loopback, for leader-loss tests.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+}
+
+struct Member {
+    name: String,
+    child: Option<Child>,
+    data_dir: TempDir,
+    client_port: u16,
+    peer_port: u16,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl EtcdCluster {
+    /// Starts `size` members and waits until the cluster answers.
+    pub async fn start(size: usize) -> Self {
+        let mut members: Vec<Member> = (0..size)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                child: None,
+                data_dir: TempDir::new("etcd-member"),
+                client_port: free_port(),
+                peer_port: free_port(),
+            })
+            .collect();
+        let initial: Vec<String> = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect();
+        let initial = initial.join(",");
+        for member in &mut members {
+            let log =
+                std::fs::File::create(member.data_dir.path().join("etcd.log")).expect("etcd log");
+            let child = Command::new("etcd")
+                .args(["--name", &member.name])
+                .arg("--data-dir")
+                .arg(member.data_dir.path().join("data"))
+                .args(["--listen-client-urls", &member.client_url()])
+                .args(["--advertise-client-urls", &member.client_url()])
+                .args(["--listen-peer-urls", &member.peer_url()])
+                .args(["--initial-advertise-peer-urls", &member.peer_url()])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-state", "new"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("etcd must be installed (apt-get install etcd-server)");
+            member.child = Some(child);
+        }
+        let cluster = Self { members };
+        let endpoints = cluster.endpoints();
+        wait_until(
+            Duration::from_secs(30),
+            "the etcd cluster to answer",
+            || {
+                let endpoints = endpoints.clone();
+                async move {
+                    match EtcdStore::connect(&EtcdOptions::new(endpoints)).await {
+                        Ok(store) => store.get("/health-probe").await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            },
+        )
+        .await;
+        cluster
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// A store over every member.
+    pub async fn store(&self) -> EtcdStore {
+        EtcdStore::connect(&EtcdOptions::new(self.endpoints()))
+            .await
+            .expect("connect to the test etcd cluster")
+    }
+
+    /// Index of the current leader, as the members report it.
+    pub fn leader(&self) -> Option<usize> {
+        let live: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(Member::client_url)
+            .collect();
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args([
+                "--endpoints",
+                &live.join(","),
+                "endpoint",
+                "status",
+                "-w",
+                "json",
+            ])
+            .output()
+            .ok()?;
+        let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let statuses = statuses.as_array()?;
+        let leader = statuses.first()?["Status"]["leader"].as_u64()?;
+        let endpoint = statuses
+            .iter()
+            .find(|s| s["Status"]["header"]["member_id"].as_u64() == Some(leader))?["Endpoint"]
+            .as_str()?
+            .to_string();
+        self.members.iter().position(|m| m.client_url() == endpoint)
+    }
+
+    /// Kills one member (SIGKILL); its data stays.
+    pub fn kill(&mut self, index: usize) {
+        self.members[index].kill();
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            member.kill();
+        }
+    }
+}

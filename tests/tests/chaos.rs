@@ -8,7 +8,7 @@
 
 use drover_client::v1::{self, OperationState as O};
 use drover_client::Client;
-use drover_tests::etcd::EtcdProcess;
+use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
@@ -193,25 +193,52 @@ async fn faults_under_load_keep_every_invariant() {
     }
     world.sim.set_latency(Duration::ZERO).await;
 
-    // 1. Every accepted operation ended.
-    for op in &accepted {
-        let done = client.wait_operation(op, SETTLE).await.unwrap();
+    let store = world.etcd.store().await;
+    let admin = world.replicas[0].1.endpoint();
+    check_invariants(&client, &admin, &world.sim, &store, &accepted, CLUSTERS).await;
+}
+
+/// The checker, over the whole history: every accepted operation ended; no
+/// cluster sits in an operation state or without a live owner; the provider
+/// never accepted a stale token and no operation ran under two epochs; every
+/// state change is an edge of the table.
+async fn check_invariants(
+    client: &Client,
+    admin: &str,
+    sim: &SimProcess,
+    store: &dyn drover_server::store::Store,
+    accepted: &[v1::Operation],
+    clusters: usize,
+) {
+    // 1. Every accepted operation ended. (Reads may meet a brief
+    // UNAVAILABLE while etcd elects a leader: clients retry those.)
+    for op in accepted {
+        let done = client
+            .retrying(|mut c| async move { c.wait_operation(op, SETTLE).await })
+            .await
+            .unwrap();
         assert!(done.state >= O::Succeeded as i32, "never ended: {done:?}");
     }
     // 2. No cluster sits in an operation state without a live owner.
     let probe = client.clone();
     wait_until(SETTLE, "every cluster idle with a live owner", || {
         let mut probe = probe.clone();
-        let endpoint = world.replicas[0].1.endpoint();
+        let endpoint = admin.to_string();
         async move {
             let mut admin = v1::admin_client::AdminClient::connect(endpoint)
                 .await
                 .unwrap();
-            for c in 0..CLUSTERS {
+            for c in 0..clusters {
                 let name = format!("chaos-{c}");
-                let status = probe.get_cluster(&name).await.unwrap().status.unwrap();
+                let cluster = match probe.get_cluster(&name).await {
+                    Ok(cluster) => cluster,
+                    Err(_) => return false,
+                };
+                let status = cluster.status.unwrap();
                 let owned = admin
-                    .get_owner(v1::GetOwnerRequest { cluster: name })
+                    .get_owner(v1::GetOwnerRequest {
+                        cluster: name.clone(),
+                    })
                     .await
                     .is_ok();
                 if status.current_operation.is_some() || !owned {
@@ -224,7 +251,7 @@ async fn faults_under_load_keep_every_invariant() {
     .await;
     // 3. The provider never accepted a stale token, and no operation ran
     //    under two owner epochs.
-    let audit = world.sim.audit("").await;
+    let audit = sim.audit("").await;
     let mut newest: HashMap<String, i64> = HashMap::new();
     let mut epochs_of_op: HashMap<String, i64> = HashMap::new();
     for entry in &audit {
@@ -242,12 +269,79 @@ async fn faults_under_load_keep_every_invariant() {
         );
     }
     // 4. Every transition is an edge of the table.
-    let history = assert_transitions_are_edges(&world.etcd.store().await, "/drover/v1/").await;
-    assert_eq!(history.len(), CLUSTERS);
+    let history = assert_transitions_are_edges(store, "/drover/v1/").await;
+    assert_eq!(history.len(), clusters);
     eprintln!(
         "chaos: {} operations accepted, {} provider calls audited, histories {:?}",
         accepted.len(),
         audit.len(),
         history.values().map(Vec::len).collect::<Vec<_>>()
     );
+}
+
+/// A 3-member etcd loses its leader while operations run and provider
+/// calls fail and hang: Drover rides the election out.
+#[tokio::test]
+async fn losing_the_etcd_leader_under_load_keeps_every_invariant() {
+    let mut etcd = EtcdCluster::start(3).await;
+    let sim = SimProcess::start().await;
+    let endpoints = etcd.endpoints().join(",");
+    let provider = sim.endpoint();
+    let args = [
+        "--provider",
+        provider.as_str(),
+        "--lease-ttl",
+        "3",
+        "--scan-interval",
+        "1",
+        "--operation-timeout",
+        "upgrade=5",
+    ];
+    let mut replicas = Vec::new();
+    for id in ["l1", "l2", "l3"] {
+        replicas.push(ReplicaProcess::serve_with(&endpoints, id, &args).await);
+    }
+    let mut client = replicas[0].client().await;
+    for c in 0..CLUSTERS {
+        let response = client
+            .clusters()
+            .create_cluster(v1::CreateClusterRequest {
+                name: format!("chaos-{c}"),
+                spec: Some(v1::ClusterSpec {
+                    version: "1.29.0".into(),
+                    control_nodes: 1,
+                    worker_nodes: 2,
+                    node_offering: "m".into(),
+                    ..Default::default()
+                }),
+                create_only: false,
+                request_id: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        client
+            .wait_operation(&response.operation.unwrap(), SETTLE)
+            .await
+            .unwrap();
+    }
+    sim.set_latency(Duration::from_millis(200)).await;
+    // Provider trouble on top: one failing and one hanging upgrade step.
+    sim.fault("UpgradeNode", 2, false).await;
+    sim.fault("UpgradeNode", 5, true).await;
+    let mut accepted = Vec::new();
+    load(&mut client, 2, &mut accepted).await;
+
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill(leader);
+    let mut rounds = 0;
+    while rounds < 3 {
+        load(&mut client, rounds, &mut accepted).await;
+        rounds += 1;
+    }
+    sim.set_latency(Duration::ZERO).await;
+    let store = etcd.store().await;
+    let admin = replicas[0].endpoint();
+    check_invariants(&client, &admin, &sim, &store, &accepted, CLUSTERS).await;
+    assert_ne!(etcd.leader(), Some(leader), "a new leader was elected");
 }

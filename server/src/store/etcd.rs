@@ -56,6 +56,76 @@ impl EtcdStore {
     }
 }
 
+/// How a request may be retried after a connection failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Only when it never left this process (no connection could be made):
+    /// writes, whose outcome is otherwise unknown.
+    IfNotSent,
+    /// Whenever etcd was unreachable: reads and renewals.
+    Idempotent,
+}
+
+/// Attempts per request before an unreachable etcd is reported.
+const ATTEMPTS: u32 = 5;
+
+/// Whether the request failed before it reached any etcd member. With
+/// several endpoints, the balancer may still route a call to a dead member
+/// (a killed leader, say); such a call can simply go again.
+fn never_sent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().contains("connect error")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+fn unreachable(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                true
+            }
+            tonic::Code::Unknown => std::error::Error::source(status).is_some(),
+            _ => false,
+        },
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+impl EtcdStore {
+    /// Runs a request, retrying it (with a short backoff) as `retry` allows.
+    async fn call<T, F, Fut>(
+        &self,
+        retry: Retry,
+        mut request: F,
+    ) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut delay = Duration::from_millis(20);
+        let mut attempt = 1;
+        loop {
+            match request(self.client.clone()).await {
+                Err(error)
+                    if attempt < ATTEMPTS
+                        && (never_sent(&error)
+                            || (retry == Retry::Idempotent && unreachable(&error))) =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 fn into_store_error(error: etcd_client::Error) -> StoreError {
     use etcd_client::Error;
     match error {
@@ -152,9 +222,10 @@ fn from_etcd_op_response(response: &TxnOpResponse) -> OpResult {
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<GetResult> {
         let response = self
-            .client
-            .kv_client()
-            .get(key, None)
+            .call(Retry::Idempotent, |mut client| {
+                let key = key.to_string();
+                async move { client.get(key, None).await }
+            })
             .await
             .map_err(into_store_error)?;
         Ok(GetResult {
@@ -188,9 +259,10 @@ impl Store for EtcdStore {
                 options = options.with_revision(result.revision);
             }
             let response = self
-                .client
-                .kv_client()
-                .get(start.clone(), Some(options))
+                .call(Retry::Idempotent, |mut client| {
+                    let (start, options) = (start.clone(), options.clone());
+                    async move { client.get(start, Some(options)).await }
+                })
                 .await
                 .map_err(into_store_error)?;
             if result.revision == 0 {
@@ -217,15 +289,16 @@ impl Store for EtcdStore {
             .when(txn.compares.iter().map(to_etcd_compare).collect::<Vec<_>>())
             .and_then(txn.success.iter().map(to_etcd_op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(to_etcd_op).collect::<Vec<_>>());
-        let response =
-            self.client
-                .kv_client()
-                .txn(request)
-                .await
-                .map_err(|e| match into_store_error(e) {
-                    StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
-                    other => other,
-                })?;
+        let response = self
+            .call(Retry::IfNotSent, |mut client| {
+                let request = request.clone();
+                async move { client.txn(request).await }
+            })
+            .await
+            .map_err(|e| match into_store_error(e) {
+                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
+                other => other,
+            })?;
         Ok(TxnResult {
             succeeded: response.succeeded(),
             revision: header_revision(response.header()),
@@ -239,23 +312,28 @@ impl Store for EtcdStore {
 
     async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
         let response = self
-            .client
-            .lease_client()
-            .grant(ttl_seconds, None)
+            .call(Retry::IfNotSent, |mut client| async move {
+                client.lease_grant(ttl_seconds, None).await
+            })
             .await
             .map_err(into_store_error)?;
         Ok(response.id())
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
-        let mut client = self.client.lease_client();
         let not_found = |error| match into_store_error(error) {
             StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
             other => other,
         };
-        let (mut keeper, mut responses) = client.keep_alive(lease).await.map_err(not_found)?;
-        keeper.keep_alive().await.map_err(not_found)?;
-        match responses.message().await.map_err(not_found)? {
+        let response = self
+            .call(Retry::Idempotent, |mut client| async move {
+                let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                responses.message().await
+            })
+            .await
+            .map_err(not_found)?;
+        match response {
             Some(response) if response.ttl() > 0 => Ok(response.ttl()),
             Some(_) => Err(StoreError::LeaseNotFound(lease)),
             None => Err(StoreError::Unavailable(
@@ -265,22 +343,22 @@ impl Store for EtcdStore {
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
-        self.client
-            .lease_client()
-            .revoke(lease)
-            .await
-            .map_err(|e| match into_store_error(e) {
-                StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
-                other => other,
-            })?;
+        self.call(Retry::IfNotSent, |mut client| async move {
+            client.lease_revoke(lease).await
+        })
+        .await
+        .map_err(|e| match into_store_error(e) {
+            StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease),
+            other => other,
+        })?;
         Ok(())
     }
 
     async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
         let response = self
-            .client
-            .lease_client()
-            .time_to_live(lease, None)
+            .call(Retry::Idempotent, |mut client| async move {
+                client.lease_time_to_live(lease, None).await
+            })
             .await
             .map_err(into_store_error)?;
         Ok((response.ttl() > 0).then_some(response.ttl()))
@@ -292,9 +370,10 @@ impl Store for EtcdStore {
             options = options.with_start_revision(from_revision);
         }
         let mut stream = self
-            .client
-            .watch_client()
-            .watch(prefix, Some(options))
+            .call(Retry::Idempotent, |mut client| {
+                let (prefix, options) = (prefix.to_string(), options.clone());
+                async move { client.watch(prefix, Some(options)).await }
+            })
             .await
             .map_err(into_store_error)?;
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -348,17 +427,17 @@ impl Store for EtcdStore {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        self.client
-            .kv_client()
-            .compact(revision, None)
-            .await
-            .map_err(|e| match into_store_error(e) {
-                StoreError::Compacted { .. } => StoreError::Compacted {
-                    requested: revision,
-                    compacted: revision,
-                },
-                other => other,
-            })?;
+        self.call(Retry::IfNotSent, |mut client| async move {
+            client.compact(revision, None).await
+        })
+        .await
+        .map_err(|e| match into_store_error(e) {
+            StoreError::Compacted { .. } => StoreError::Compacted {
+                requested: revision,
+                compacted: revision,
+            },
+            other => other,
+        })?;
         Ok(())
     }
 }

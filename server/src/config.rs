@@ -22,6 +22,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
 pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
 pub const DEFAULT_OPERATION_HISTORY: usize = 50;
 pub const DEFAULT_SCAN_INTERVAL_SECONDS: u64 = 10;
+pub const DEFAULT_COMPACT_INTERVAL_SECONDS: u64 = 300;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 
 /// The command line of the `drover` binary.
@@ -39,7 +40,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a replica against etcd.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one replica with an in-memory store on loopback: no etcd needed.
     Dev(DevArgs),
 }
@@ -113,6 +114,10 @@ pub struct Settings {
     /// [default: 127.0.0.1:9070].
     #[arg(long, env = "DROVER_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
+    /// Seconds between compactions of etcd's history (keeping one interval
+    /// of it); 0 disables [default: 300].
+    #[arg(long, env = "DROVER_COMPACT_INTERVAL")]
+    pub compact_interval: Option<u64>,
 }
 
 impl Settings {
@@ -130,6 +135,7 @@ impl Settings {
             operation_history: self.operation_history.or(file.operation_history),
             scan_interval: self.scan_interval.or(file.scan_interval),
             admin_listen: self.admin_listen.or(file.admin_listen),
+            compact_interval: self.compact_interval.or(file.compact_interval),
         }
     }
 }
@@ -154,6 +160,8 @@ pub struct Config {
     pub operation_history: usize,
     pub scan_interval: std::time::Duration,
     pub admin_listen: SocketAddr,
+    /// `None`: Drover does not compact etcd.
+    pub compact_interval: Option<std::time::Duration>,
 }
 
 /// A configuration error: one line naming the setting.
@@ -318,7 +326,21 @@ impl Config {
                 format!("{admin_text:?} is not an address of the form IP:PORT"),
             )
         })?;
+        let compact_interval = match settings
+            .compact_interval
+            .unwrap_or(DEFAULT_COMPACT_INTERVAL_SECONDS)
+        {
+            0 => None,
+            seconds if seconds >= 10 => Some(std::time::Duration::from_secs(seconds)),
+            seconds => {
+                return Err(invalid(
+                    "compact_interval",
+                    format!("{seconds} is below 10 seconds (0 disables compaction)"),
+                ))
+            }
+        };
         Ok(Config {
+            compact_interval,
             admin_listen,
             scan_interval: std::time::Duration::from_secs(scan_interval),
             operation_timeouts,
@@ -501,6 +523,13 @@ mod tests {
                     ..settings()
                 },
                 "admin_listen",
+            ),
+            (
+                Settings {
+                    compact_interval: Some(3),
+                    ..settings()
+                },
+                "compact_interval",
             ),
         ];
         for (settings, setting) in cases {

@@ -11,11 +11,13 @@
 //! - [`provider`]: the provider client and the simulated provider.
 //! - [`server`]: assembles services, health and reflection, and serves.
 //! - [`metrics`]: the metrics registry; [`admin_http`]: /metrics, /healthz, /readyz.
+//! - [`compactor`]: keeps etcd's history bounded.
 //! - [`telemetry`]: structured logs.
 
 pub mod admin_http;
 pub mod api;
 pub mod cluster;
+pub mod compactor;
 pub mod config;
 pub mod executor;
 pub mod keys;

@@ -123,6 +123,14 @@ pub async fn serve(
         Arc::clone(&ready),
         work_stopped.clone(),
     ));
+    if let Some(interval) = config.compact_interval {
+        tokio::spawn(crate::compactor::run(
+            store.clone(),
+            config.key_prefix.clone(),
+            interval,
+            work_stopped.clone(),
+        ));
+    }
     let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
     tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
     let executes = provider.is_some();

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         }
     };
     let (config, embedded) = match cli.command {
-        Command::Serve(args) => (Config::from_serve_args(args), false),
+        Command::Serve(args) => (Config::from_serve_args(*args), false),
         Command::Dev(args) => (Config::from_dev_args(args), true),
     };
     let config = match config {

@@ -759,3 +759,88 @@ async fn metrics_and_readiness_are_served_on_the_admin_port() {
     assert_eq!(drover_tests::http_get(&admin, "/readyz").0, 200);
     assert_eq!(drover_tests::http_get(&admin, "/nothing").0, 404);
 }
+
+#[tokio::test]
+async fn update_bumps_the_generation_and_watch_streams_every_change() {
+    let mut f = Fixture::new(&[]).await;
+    f.create("seen", 1, false).await;
+    let request = v1::WatchClustersRequest {
+        from_revision: 0,
+        name: "seen".into(),
+    };
+    let mut events = f
+        .client
+        .clusters()
+        .watch_clusters(request)
+        .await
+        .unwrap()
+        .into_inner();
+
+    let mut labels = std::collections::HashMap::new();
+    labels.insert("tier".to_string(), "gold".to_string());
+    let update = v1::UpdateClusterRequest {
+        name: "seen".into(),
+        labels: labels.clone(),
+        update_labels: true,
+        expected_generation: 1,
+        ..Default::default()
+    };
+    let updated = f
+        .client
+        .clusters()
+        .update_cluster(update.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(updated.generation, 2);
+    assert_eq!(updated.spec.unwrap().labels, labels);
+    let stale = f
+        .client
+        .clusters()
+        .update_cluster(update)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        stale.code(),
+        Code::Aborted,
+        "generation 1 is gone: {stale:?}"
+    );
+    let tasks = v1::UpdateClusterRequest {
+        name: "seen".into(),
+        update_tasks: true,
+        ..Default::default()
+    };
+    let refused = f.client.clusters().update_cluster(tasks).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("tasks: "),
+        "{}",
+        refused.message()
+    );
+
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("seen"))
+        .await
+        .unwrap()
+        .into_inner();
+    f.finish(op).await;
+    let mut states = Vec::new();
+    while states.last() != Some(&(S::Stopped as i32)) {
+        let event = tokio::time::timeout(WAIT, events.message())
+            .await
+            .expect("a watch event")
+            .unwrap()
+            .expect("the stream is open");
+        assert_eq!(event.kind, v1::cluster_event::Kind::Put as i32);
+        let cluster = event.cluster.unwrap();
+        assert_eq!(cluster.name, "seen");
+        states.push(cluster.status.unwrap().state.unwrap());
+    }
+    assert!(
+        states.contains(&(S::Stopping as i32)) || states.len() >= 2,
+        "{states:?}"
+    );
+    f.check_history().await;
+}

@@ -1,7 +1,7 @@
 //! The drover.v1.Clusters service.
 
 use super::convert::{cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto};
-use super::error::{unimplemented, ApiError, ApiResult};
+use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry};
 use crate::operation::{
@@ -204,6 +204,104 @@ impl ClustersService {
     }
 }
 
+impl ClustersService {
+    async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
+        validate::cluster_name("name", &request.name)?;
+        if request.update_tasks {
+            return Err(FieldError::new(
+                "tasks",
+                "scheduled tasks are not supported by this version of Drover",
+            )
+            .into());
+        }
+        if !request.update_labels {
+            return Err(
+                FieldError::new("update_labels", "nothing to update: set update_labels").into(),
+            );
+        }
+        let labels = request.labels.into_iter().collect();
+        validate::labels("labels", &labels)?;
+        let current = self.registry.get(&request.name).await?;
+        self.operations.check_schema(&current)?;
+        let cluster = self
+            .registry
+            .update_labels(&request.name, labels, request.expected_generation)
+            .await?;
+        Ok(cluster_to_proto(cluster))
+    }
+
+    /// Streams a PUT with the cluster as it is now for every change to its
+    /// records, and a DELETE when its state key goes.
+    async fn watch(&self, request: v1::WatchClustersRequest) -> ApiResult<ClusterEventStream> {
+        if !request.name.is_empty() {
+            validate::cluster_name("name", &request.name)?;
+        }
+        if request.from_revision < 0 {
+            return Err(FieldError::new("from_revision", "must not be negative").into());
+        }
+        let keys = self.operations.keys().clone();
+        let prefix = if request.name.is_empty() {
+            keys.clusters()
+        } else {
+            keys.cluster(&request.name)
+        };
+        let mut watch = self
+            .operations
+            .store()
+            .watch(&prefix, request.from_revision)
+            .await?;
+        let registry = self.registry.clone();
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            // The records of one transaction share a revision: one event.
+            let mut last: Option<(String, i64)> = None;
+            while let Some(event) = watch.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        let status: Status = ApiError::from(error).into();
+                        let _ = sender.send(Err(status)).await;
+                        return;
+                    }
+                };
+                let Some((name, leaf)) = keys.split_cluster_key(&event.kv.key) else {
+                    continue;
+                };
+                let revision = event.kv.mod_revision;
+                if last.as_ref() == Some(&(name.to_string(), revision)) {
+                    continue;
+                }
+                last = Some((name.to_string(), revision));
+                let message = if event.kind == crate::store::EventKind::Delete && leaf == "state" {
+                    v1::ClusterEvent {
+                        kind: v1::cluster_event::Kind::Delete as i32,
+                        cluster: Some(v1::Cluster {
+                            name: name.to_string(),
+                            ..Default::default()
+                        }),
+                        revision,
+                    }
+                } else {
+                    match registry.get(name).await {
+                        Ok(cluster) => v1::ClusterEvent {
+                            kind: v1::cluster_event::Kind::Put as i32,
+                            cluster: Some(cluster_to_proto(cluster)),
+                            revision,
+                        },
+                        Err(_) => continue,
+                    }
+                };
+                if sender.send(Ok(message)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        )))
+    }
+}
+
 /// Parses `k=v,k2=v2`.
 fn parse_label_selector(selector: &str) -> Result<Vec<(String, String)>, FieldError> {
     if selector.trim().is_empty() {
@@ -254,16 +352,16 @@ impl Clusters for ClustersService {
 
     async fn watch_clusters(
         &self,
-        _: Request<v1::WatchClustersRequest>,
+        request: Request<v1::WatchClustersRequest>,
     ) -> Result<Response<Self::WatchClustersStream>, Status> {
-        unimplemented("WatchClusters")
+        Ok(Response::new(self.watch(request.into_inner()).await?))
     }
 
     async fn update_cluster(
         &self,
-        _: Request<v1::UpdateClusterRequest>,
+        request: Request<v1::UpdateClusterRequest>,
     ) -> Result<Response<v1::Cluster>, Status> {
-        unimplemented("UpdateCluster")
+        Ok(Response::new(self.update(request.into_inner()).await?))
     }
 
     async fn delete_cluster(

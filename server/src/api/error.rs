@@ -48,6 +48,7 @@ impl From<ApiError> for Status {
                 RegistryError::NotFound(_) => Status::not_found(message),
                 RegistryError::AlreadyExists(_) => Status::already_exists(message),
                 RegistryError::Corrupt { .. } => Status::internal(message),
+                RegistryError::GenerationMismatch { .. } => Status::aborted(message),
                 RegistryError::Store(store) => match store {
                     StoreError::Unavailable(_) => {
                         Status::unavailable(format!("{message}; retry later"))

@@ -26,6 +26,12 @@ pub enum RegistryError {
     AlreadyExists(String),
     #[error("record {key} is unreadable: {reason}")]
     Corrupt { key: String, reason: String },
+    #[error("cluster {name:?} is at generation {actual}, not {expected}; read it again and retry")]
+    GenerationMismatch {
+        name: String,
+        expected: i64,
+        actual: i64,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -142,6 +148,39 @@ impl Registry {
             Err(StoreError::Conflict { .. }) => Err(RegistryError::AlreadyExists(name.to_string())),
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// Replaces a cluster's labels (bumping its generation), if it is still
+    /// at `expected_generation` (0: any). A concurrent spec change makes it
+    /// fail with a conflict, to be retried.
+    pub async fn update_labels(
+        &self,
+        name: &str,
+        labels: std::collections::BTreeMap<String, String>,
+        expected_generation: i64,
+    ) -> Result<ClusterRecord> {
+        let key = self.keys.cluster_spec(name);
+        let read = self
+            .store
+            .get(&key)
+            .await?
+            .into_single()
+            .ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
+        let mut spec: SpecRecord = from_json(&read)?;
+        if expected_generation != 0 && spec.generation != expected_generation {
+            return Err(RegistryError::GenerationMismatch {
+                name: name.to_string(),
+                expected: expected_generation,
+                actual: spec.generation,
+            });
+        }
+        spec.spec.labels = labels;
+        spec.generation += 1;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(&key, CmpOp::Equal, read.mod_revision)])
+            .and_then([Op::put(&key, to_json(&spec))]);
+        self.store.cas(txn).await?;
+        self.get(name).await
     }
 
     /// Reads one cluster.

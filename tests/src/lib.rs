@@ -124,3 +124,37 @@ pub async fn wait_for_state(
     })
     .await;
 }
+
+/// Creates a cluster (version 1.29.0, one control node, `workers` workers)
+/// with its first start, waits for the start to succeed, and returns it.
+pub async fn create_running(
+    client: &mut drover_client::Client,
+    name: &str,
+    workers: u32,
+) -> drover_client::v1::Cluster {
+    use drover_client::v1;
+    let response = client
+        .clusters()
+        .create_cluster(v1::CreateClusterRequest {
+            name: name.into(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                worker_nodes: workers,
+                node_offering: "medium".into(),
+                ..Default::default()
+            }),
+            create_only: false,
+            request_id: String::new(),
+        })
+        .await
+        .expect("create")
+        .into_inner();
+    let start = response.operation.expect("a start");
+    let done = client
+        .wait_operation(&start, Duration::from_secs(30))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    client.get_cluster(name).await.expect("get the new cluster")
+}

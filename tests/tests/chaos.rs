@@ -12,7 +12,7 @@ use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::wait_until;
+use drover_tests::{create_running, wait_until};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -123,27 +123,7 @@ async fn faults_under_load_keep_every_invariant() {
     }
     let mut client = world.client().await;
     for c in 0..CLUSTERS {
-        let response = client
-            .clusters()
-            .create_cluster(v1::CreateClusterRequest {
-                name: format!("chaos-{c}"),
-                spec: Some(v1::ClusterSpec {
-                    version: "1.29.0".into(),
-                    control_nodes: 1,
-                    worker_nodes: 2,
-                    node_offering: "m".into(),
-                    ..Default::default()
-                }),
-                create_only: false,
-                request_id: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        client
-            .wait_operation(&response.operation.unwrap(), SETTLE)
-            .await
-            .unwrap();
+        create_running(&mut client, &format!("chaos-{c}"), 2).await;
     }
     world.sim.set_latency(Duration::from_millis(150)).await;
 
@@ -303,27 +283,7 @@ async fn losing_the_etcd_leader_under_load_keeps_every_invariant() {
     }
     let mut client = replicas[0].client().await;
     for c in 0..CLUSTERS {
-        let response = client
-            .clusters()
-            .create_cluster(v1::CreateClusterRequest {
-                name: format!("chaos-{c}"),
-                spec: Some(v1::ClusterSpec {
-                    version: "1.29.0".into(),
-                    control_nodes: 1,
-                    worker_nodes: 2,
-                    node_offering: "m".into(),
-                    ..Default::default()
-                }),
-                create_only: false,
-                request_id: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        client
-            .wait_operation(&response.operation.unwrap(), SETTLE)
-            .await
-            .unwrap();
+        create_running(&mut client, &format!("chaos-{c}"), 2).await;
     }
     sim.set_latency(Duration::from_millis(200)).await;
     // Provider trouble on top: one failing and one hanging upgrade step.

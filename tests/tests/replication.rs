@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{wait_for_state, wait_until};
+use drover_tests::{create_running, wait_for_state, wait_until};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -109,33 +109,6 @@ async fn owner(
         .await
         .ok()
         .map(|r| r.into_inner())
-}
-
-async fn create_running(client: &mut Client, name: &str, workers: u32) -> v1::Cluster {
-    let response = client
-        .clusters()
-        .create_cluster(v1::CreateClusterRequest {
-            name: name.into(),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                worker_nodes: workers,
-                node_offering: "medium".into(),
-                ..Default::default()
-            }),
-            create_only: false,
-            request_id: String::new(),
-        })
-        .await
-        .expect("create")
-        .into_inner();
-    let start = response.operation.expect("a start");
-    let done = client
-        .wait_operation(&start, Duration::from_secs(30))
-        .await
-        .expect("wait");
-    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-    client.get_cluster(name).await.unwrap()
 }
 
 async fn wait_running(client: &Client, id: &str, cluster: &str) {

@@ -140,3 +140,103 @@ async fn sigterm_stops_serving_and_exits_cleanly() {
     assert!(status.success(), "{status:?}");
     assert_eq!(health(&endpoint).await, None, "nothing answers after exit");
 }
+
+#[tokio::test]
+async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes() {
+    let replica = ReplicaProcess::dev().await;
+    let ctl = |args: &[&str]| {
+        Command::new(workspace_binary("droverctl"))
+            .args(["--endpoint", &replica.endpoint()])
+            .args(args)
+            .output()
+            .expect("run droverctl")
+    };
+    let mut watch = Command::new(workspace_binary("droverctl"))
+        .args([
+            "--endpoint",
+            &replica.endpoint(),
+            "-o",
+            "json",
+            "watch",
+            "cli",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run droverctl watch");
+    let created = ctl(&["cluster", "create", "cli", "--version", "1.29.0", "--wait"]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let updated = ctl(&[
+        "-o",
+        "json",
+        "cluster",
+        "update",
+        "cli",
+        "--label",
+        "env=prod",
+        "--expected-generation",
+        "1",
+    ]);
+    assert!(
+        updated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&updated.stderr)
+    );
+    let cluster: serde_json::Value = serde_json::from_slice(&updated.stdout).expect("JSON output");
+    assert_eq!(cluster["generation"], 2);
+    assert_eq!(cluster["spec"]["labels"]["env"], "prod");
+    // Exit codes a script can rely on.
+    assert_eq!(
+        ctl(&[
+            "cluster",
+            "update",
+            "cli",
+            "--label",
+            "a=b",
+            "--expected-generation",
+            "1"
+        ])
+        .status
+        .code(),
+        Some(7)
+    );
+    assert_eq!(ctl(&["cluster", "get", "missing"]).status.code(), Some(3));
+    assert_eq!(
+        ctl(&["cluster", "create", "Bad", "--version", "1.0.0"])
+            .status
+            .code(),
+        Some(5)
+    );
+    assert_eq!(ctl(&["cluster", "start", "cli"]).status.code(), Some(6));
+
+    // The watch saw the update: read its JSON lines until generation 2.
+    use std::io::BufRead;
+    let stdout = watch.stdout.take().expect("piped stdout");
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let event: serde_json::Value =
+                serde_json::from_str(&line.expect("a line")).expect("a JSON line");
+            let done = event["generation"] == 2;
+            seen.push(event);
+            if done {
+                break;
+            }
+        }
+        seen
+    });
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(20), lines)
+        .await
+        .expect("the watch reports the update")
+        .unwrap();
+    assert!(
+        seen.iter()
+            .all(|e| e["name"] == "cli" && e["event"] == "PUT"),
+        "{seen:?}"
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+}

@@ -45,6 +45,14 @@ enum Command {
     Op(OpCommand),
     /// List the live replicas.
     Members,
+    /// Stream cluster changes (one line each) until interrupted.
+    Watch {
+        /// Only this cluster.
+        name: Option<String>,
+        /// Start at this store revision (0: changes from now on).
+        #[arg(long, default_value_t = 0)]
+        from_revision: i64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -149,6 +157,16 @@ enum ClusterCommand {
         name: String,
         #[command(flatten)]
         lifecycle: Lifecycle,
+    },
+    /// Replace a cluster's labels (bumps its generation).
+    Update {
+        name: String,
+        /// A label, key=value; repeatable. The labels given replace all.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Apply only if the cluster is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expected_generation: i64,
     },
     /// Destroy a cluster.
     Delete {
@@ -389,6 +407,63 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 .await?
                 .into_inner();
             print_operations(cli.output, &[op]);
+        }
+        Command::Cluster(ClusterCommand::Update {
+            name,
+            labels,
+            expected_generation,
+        }) => {
+            let request = v1::UpdateClusterRequest {
+                name,
+                labels: labels.into_iter().collect(),
+                update_labels: true,
+                expected_generation,
+                ..Default::default()
+            };
+            let cluster = client
+                .clusters()
+                .update_cluster(request)
+                .await?
+                .into_inner();
+            print_clusters(cli.output, &[cluster]);
+        }
+        Command::Watch {
+            name,
+            from_revision,
+        } => {
+            let request = v1::WatchClustersRequest {
+                from_revision,
+                name: name.unwrap_or_default(),
+            };
+            let mut events = client
+                .clusters()
+                .watch_clusters(request)
+                .await?
+                .into_inner();
+            while let Some(event) = events.message().await? {
+                let cluster = event.cluster.unwrap_or_default();
+                let kind = if event.kind == v1::cluster_event::Kind::Delete as i32 {
+                    "DELETE"
+                } else {
+                    "PUT"
+                };
+                match cli.output {
+                    Output::Json => {
+                        let mut line = cluster_json(&cluster);
+                        line["event"] = json!(kind);
+                        line["event_revision"] = json!(event.revision);
+                        println!("{line}");
+                    }
+                    Output::Table => println!(
+                        "{:<8} {:<8} {:<24} {:<24} gen {}",
+                        event.revision,
+                        kind,
+                        cluster.name,
+                        state_name(&cluster),
+                        cluster.generation
+                    ),
+                }
+            }
         }
         Command::Members => {
             let channel = tonic::transport::Channel::from_shared(cli.endpoint.clone())

@@ -158,3 +158,40 @@ pub async fn create_running(
     assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
     client.get_cluster(name).await.expect("get the new cluster")
 }
+
+/// The owner of `cluster` as the Admin service reports it, if any.
+pub async fn owner(
+    admin: &mut drover_client::v1::admin_client::AdminClient<tonic::transport::Channel>,
+    cluster: &str,
+) -> Option<drover_client::v1::Owner> {
+    let request = drover_client::v1::GetOwnerRequest {
+        cluster: cluster.into(),
+    };
+    admin.get_owner(request).await.ok().map(|r| r.into_inner())
+}
+
+/// Polls until the operation is RUNNING (its first step has begun).
+pub async fn wait_running(
+    client: &drover_client::Client,
+    cluster: &str,
+    id: &str,
+    deadline: Duration,
+) {
+    use drover_client::v1;
+    wait_until(deadline, "the operation to start running", || {
+        let mut client = client.clone();
+        let request = v1::GetOperationRequest {
+            cluster: cluster.into(),
+            id: id.into(),
+        };
+        async move {
+            let op = client
+                .operations()
+                .get_operation(request)
+                .await
+                .expect("get operation");
+            op.into_inner().state == v1::OperationState::Running as i32
+        }
+    })
+    .await;
+}

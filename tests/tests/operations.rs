@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{wait_for_state, wait_until};
+use drover_tests::{create_running, wait_for_state, wait_running};
 use std::time::Duration;
 use tonic::Code;
 
@@ -42,29 +42,28 @@ impl Fixture {
 
     /// Creates a cluster and, unless `create_only`, waits for its start.
     async fn create(&mut self, name: &str, workers: u32, create_only: bool) -> v1::Cluster {
+        if !create_only {
+            return create_running(&mut self.client, name, workers).await;
+        }
+        let request = v1::CreateClusterRequest {
+            name: name.into(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                worker_nodes: workers,
+                node_offering: "medium".into(),
+                ..Default::default()
+            }),
+            create_only,
+            request_id: String::new(),
+        };
         let response = self
             .client
             .clusters()
-            .create_cluster(v1::CreateClusterRequest {
-                name: name.into(),
-                spec: Some(v1::ClusterSpec {
-                    version: "1.29.0".into(),
-                    control_nodes: 1,
-                    worker_nodes: workers,
-                    node_offering: "medium".into(),
-                    ..Default::default()
-                }),
-                create_only,
-                request_id: String::new(),
-            })
+            .create_cluster(request)
             .await
-            .expect("create")
-            .into_inner();
-        if let Some(start) = response.operation {
-            let done = self.finish(start).await;
-            assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-        }
-        self.cluster(name).await
+            .expect("create");
+        response.into_inner().cluster.expect("the created cluster")
     }
 
     async fn cluster(&mut self, name: &str) -> v1::Cluster {
@@ -524,23 +523,7 @@ async fn cancel_stops_at_the_next_step_boundary() {
         .into_inner();
     let (cluster_name, id) = (op.cluster.clone(), op.id.clone());
     let mut ops = f.client.clone();
-    wait_until(WAIT, "the upgrade to start its first step", || {
-        let mut ops = ops.clone();
-        let request = v1::GetOperationRequest {
-            cluster: cluster_name.clone(),
-            id: id.clone(),
-        };
-        async move {
-            let op = ops
-                .operations()
-                .get_operation(request)
-                .await
-                .unwrap()
-                .into_inner();
-            op.state == O::Running as i32
-        }
-    })
-    .await;
+    wait_running(&ops, &cluster_name, &id, WAIT).await;
     let cancel = v1::CancelOperationRequest {
         cluster: "slow".into(),
         id: op.id.clone(),

@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, wait_for_state, wait_until};
+use drover_tests::{create_running, owner, wait_for_state, wait_running, wait_until};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -98,44 +98,6 @@ impl Cluster3 {
     }
 }
 
-async fn owner(
-    admin: &mut AdminClient<tonic::transport::Channel>,
-    cluster: &str,
-) -> Option<v1::Owner> {
-    admin
-        .get_owner(v1::GetOwnerRequest {
-            cluster: cluster.into(),
-        })
-        .await
-        .ok()
-        .map(|r| r.into_inner())
-}
-
-async fn wait_running(client: &Client, id: &str, cluster: &str) {
-    wait_until(
-        Duration::from_secs(20),
-        "the operation to start running",
-        || {
-            let mut client = client.clone();
-            let request = v1::GetOperationRequest {
-                cluster: cluster.into(),
-                id: id.into(),
-            };
-            async move {
-                client
-                    .operations()
-                    .get_operation(request)
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .state
-                    == O::Running as i32
-            }
-        },
-    )
-    .await;
-}
-
 async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
     let request = v1::UpgradeClusterRequest {
         name: cluster.into(),
@@ -159,7 +121,7 @@ async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cl
     let before = owner(&mut admin, "victim").await.expect("an owner");
     c.sim.set_latency(Duration::from_millis(500)).await;
     let op = upgrade(&mut client, "victim").await;
-    wait_running(&client, &op.id, "victim").await;
+    wait_running(&client, "victim", &op.id, Duration::from_secs(20)).await;
 
     c.replica_mut(&before.replica).kill9();
     let killed = Instant::now();
@@ -199,7 +161,7 @@ async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let paused = owner(&mut admin, "zombie").await.expect("an owner");
     c.sim.set_latency(Duration::from_millis(300)).await;
     let op = upgrade(&mut client, "zombie").await;
-    wait_running(&client, &op.id, "zombie").await;
+    wait_running(&client, "zombie", &op.id, Duration::from_secs(20)).await;
 
     c.replica(&paused.replica).signal("STOP");
     let mut client = c.client_avoiding(&paused.replica).await;
@@ -394,7 +356,7 @@ async fn an_etcd_restart_mid_operation_loses_nothing() {
     create_running(&mut client, "steady", 3).await;
     c.sim.set_latency(Duration::from_millis(400)).await;
     let op = upgrade(&mut client, "steady").await;
-    wait_running(&client, &op.id, "steady").await;
+    wait_running(&client, "steady", &op.id, Duration::from_secs(20)).await;
     c.etcd.restart().await;
     let done = client.wait_operation(&op, Duration::from_secs(60)).await;
     // The wait itself may have been cut by the restart: ask again.

@@ -14,7 +14,7 @@ use drover_server::store::{CmpOp, Compare, EtcdStore, Op, RangeRequest, Store, T
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::wait_until;
+use drover_tests::{owner, wait_running, wait_until};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -198,19 +198,6 @@ async fn drover_ops(
     }
 }
 
-async fn owner(
-    admin: &mut AdminClient<tonic::transport::Channel>,
-    cluster: &str,
-) -> Option<v1::Owner> {
-    admin
-        .get_owner(v1::GetOwnerRequest {
-            cluster: cluster.into(),
-        })
-        .await
-        .ok()
-        .map(|r| r.into_inner())
-}
-
 /// Fields drop in order: replicas first, etcd last.
 struct Bench {
     replicas: Vec<(String, ReplicaProcess)>,
@@ -275,24 +262,7 @@ async fn failover(bench: &mut Bench, rounds: usize) -> Vec<Duration> {
             .into_inner();
         let mut admin = bench.admin().await;
         let id = op.id.clone();
-        wait_until(Duration::from_secs(30), "the stop to be running", || {
-            let mut client = client.clone();
-            let request = v1::GetOperationRequest {
-                cluster: name.clone(),
-                id: id.clone(),
-            };
-            async move {
-                client
-                    .operations()
-                    .get_operation(request)
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .state
-                    == O::Running as i32
-            }
-        })
-        .await;
+        wait_running(&client, &name, &id, Duration::from_secs(30)).await;
         let victim = owner(&mut admin, &name).await.expect("an owner").replica;
         let mut replica = bench.remove(&victim);
         let killed = Instant::now();

@@ -17,6 +17,7 @@ pub use drover_proto::v1;
 use tonic::transport::Channel;
 use v1::clusters_client::ClustersClient;
 use v1::operations_client::OperationsClient;
+use v1::tasks_client::TasksClient;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,7 @@ impl ClientError {
 pub struct Client {
     clusters: ClustersClient<Channel>,
     operations: OperationsClient<Channel>,
+    tasks: TasksClient<Channel>,
 }
 
 impl Client {
@@ -77,10 +79,7 @@ impl Client {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let channel = Channel::balance_list(endpoints.into_iter());
-        Ok(Self {
-            clusters: ClustersClient::new(channel.clone()),
-            operations: OperationsClient::new(channel),
-        })
+        Ok(Self::over(channel))
     }
 
     /// Runs `call` until it succeeds or fails with something that is not
@@ -133,10 +132,15 @@ impl Client {
                 endpoint: endpoint.to_string(),
                 source,
             })?;
-        Ok(Self {
+        Ok(Self::over(channel))
+    }
+
+    fn over(channel: Channel) -> Self {
+        Self {
             clusters: ClustersClient::new(channel.clone()),
-            operations: OperationsClient::new(channel),
-        })
+            operations: OperationsClient::new(channel.clone()),
+            tasks: TasksClient::new(channel),
+        }
     }
 
     /// The generated Clusters client, for every lifecycle RPC.
@@ -147,6 +151,27 @@ impl Client {
     /// The generated Operations client.
     pub fn operations(&mut self) -> &mut OperationsClient<Channel> {
         &mut self.operations
+    }
+
+    /// The generated Tasks client: scheduled repair and backup tasks.
+    ///
+    /// ```no_run
+    /// # async fn example(mut drover: drover_client::Client) -> Result<(), drover_client::ClientError> {
+    /// use drover_client::v1;
+    /// let task = v1::TaskSpec {
+    ///     r#type: v1::TaskType::Repair as i32,
+    ///     name: "nightly".into(),
+    ///     schedule: Some(v1::TaskSchedule { cron: "0 3 * * *".into(), ..Default::default() }),
+    ///     properties: None,
+    /// };
+    /// let request = v1::PutTaskRequest { cluster: "web".into(), task: Some(task) };
+    /// let put = drover.tasks().put_task(request).await?.into_inner();
+    /// println!("{:?}", put.status);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tasks(&mut self) -> &mut TasksClient<Channel> {
+        &mut self.tasks
     }
 
     /// Waits until the operation is terminal or `timeout` passes and returns

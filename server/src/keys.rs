@@ -42,6 +42,37 @@ impl KeyLayout {
         format!("{}status", self.cluster(name))
     }
 
+    /// `<prefix>clusters/<name>/tasks/`: the task records of a cluster.
+    pub fn tasks(&self, name: &str) -> String {
+        format!("{}tasks/", self.cluster(name))
+    }
+
+    /// One task record; identity is (type, name).
+    pub fn task(&self, name: &str, task_type: &str, task: &str) -> String {
+        format!("{}{task_type}/{task}", self.tasks(name))
+    }
+
+    /// The newest spec generation whose tasks were reconciled.
+    pub fn task_set(&self, name: &str) -> String {
+        format!("{}taskset", self.cluster(name))
+    }
+
+    /// `<prefix>runs/<cluster>/`: the task runs of a cluster.
+    pub fn cluster_runs(&self, cluster: &str) -> String {
+        format!("{}runs/{cluster}/", self.prefix)
+    }
+
+    /// `<prefix>runs/<cluster>/<task-id>/`: the runs of one task, by slot.
+    pub fn task_runs(&self, cluster: &str, task_id: &str) -> String {
+        format!("{}{task_id}/", self.cluster_runs(cluster))
+    }
+
+    /// One run, keyed by its slot in milliseconds (zero-padded, so key
+    /// order is time order).
+    pub fn task_run(&self, cluster: &str, task_id: &str, slot_ms: i64) -> String {
+        format!("{}{slot_ms:013}", self.task_runs(cluster, task_id))
+    }
+
     /// `<prefix>operations/`: every operation of every cluster.
     pub fn all_operations(&self) -> String {
         format!("{}operations/", self.prefix)

@@ -12,6 +12,7 @@
 //! - [`server`]: assembles services, health and reflection, and serves.
 //! - [`metrics`]: the metrics registry; [`admin_http`]: /metrics, /healthz, /readyz.
 //! - [`compactor`]: keeps etcd's history bounded.
+//! - [`task`]: scheduled maintenance tasks: validation, reconcile, scheduler.
 //! - [`telemetry`]: structured logs.
 
 pub mod admin_http;
@@ -28,4 +29,5 @@ pub mod replication;
 pub mod scanner;
 pub mod server;
 pub mod store;
+pub mod task;
 pub mod telemetry;

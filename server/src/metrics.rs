@@ -27,6 +27,12 @@ pub struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskRunLabels {
+    pub task_type: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub request: String,
 }
@@ -48,6 +54,7 @@ pub struct Metrics {
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
     pub newer_schema_skipped: Counter,
+    pub task_runs: Family<TaskRunLabels, Counter>,
 }
 
 impl Metrics {
@@ -104,7 +111,7 @@ impl Metrics {
         let orphan_recoveries = Counter::default();
         registry.register(
             "orphan_recoveries",
-            "Operations failed because their owner was lost",
+            "Operations failed and task runs aborted because their owner was lost",
             orphan_recoveries.clone(),
         );
         let newer_schema_skipped = Counter::default();
@@ -112,6 +119,12 @@ impl Metrics {
             "newer_schema_records",
             "Times a cluster was left alone because its records have a newer schema",
             newer_schema_skipped.clone(),
+        );
+        let task_runs = Family::<TaskRunLabels, Counter>::default();
+        registry.register(
+            "task_runs",
+            "Finished task runs by task type and status",
+            task_runs.clone(),
         );
         Arc::new(Self {
             registry,
@@ -124,6 +137,7 @@ impl Metrics {
             clusters,
             orphan_recoveries,
             newer_schema_skipped,
+            task_runs,
         })
     }
 

@@ -14,6 +14,7 @@ use crate::replication::{Replication, ReplicationConfig};
 use crate::scanner::Scanner;
 use crate::store::MeteredStore;
 use crate::store::SharedStore;
+use crate::task::{TaskScheduler, TaskStore};
 use drover_proto::v1::{
     admin_server::AdminServer, clusters_server::ClustersServer,
     operations_server::OperationsServer, tasks_server::TasksServer,
@@ -155,6 +156,14 @@ pub async fn serve(
                 config.operation_timeouts.clone(),
             );
             tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
+            let tasks = TaskScheduler::new(
+                TaskStore::new(store.clone(), keys.clone()),
+                provider.clone(),
+                Arc::clone(&replication),
+                Arc::clone(&cache),
+                Arc::clone(&metrics),
+            );
+            tokio::spawn(tasks.run(work_stopped.clone()));
             let scanner = Scanner::new(
                 operations.clone(),
                 provider,
@@ -219,8 +228,10 @@ pub async fn serve(
             cache,
             executes,
         )))
-        .add_service(OperationsServer::new(OperationsService::new(operations)))
-        .add_service(TasksServer::new(TasksService))
+        .add_service(OperationsServer::new(OperationsService::new(
+            operations.clone(),
+        )))
+        .add_service(TasksServer::new(TasksService::new(operations)))
         .add_service(AdminServer::new(admin))
         .serve_with_incoming_shutdown(incoming(listener), drain);
     tokio::select! {

@@ -43,9 +43,23 @@ impl SimProcess {
     }
 
     pub async fn set_latency(&self, latency: Duration) {
-        let config = pb::SimulatorConfig {
-            step_latency_ms: latency.as_millis() as u64,
-        };
+        self.configure(pb::SimulatorConfig {
+            step_latency_ms: Some(latency.as_millis() as u64),
+            task_latency_ms: None,
+        })
+        .await;
+    }
+
+    /// How long each task run takes.
+    pub async fn set_task_latency(&self, latency: Duration) {
+        self.configure(pb::SimulatorConfig {
+            step_latency_ms: None,
+            task_latency_ms: Some(latency.as_millis() as u64),
+        })
+        .await;
+    }
+
+    async fn configure(&self, config: pb::SimulatorConfig) {
         self.control()
             .await
             .configure(config)

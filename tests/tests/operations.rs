@@ -788,18 +788,29 @@ async fn update_bumps_the_generation_and_watch_streams_every_change() {
         Code::Aborted,
         "generation 1 is gone: {stale:?}"
     );
+    let bad_cron = v1::TaskSpec {
+        r#type: v1::TaskType::Repair as i32,
+        name: "nightly".into(),
+        schedule: Some(v1::TaskSchedule {
+            cron: "every night".into(),
+            ..Default::default()
+        }),
+        properties: None,
+    };
     let tasks = v1::UpdateClusterRequest {
         name: "seen".into(),
         update_tasks: true,
+        tasks: vec![bad_cron],
         ..Default::default()
     };
     let refused = f.client.clusters().update_cluster(tasks).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
     assert!(
-        refused.message().starts_with("tasks: "),
+        refused.message().starts_with("tasks[0].schedule.cron: "),
         "{}",
         refused.message()
     );
+    assert_eq!(f.cluster("seen").await.generation, 2, "nothing written");
 
     let op = f
         .client

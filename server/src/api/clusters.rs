@@ -1,6 +1,8 @@
 //! The drover.v1.Clusters service.
 
-use super::convert::{cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto};
+use super::convert::{
+    cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto, tasks_from_proto,
+};
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry};
@@ -207,25 +209,37 @@ impl ClustersService {
 impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
-        if request.update_tasks {
+        if !request.update_labels && !request.update_tasks {
             return Err(FieldError::new(
-                "tasks",
-                "scheduled tasks are not supported by this version of Drover",
+                "update_labels",
+                "nothing to update: set update_labels and/or update_tasks",
             )
             .into());
         }
-        if !request.update_labels {
-            return Err(
-                FieldError::new("update_labels", "nothing to update: set update_labels").into(),
-            );
+        let labels = request
+            .update_labels
+            .then(|| request.labels.into_iter().collect());
+        if let Some(labels) = &labels {
+            validate::labels("labels", labels)?;
         }
-        let labels = request.labels.into_iter().collect();
-        validate::labels("labels", &labels)?;
+        let tasks = if request.update_tasks {
+            Some(tasks_from_proto("tasks", request.tasks)?)
+        } else {
+            None
+        };
         let current = self.registry.get(&request.name).await?;
         self.operations.check_schema(&current)?;
         let cluster = self
             .registry
-            .update_labels(&request.name, labels, request.expected_generation)
+            .update_spec(&request.name, request.expected_generation, |spec| {
+                if let Some(labels) = labels {
+                    spec.labels = labels;
+                }
+                if let Some(tasks) = tasks {
+                    spec.tasks = tasks;
+                }
+                Ok::<_, ApiError>(())
+            })
             .await?;
         Ok(cluster_to_proto(cluster))
     }

@@ -2,6 +2,10 @@
 
 use crate::cluster::{self, validate, ClusterRecord, ClusterState};
 use crate::operation::{OperationKind, OperationRecord, OperationState};
+use crate::task::{
+    self,
+    record::{RunStatus, TaskRecord, TaskRun},
+};
 use drover_proto::v1;
 use std::time::SystemTime;
 
@@ -46,12 +50,7 @@ pub fn spec_from_proto(
     spec: Option<v1::ClusterSpec>,
 ) -> Result<cluster::Spec, validate::FieldError> {
     let spec = spec.ok_or_else(|| validate::FieldError::new(field, "is required"))?;
-    if !spec.tasks.is_empty() {
-        return Err(validate::FieldError::new(
-            format!("{field}.tasks"),
-            "scheduled tasks are not supported by this version of Drover",
-        ));
-    }
+    let tasks = tasks_from_proto(&format!("{field}.tasks"), spec.tasks)?;
     let autoscaling = spec.autoscaling.unwrap_or_default();
     let spec = cluster::Spec {
         version: spec.version,
@@ -64,6 +63,7 @@ pub fn spec_from_proto(
             max: autoscaling.max,
         },
         labels: spec.labels.into_iter().collect(),
+        tasks,
     };
     validate::spec(field, &spec)?;
     Ok(spec)
@@ -74,6 +74,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
         spec,
         state,
         state_revision,
+        spec_revision: _,
         status,
     } = record;
     let status = status.unwrap_or_default();
@@ -92,7 +93,12 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                 max: spec.spec.autoscaling.max,
             }),
             labels: spec.spec.labels.into_iter().collect(),
-            tasks: Vec::new(),
+            tasks: spec
+                .spec
+                .tasks
+                .into_iter()
+                .map(task_spec_to_proto)
+                .collect(),
         }),
         status: Some(v1::ClusterStatus {
             state: Some(state_to_proto(state.state) as i32),
@@ -189,6 +195,182 @@ pub fn operation_to_proto(op: OperationRecord) -> v1::Operation {
         started_at: op.started_at.as_deref().and_then(timestamp),
         finished_at: op.finished_at.as_deref().and_then(timestamp),
         cancel_requested: op.cancel_requested,
+    }
+}
+
+/// A task list from the API, checked as a whole under `field`.
+pub fn tasks_from_proto(
+    field: &str,
+    tasks: Vec<v1::TaskSpec>,
+) -> Result<Vec<task::TaskSpec>, validate::FieldError> {
+    let tasks = tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| task_spec_from_proto(&format!("{field}[{i}]"), t))
+        .collect::<Result<Vec<_>, _>>()?;
+    task::validate::tasks(field, &tasks)?;
+    Ok(tasks)
+}
+
+/// A task type from the API; UNSPECIFIED is refused.
+pub fn task_type_from_proto(
+    field: &str,
+    value: i32,
+) -> Result<task::TaskType, validate::FieldError> {
+    match v1::TaskType::try_from(value) {
+        Ok(v1::TaskType::Repair) => Ok(task::TaskType::Repair),
+        Ok(v1::TaskType::Backup) => Ok(task::TaskType::Backup),
+        _ => Err(validate::FieldError::new(
+            field,
+            "is required: TASK_TYPE_REPAIR or TASK_TYPE_BACKUP",
+        )),
+    }
+}
+
+fn task_type_to_proto(task_type: task::TaskType) -> v1::TaskType {
+    match task_type {
+        task::TaskType::Repair => v1::TaskType::Repair,
+        task::TaskType::Backup => v1::TaskType::Backup,
+    }
+}
+
+/// One task from the API, checked under `field`.
+pub fn task_spec_from_proto(
+    field: &str,
+    spec: v1::TaskSpec,
+) -> Result<task::TaskSpec, validate::FieldError> {
+    let task_type = task_type_from_proto(&format!("{field}.type"), spec.r#type)?;
+    let schedule = spec.schedule.unwrap_or_default();
+    let (repair, backup) = match spec.properties {
+        Some(v1::task_spec::Properties::Repair(r)) => (
+            Some(task::RepairProperties {
+                dc: r.dc,
+                keyspace: r.keyspace,
+                fail_fast: r.fail_fast,
+                intensity: r.intensity,
+                parallel: r.parallel,
+                small_table_threshold: r.small_table_threshold,
+                host: r.host,
+            }),
+            None,
+        ),
+        Some(v1::task_spec::Properties::Backup(b)) => (
+            None,
+            Some(task::BackupProperties {
+                dc: b.dc,
+                keyspace: b.keyspace,
+                location: b.location,
+                rate_limit: b.rate_limit,
+                retention: b.retention,
+                snapshot_parallel: b.snapshot_parallel,
+                upload_parallel: b.upload_parallel,
+            }),
+        ),
+        None => (None, None),
+    };
+    let spec = task::TaskSpec {
+        task_type,
+        name: spec.name,
+        schedule: task::TaskSchedule {
+            start_date: schedule.start_date,
+            cron: schedule.cron,
+            timezone: schedule.timezone,
+            interval: schedule.interval,
+            num_retries: schedule.num_retries,
+            retry_wait: schedule.retry_wait,
+        },
+        repair,
+        backup,
+    };
+    task::validate::task(field, &spec)?;
+    Ok(spec)
+}
+
+fn schedule_to_proto(schedule: task::TaskSchedule) -> v1::TaskSchedule {
+    v1::TaskSchedule {
+        start_date: schedule.start_date,
+        cron: schedule.cron,
+        timezone: schedule.timezone,
+        interval: schedule.interval,
+        num_retries: schedule.num_retries,
+        retry_wait: schedule.retry_wait,
+    }
+}
+
+pub fn task_spec_to_proto(spec: task::TaskSpec) -> v1::TaskSpec {
+    let properties = match (spec.repair, spec.backup) {
+        (Some(r), _) => Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
+            dc: r.dc,
+            keyspace: r.keyspace,
+            fail_fast: r.fail_fast,
+            intensity: r.intensity,
+            parallel: r.parallel,
+            small_table_threshold: r.small_table_threshold,
+            host: r.host,
+        })),
+        (None, Some(b)) => Some(v1::task_spec::Properties::Backup(v1::BackupProperties {
+            dc: b.dc,
+            keyspace: b.keyspace,
+            location: b.location,
+            rate_limit: b.rate_limit,
+            retention: b.retention,
+            snapshot_parallel: b.snapshot_parallel,
+            upload_parallel: b.upload_parallel,
+        })),
+        (None, None) => None,
+    };
+    v1::TaskSpec {
+        r#type: task_type_to_proto(spec.task_type) as i32,
+        name: spec.name,
+        schedule: Some(schedule_to_proto(spec.schedule)),
+        properties,
+    }
+}
+
+pub fn task_run_to_proto(run: TaskRun) -> v1::TaskRun {
+    use v1::TaskRunStatus as P;
+    v1::TaskRun {
+        id: run.id,
+        status: match run.status {
+            RunStatus::New => P::New,
+            RunStatus::Running => P::Running,
+            RunStatus::Done => P::Done,
+            RunStatus::Error => P::Error,
+            RunStatus::Stopped => P::Stopped,
+            RunStatus::Aborted => P::Aborted,
+        } as i32,
+        slot: timestamp(&run.slot),
+        started_at: run.started_at.as_deref().and_then(timestamp),
+        finished_at: run.finished_at.as_deref().and_then(timestamp),
+        error: run.error,
+        attempt: run.attempt,
+    }
+}
+
+/// A task's status from its record: only what exists. A task that could
+/// not be scheduled shows its name and error and nothing else.
+pub fn task_status_to_proto(record: TaskRecord) -> v1::TaskStatus {
+    if let Some(error) = record.schedule_error {
+        return v1::TaskStatus {
+            name: Some(record.name),
+            error: Some(error),
+            ..Default::default()
+        };
+    }
+    let evaluated = task::TaskSchedule {
+        start_date: record.start.clone().unwrap_or_default(),
+        num_retries: Some(record.spec.effective_retries()),
+        ..record.spec.schedule.clone()
+    };
+    v1::TaskStatus {
+        name: Some(record.name),
+        schedule: record.id.is_some().then(|| schedule_to_proto(evaluated)),
+        success_count: record.id.is_some().then_some(record.success_count),
+        error_count: record.id.is_some().then_some(record.error_count),
+        id: record.id,
+        last_run: record.last_run.map(task_run_to_proto),
+        next_activation: record.next_activation.as_deref().and_then(timestamp),
+        error: record.waiting,
     }
 }
 

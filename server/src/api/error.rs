@@ -4,6 +4,7 @@ use crate::cluster::validate::FieldError;
 use crate::cluster::RegistryError;
 use crate::operation::LifecycleError;
 use crate::store::StoreError;
+use crate::task::TaskError;
 use tonic::Status;
 
 /// Everything an RPC can fail with.
@@ -15,8 +16,8 @@ pub enum ApiError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
-    #[error("{0} is not implemented by this version of Drover")]
-    Unimplemented(&'static str),
+    #[error(transparent)]
+    Task(#[from] TaskError),
 }
 
 impl From<StoreError> for ApiError {
@@ -30,7 +31,13 @@ impl From<ApiError> for Status {
         let message = error.to_string();
         match error {
             ApiError::InvalidArgument(_) => Status::invalid_argument(message),
-            ApiError::Unimplemented(_) => Status::unimplemented(message),
+            ApiError::Task(error) => match error {
+                TaskError::NotFound { .. } => Status::not_found(message),
+                TaskError::ClusterGone { .. } => Status::failed_precondition(message),
+                TaskError::Provider(_) => Status::unavailable(message),
+                TaskError::Invalid(field) => ApiError::InvalidArgument(field).into(),
+                TaskError::Registry(error) => ApiError::Registry(error).into(),
+            },
             ApiError::Lifecycle(error) => match error {
                 LifecycleError::NotFound { .. } | LifecycleError::NoOwner(_) => {
                     Status::not_found(message)
@@ -66,8 +73,3 @@ impl From<ApiError> for Status {
 
 /// The result type of RPC handlers before conversion.
 pub type ApiResult<T> = Result<T, ApiError>;
-
-/// The answer of an RPC this version declares but does not serve.
-pub fn unimplemented<T>(rpc: &'static str) -> Result<tonic::Response<T>, Status> {
-    Err(ApiError::Unimplemented(rpc).into())
-}

@@ -6,10 +6,10 @@ mod clusters;
 mod convert;
 mod error;
 mod operations;
-mod pending;
+mod tasks;
 
 pub use admin::AdminService;
 pub use clusters::ClustersService;
 pub use error::ApiError;
 pub use operations::OperationsService;
-pub use pending::TasksService;
+pub use tasks::TasksService;

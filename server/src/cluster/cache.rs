@@ -19,7 +19,7 @@ use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::store::{EventKind, KeyValue, RangeRequest, SharedStore};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -33,7 +33,39 @@ struct Snapshot {
     ready: bool,
     /// Keyed by `<name>/`, so iteration follows etcd's key order.
     clusters: BTreeMap<String, BTreeMap<String, KeyValue>>,
+    /// Clusters (`<name>/`) that declare tasks or still have task records,
+    /// kept up to date on every change so the task scheduler need not scan.
+    with_tasks: BTreeSet<String>,
 }
+
+impl Snapshot {
+    /// Re-derives whether cluster `name` (`<name>/`) has tasks.
+    fn update_tasks_flag(&mut self, name: &str) {
+        let has_tasks = self.clusters.get(name).is_some_and(|leaves| {
+            leaves
+                .keys()
+                .any(|leaf| leaf.starts_with("tasks/") || leaf == "taskset")
+                || leaves
+                    .get("spec")
+                    .is_some_and(|kv| declares_tasks(&kv.value))
+        });
+        if has_tasks {
+            self.with_tasks.insert(name.to_string());
+        } else {
+            self.with_tasks.remove(name);
+        }
+    }
+}
+
+/// Whether a stored spec record lists tasks. The spec omits an empty task
+/// list, and no other field of it is named `tasks`.
+fn declares_tasks(spec_json: &[u8]) -> bool {
+    spec_json
+        .windows(TASKS_FIELD.len())
+        .any(|window| window == TASKS_FIELD)
+}
+
+const TASKS_FIELD: &[u8] = b"\"tasks\":[{";
 
 pub struct ClusterCache {
     store: SharedStore,
@@ -77,6 +109,7 @@ impl ClusterCache {
             {
                 let mut snapshot = self.write();
                 snapshot.clusters.clear();
+                snapshot.with_tasks.clear();
                 for kv in listed.kvs {
                     self.insert(&mut snapshot, kv);
                 }
@@ -112,7 +145,12 @@ impl ClusterCache {
     fn insert(&self, snapshot: &mut Snapshot, kv: KeyValue) {
         if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
             let (name, leaf) = (format!("{name}/"), leaf.to_string());
-            snapshot.clusters.entry(name).or_default().insert(leaf, kv);
+            snapshot
+                .clusters
+                .entry(name.clone())
+                .or_default()
+                .insert(leaf, kv);
+            snapshot.update_tasks_flag(&name);
         }
     }
 
@@ -133,9 +171,26 @@ impl ClusterCache {
                             self.metrics.clusters.set(snapshot.clusters.len() as i64);
                         }
                     }
+                    snapshot.update_tasks_flag(&name);
                 }
             }
         }
+    }
+
+    /// The clusters that declare tasks or have task records, each with the
+    /// newest mod revision among its keys (so a caller can tell whether it
+    /// changed since it last looked).
+    pub fn task_clusters(&self) -> Vec<(String, i64)> {
+        let snapshot = self.read();
+        snapshot
+            .with_tasks
+            .iter()
+            .filter_map(|name| {
+                let leaves = snapshot.clusters.get(name)?;
+                let revision = leaves.values().map(|kv| kv.mod_revision).max()?;
+                Some((name.trim_end_matches('/').to_string(), revision))
+            })
+            .collect()
     }
 
     /// One cluster from the cache; `None` when the cache is not ready.

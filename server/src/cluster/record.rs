@@ -29,6 +29,9 @@ pub struct Spec {
     pub autoscaling: Autoscaling,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Scheduled maintenance tasks; reconciled by the owner.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<crate::task::TaskSpec>,
 }
 
 /// `clusters/<name>/spec`.
@@ -111,6 +114,8 @@ pub struct NodeStatus {
 #[derive(Debug, Clone)]
 pub struct ClusterRecord {
     pub spec: SpecRecord,
+    /// Mod revision of the spec key: the operand of spec edits.
+    pub spec_revision: i64,
     pub state: StateRecord,
     /// Mod revision of the state key: the CAS operand.
     pub state_revision: i64,

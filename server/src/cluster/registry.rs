@@ -131,8 +131,12 @@ impl Registry {
         let txn = Txn::new()
             .when([guard])
             .and_then([
-                // A destroyed predecessor's observations are not this cluster's.
+                // A destroyed predecessor's observations and tasks are not
+                // this cluster's.
                 Op::delete(self.keys.cluster_status(name)),
+                Op::delete_prefix(self.keys.tasks(name)),
+                Op::delete(self.keys.task_set(name)),
+                Op::delete_prefix(self.keys.cluster_runs(name)),
                 Op::put(self.keys.cluster_spec(name), to_json(&spec)),
                 Op::put(self.keys.cluster_state(name), to_json(&state)),
             ])
@@ -140,6 +144,7 @@ impl Registry {
         match self.store.cas(txn).await {
             Ok(result) => Ok(ClusterRecord {
                 spec,
+                spec_revision: result.revision,
                 state,
                 state_revision: result.revision,
                 status: None,
@@ -150,20 +155,25 @@ impl Registry {
         }
     }
 
-    /// Replaces a cluster's labels (bumping its generation), if it is still
-    /// at `expected_generation` (0: any). A concurrent spec change makes it
-    /// fail with a conflict, to be retried.
-    pub async fn update_labels(
+    /// Edits a cluster's spec (bumping its generation) if it is still at
+    /// `expected_generation` (0: any). The write compares the spec key's
+    /// revision: a concurrent spec change makes it fail with a conflict, to
+    /// be retried. `edit` may refuse the change.
+    pub async fn update_spec<E>(
         &self,
         name: &str,
-        labels: std::collections::BTreeMap<String, String>,
         expected_generation: i64,
-    ) -> Result<ClusterRecord> {
+        edit: impl FnOnce(&mut Spec) -> std::result::Result<(), E>,
+    ) -> std::result::Result<ClusterRecord, E>
+    where
+        E: From<RegistryError>,
+    {
         let key = self.keys.cluster_spec(name);
         let read = self
             .store
             .get(&key)
-            .await?
+            .await
+            .map_err(RegistryError::from)?
             .into_single()
             .ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
         let mut spec: SpecRecord = from_json(&read)?;
@@ -172,15 +182,16 @@ impl Registry {
                 name: name.to_string(),
                 expected: expected_generation,
                 actual: spec.generation,
-            });
+            }
+            .into());
         }
-        spec.spec.labels = labels;
+        edit(&mut spec.spec)?;
         spec.generation += 1;
         let txn = Txn::new()
             .when([Compare::mod_revision(&key, CmpOp::Equal, read.mod_revision)])
             .and_then([Op::put(&key, to_json(&spec))]);
-        self.store.cas(txn).await?;
-        self.get(name).await
+        self.store.cas(txn).await.map_err(RegistryError::from)?;
+        Ok(self.get(name).await?)
     }
 
     /// Reads one cluster.
@@ -272,15 +283,16 @@ impl Registry {
         let (mut spec, mut state, mut status) = (None, None, None);
         for kv in kvs {
             match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {
-                Some("spec") => spec = Some(from_json::<SpecRecord>(&kv)?),
+                Some("spec") => spec = Some((from_json::<SpecRecord>(&kv)?, kv.mod_revision)),
                 Some("state") => state = Some((from_json::<StateRecord>(&kv)?, kv.mod_revision)),
                 Some("status") => status = Some(from_json::<StatusRecord>(&kv)?),
                 _ => {}
             }
         }
         Ok(match (spec, state) {
-            (Some(spec), Some((state, state_revision))) => Some(ClusterRecord {
+            (Some((spec, spec_revision)), Some((state, state_revision))) => Some(ClusterRecord {
                 spec,
+                spec_revision,
                 state,
                 state_revision,
                 status,

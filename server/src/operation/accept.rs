@@ -192,6 +192,12 @@ impl Operations {
             writes.push(Op::put(&state_key, to_json(&state)));
         }
         if let Some(spec) = admitted.spec {
+            // A concurrent label or task edit must not be overwritten.
+            compares.push(Compare::mod_revision(
+                self.keys.cluster_spec(cluster),
+                CmpOp::Equal,
+                current.spec_revision,
+            ));
             let spec_record = SpecRecord {
                 generation: current.spec.generation + 1,
                 spec,

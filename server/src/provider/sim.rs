@@ -21,11 +21,19 @@ struct SimCluster {
     next_worker: u32,
 }
 
+/// One task run: its outcome once it ended, and the switch StopTask flips.
+struct SimRun {
+    outcome: Option<pb::RunTaskResponse>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
 #[derive(Default)]
 struct State {
     clusters: HashMap<String, SimCluster>,
     newest_epoch: HashMap<String, i64>,
+    runs: HashMap<String, SimRun>,
     step_latency: Duration,
+    task_latency: Duration,
     faults: Vec<pb::Fault>,
     audit: Vec<pb::AuditEntry>,
 }
@@ -72,35 +80,10 @@ impl SimProvider {
         fired
     }
 
-    /// Runs a mutating call: latency, faults, fencing, then `apply` and the
-    /// audit entry, atomically with the fencing check.
-    async fn mutate<F>(
-        &self,
-        method: &str,
-        token: Option<pb::FencingToken>,
-        apply: F,
-    ) -> Result<pb::NodesResponse, Status>
-    where
-        F: FnOnce(&mut SimCluster) -> Result<String, Status>,
-    {
-        let token = token.ok_or_else(|| Status::invalid_argument("token: is required"))?;
-        if token.cluster_uid.is_empty() {
-            return Err(Status::invalid_argument("token.cluster_uid: is required"));
-        }
-        let latency = self.lock().step_latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        match self.take_fault(method) {
-            Some(FaultAction::Hang) => std::future::pending::<()>().await,
-            Some(FaultAction::Fail(message)) => {
-                return Err(Status::internal(format!(
-                    "injected fault in {method}: {message}"
-                )))
-            }
-            None => {}
-        }
-        let mut state = self.lock();
+    /// Checks `token` against the newest epoch seen for its cluster and
+    /// records it as the newest; the caller holds the state lock, so the
+    /// check and what follows are atomic.
+    fn fence(state: &mut State, token: &pb::FencingToken) -> Result<(), Status> {
         let newest = state
             .newest_epoch
             .get(&token.cluster_uid)
@@ -115,9 +98,10 @@ impl SimProvider {
         state
             .newest_epoch
             .insert(token.cluster_uid.clone(), token.epoch);
-        let cluster = state.clusters.entry(token.cluster_uid.clone()).or_default();
-        let detail = apply(cluster)?;
-        let nodes = cluster.nodes.clone();
+        Ok(())
+    }
+
+    fn audit(state: &mut State, method: &str, token: pb::FencingToken, detail: String) {
         let sequence = state.audit.len() as u64 + 1;
         state.audit.push(pb::AuditEntry {
             sequence,
@@ -125,6 +109,39 @@ impl SimProvider {
             token: Some(token),
             detail,
         });
+    }
+
+    /// Runs a mutating call: latency, faults, fencing, then `apply` and the
+    /// audit entry, atomically with the fencing check.
+    async fn mutate<F>(
+        &self,
+        method: &str,
+        token: Option<pb::FencingToken>,
+        apply: F,
+    ) -> Result<pb::NodesResponse, Status>
+    where
+        F: FnOnce(&mut SimCluster) -> Result<String, Status>,
+    {
+        let token = checked_token(token)?;
+        let latency = self.lock().step_latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        match self.take_fault(method) {
+            Some(FaultAction::Hang) => std::future::pending::<()>().await,
+            Some(FaultAction::Fail(message)) => {
+                return Err(Status::internal(format!(
+                    "injected fault in {method}: {message}"
+                )))
+            }
+            None => {}
+        }
+        let mut state = self.lock();
+        Self::fence(&mut state, &token)?;
+        let cluster = state.clusters.entry(token.cluster_uid.clone()).or_default();
+        let detail = apply(cluster)?;
+        let nodes = cluster.nodes.clone();
+        Self::audit(&mut state, method, token, detail);
         Ok(pb::NodesResponse { nodes })
     }
 }
@@ -288,18 +305,8 @@ impl Provider for SimProvider {
     ) -> Reply<pb::NodesResponse> {
         let request = request.into_inner();
         let mut state = self.lock();
-        if let Some(token) = request.token {
-            let newest = state
-                .newest_epoch
-                .entry(token.cluster_uid.clone())
-                .or_insert(i64::MIN);
-            if token.epoch < *newest {
-                return Err(Status::failed_precondition(format!(
-                    "stale fencing token: epoch {} is older than {} for cluster {}",
-                    token.epoch, *newest, token.cluster_uid
-                )));
-            }
-            *newest = token.epoch;
+        if let Some(token) = &request.token {
+            Self::fence(&mut state, token)?;
         }
         let nodes = state
             .clusters
@@ -309,23 +316,109 @@ impl Provider for SimProvider {
         Ok(Response::new(pb::NodesResponse { nodes }))
     }
 
-    async fn run_task(&self, _: Request<pb::RunTaskRequest>) -> Reply<pb::RunTaskResponse> {
-        Err(Status::unimplemented(
-            "RunTask is not simulated by this version",
-        ))
+    async fn run_task(&self, request: Request<pb::RunTaskRequest>) -> Reply<pb::RunTaskResponse> {
+        let r = request.into_inner();
+        let token = checked_token(r.token)?;
+        if r.run_id.is_empty() {
+            return Err(Status::invalid_argument("run_id: is required"));
+        }
+        // Admission, fencing and the audit entry are one step; a repeated
+        // call is audited too, so tests can tell that a run was asked twice.
+        let (mut stopped, ended, latency) = {
+            let mut state = self.lock();
+            Self::fence(&mut state, &token)?;
+            let repeat = state.runs.contains_key(&r.run_id);
+            let run = state
+                .runs
+                .entry(r.run_id.clone())
+                .or_insert_with(|| SimRun {
+                    outcome: None,
+                    stop: tokio::sync::watch::channel(false).0,
+                });
+            let watch = (run.stop.subscribe(), run.outcome.clone());
+            let detail = format!(
+                "{} {} {}/{}",
+                if repeat { "repeat" } else { "run" },
+                r.run_id,
+                r.task_type,
+                r.task_name
+            );
+            Self::audit(&mut state, "RunTask", token, detail);
+            (watch.0, watch.1, state.task_latency)
+        };
+        if let Some(outcome) = ended {
+            return Ok(Response::new(outcome));
+        }
+        let outcome = match self.take_fault("RunTask") {
+            Some(FaultAction::Fail(message)) => {
+                run_outcome("ERROR", format!("injected fault in RunTask: {message}"))
+            }
+            Some(FaultAction::Hang) => {
+                let _ = stopped.wait_for(|stop| *stop).await;
+                run_outcome("STOPPED", String::new())
+            }
+            None => tokio::select! {
+                _ = tokio::time::sleep(latency) => run_outcome("DONE", String::new()),
+                _ = stopped.wait_for(|stop| *stop) => run_outcome("STOPPED", String::new()),
+            },
+        };
+        // Whatever ended the run first (the run itself or a stop) wins.
+        let mut state = self.lock();
+        let run = state
+            .runs
+            .get_mut(&r.run_id)
+            .expect("runs are never forgotten");
+        Ok(Response::new(run.outcome.get_or_insert(outcome).clone()))
     }
 
-    async fn stop_task(&self, _: Request<pb::StopTaskRequest>) -> Reply<pb::StopTaskResponse> {
-        Err(Status::unimplemented(
-            "StopTask is not simulated by this version",
-        ))
+    async fn stop_task(
+        &self,
+        request: Request<pb::StopTaskRequest>,
+    ) -> Reply<pb::StopTaskResponse> {
+        let r = request.into_inner();
+        let token = checked_token(r.token)?;
+        let mut state = self.lock();
+        Self::fence(&mut state, &token)?;
+        Self::audit(&mut state, "StopTask", token, format!("stop {}", r.run_id));
+        let run = state
+            .runs
+            .get_mut(&r.run_id)
+            .ok_or_else(|| Status::not_found(format!("run {} is unknown", r.run_id)))?;
+        if run.outcome.is_none() {
+            run.outcome = Some(run_outcome("STOPPED", String::new()));
+        }
+        run.stop.send_replace(true);
+        Ok(Response::new(pb::StopTaskResponse {}))
     }
+}
+
+fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {
+    pb::RunTaskResponse {
+        status: status.to_string(),
+        error,
+    }
+}
+
+/// A token that names its cluster.
+fn checked_token(token: Option<pb::FencingToken>) -> Result<pb::FencingToken, Status> {
+    let token = token.ok_or_else(|| Status::invalid_argument("token: is required"))?;
+    if token.cluster_uid.is_empty() {
+        return Err(Status::invalid_argument("token.cluster_uid: is required"));
+    }
+    Ok(token)
 }
 
 #[tonic::async_trait]
 impl Simulator for SimProvider {
     async fn configure(&self, request: Request<pb::SimulatorConfig>) -> Reply<pb::SimulatorReply> {
-        self.lock().step_latency = Duration::from_millis(request.into_inner().step_latency_ms);
+        let config = request.into_inner();
+        let mut state = self.lock();
+        if let Some(step_latency) = config.step_latency_ms {
+            state.step_latency = Duration::from_millis(step_latency);
+        }
+        if let Some(task_latency) = config.task_latency_ms {
+            state.task_latency = Duration::from_millis(task_latency);
+        }
         Ok(Response::new(pb::SimulatorReply {}))
     }
 

@@ -1,0 +1,615 @@
+//! The task scheduler: on the owner of each cluster, reconciles the spec's
+//! tasks into task records, starts due runs through the provider, records
+//! how they end, and aborts runs a lost owner left behind.
+//!
+//! A cluster is looked at when its keys change (seen through the watch
+//! cache), when its next activation comes, or when this replica adopts it.
+//!
+//! # Guarantees
+//! - Every write compares this replica's ownership of the cluster and the
+//!   revision of each record it read, so only the owner changes tasks and a
+//!   paused ex-owner changes nothing.
+//! - A run is created by a transaction that requires its key (derived from
+//!   the task id and the slot) to be absent, the cluster state to be as read
+//!   (Running, no operation), and the task record to be as read: one slot,
+//!   at most one run.
+//! - A run left RUNNING under another owner epoch is first fenced at the
+//!   provider (StopTask with this owner's newer token), then recorded as
+//!   ABORTED and retried per the task's policy; it is never resumed.
+//!
+//! # Caveats
+//! - A run in progress does not keep its cluster from moving to another
+//!   replica after a membership change; the new owner aborts and retries it.
+
+use super::reconcile::{finished, plan, Change, Plan};
+use super::record::{run_id, RunStatus, TaskRecord, TaskRun, TaskSetRecord};
+use super::schedule::{format_time, parse_time};
+use super::store::{ClusterTasks, TaskStore};
+use super::TaskError;
+use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
+use crate::metrics::{Metrics, TaskRunLabels};
+use crate::provider::Provider;
+use crate::replication::{Claim, Replication};
+use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
+use chrono::{DateTime, Utc};
+use drover_proto::provider::v1 as pb;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How often the scheduler looks for clusters to process.
+const TICK: Duration = Duration::from_millis(250);
+/// How soon a cluster whose processing failed is looked at again.
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// Attempts at recording a run's end when the task record keeps changing.
+const FINISH_ATTEMPTS: usize = 5;
+
+/// What a reconcile did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileOutcome {
+    /// The records already match the spec.
+    Unchanged,
+    /// The spec is older than the newest generation reconciled: nothing was
+    /// touched.
+    Stale { generation: i64, reconciled: i64 },
+    /// `changes` records were written at `revision`.
+    Applied { changes: usize, revision: i64 },
+}
+
+/// When to look at a cluster again.
+struct Seen {
+    revision: i64,
+    wake: Option<Instant>,
+}
+
+pub struct TaskScheduler {
+    tasks: TaskStore,
+    provider: Provider,
+    replication: Arc<Replication>,
+    cache: Arc<ClusterCache>,
+    metrics: Arc<Metrics>,
+    /// Runs this replica is waiting on the provider for.
+    in_flight: Mutex<HashSet<String>>,
+}
+
+impl TaskScheduler {
+    pub fn new(
+        tasks: TaskStore,
+        provider: Provider,
+        replication: Arc<Replication>,
+        cache: Arc<ClusterCache>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            tasks,
+            provider,
+            replication,
+            cache,
+            metrics,
+            in_flight: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Schedules until `shutdown` turns true. Runs in progress are left to
+    /// finish on their own; if the lease goes first, the next owner aborts
+    /// and retries them.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut seen: HashMap<String, Seen> = HashMap::new();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            let candidates = self.cache.task_clusters();
+            let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
+            seen.retain(|name, _| names.contains(name.as_str()));
+            for (name, revision) in &candidates {
+                if self.replication.claim(name).is_none() {
+                    seen.remove(name);
+                    continue;
+                }
+                let now = Instant::now();
+                let due = seen.get(name).is_none_or(|s| {
+                    *revision > s.revision || s.wake.is_some_and(|wake| wake <= now)
+                });
+                if !due {
+                    continue;
+                }
+                let next = match self.process(name).await {
+                    Ok((read_at, wake)) => Seen {
+                        revision: read_at.max(*revision),
+                        wake: wake.map(instant_of),
+                    },
+                    Err(error) => {
+                        if is_conflict(&error) {
+                            tracing::debug!(cluster = %name, %error, "task records changed meanwhile; looking again");
+                        } else {
+                            tracing::warn!(cluster = %name, %error, "task scheduling failed; retrying");
+                        }
+                        Seen {
+                            revision: *revision,
+                            wake: Some(now + RETRY_AFTER_ERROR),
+                        }
+                    }
+                };
+                seen.insert(name.clone(), next);
+            }
+        }
+    }
+
+    /// One look at a cluster: reconcile, then abort, start or note waiting
+    /// runs. Returns the revision it saw and when to look again.
+    async fn process(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), TaskError> {
+        let Some(claim) = self.replication.claim(name) else {
+            return Ok((0, None));
+        };
+        let Some(mut read) = self.tasks.read(name).await? else {
+            return Ok((0, None));
+        };
+        if read.newer_schema() {
+            return Ok((read.revision, None));
+        }
+        let spec = read.cluster.spec.clone();
+        if let ReconcileOutcome::Applied { .. } = self.reconcile_read(&spec, claim, &read).await? {
+            match self.tasks.read(name).await? {
+                Some(again) => read = again,
+                None => return Ok((0, None)),
+            }
+        }
+        let mut wake: Option<DateTime<Utc>> = None;
+        for existing in &read.tasks {
+            let next = self
+                .step(&read, &existing.record, existing.revision, claim)
+                .await?;
+            wake = match (wake, next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok((read.revision, wake))
+    }
+
+    /// Reconciles `spec`'s tasks against the task records in the store, as
+    /// the owner holding `claim`. `spec` may be older than the stored one:
+    /// then nothing is touched.
+    pub async fn reconcile(
+        &self,
+        spec: &SpecRecord,
+        claim: Claim,
+    ) -> Result<ReconcileOutcome, TaskError> {
+        let read = self.tasks.read(&spec.name).await?.ok_or_else(|| {
+            TaskError::from(crate::cluster::RegistryError::NotFound(spec.name.clone()))
+        })?;
+        self.reconcile_read(spec, claim, &read).await
+    }
+
+    async fn reconcile_read(
+        &self,
+        spec: &SpecRecord,
+        claim: Claim,
+        read: &ClusterTasks,
+    ) -> Result<ReconcileOutcome, TaskError> {
+        let name = &spec.name;
+        let keys = self.tasks.keys();
+        let reconciled = read.reconciled.map(|(generation, _)| generation);
+        let changes = match plan(
+            spec.generation,
+            reconciled,
+            &spec.spec.tasks,
+            &read.tasks,
+            Utc::now(),
+        ) {
+            Plan::Stale {
+                generation,
+                reconciled,
+            } => {
+                tracing::info!(cluster = %name, generation, reconciled, "not reconciling tasks of an older spec generation");
+                return Ok(ReconcileOutcome::Stale {
+                    generation,
+                    reconciled,
+                });
+            }
+            Plan::Changes(changes) => changes,
+        };
+        if changes.is_empty() && reconciled == Some(spec.generation) {
+            return Ok(ReconcileOutcome::Unchanged);
+        }
+        // A removed task's run is stopped (and the provider fenced) before
+        // its record goes.
+        for change in &changes {
+            if let Change::Delete { record, .. } = change {
+                if let Some(run) = record.running() {
+                    self.stop_run(&read.cluster.spec.uid, claim, run).await?;
+                }
+            }
+        }
+        let marker_key = keys.task_set(name);
+        let mut compares: Vec<Compare> = claim.fence(keys, name).to_vec();
+        compares.push(match read.reconciled {
+            Some((_, revision)) => Compare::mod_revision(&marker_key, CmpOp::Equal, revision),
+            None => Compare::absent(&marker_key),
+        });
+        let marker = TaskSetRecord {
+            schema: SCHEMA_VERSION,
+            generation: spec.generation,
+        };
+        let mut writes = vec![Op::put(&marker_key, to_json(&marker))];
+        let count = changes.len();
+        for change in changes {
+            match change {
+                Change::Put { record, revision } => {
+                    let key = keys.task(name, record.task_type.name(), &record.name);
+                    compares.push(match revision {
+                        Some(revision) => Compare::mod_revision(&key, CmpOp::Equal, revision),
+                        None => Compare::absent(&key),
+                    });
+                    tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, generation = spec.generation, created = revision.is_none(), "task reconciled");
+                    writes.push(Op::put(key, to_json(&record)));
+                }
+                Change::Delete { record, revision } => {
+                    let key = keys.task(name, record.task_type.name(), &record.name);
+                    compares.push(Compare::mod_revision(&key, CmpOp::Equal, revision));
+                    writes.push(Op::delete(key));
+                    if let Some(id) = &record.id {
+                        writes.push(Op::delete_prefix(keys.task_runs(name, id)));
+                    }
+                    tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, "task removed from the spec: deleted");
+                }
+            }
+        }
+        let result = self
+            .tasks
+            .store()
+            .cas(Txn::new().when(compares).and_then(writes))
+            .await?;
+        Ok(ReconcileOutcome::Applied {
+            changes: count,
+            revision: result.revision,
+        })
+    }
+
+    /// Acts on one task record; returns when it next needs a look.
+    async fn step(
+        self: &Arc<Self>,
+        read: &ClusterTasks,
+        record: &TaskRecord,
+        revision: i64,
+        claim: Claim,
+    ) -> Result<Option<DateTime<Utc>>, TaskError> {
+        if let Some(run) = record.running() {
+            if run.epoch != claim.epoch {
+                self.abort_orphan(read, record, revision, run, claim)
+                    .await?;
+                return Ok(Some(Utc::now()));
+            }
+            if !self.is_in_flight(&run.id) {
+                // Ours, but nobody waits on it (its end could not be
+                // recorded): ask again; RunTask is idempotent per run id.
+                self.dispatch(read, record, run.clone(), claim);
+            }
+            return Ok(None);
+        }
+        if record.schedule_error.is_some() || record.id.is_none() {
+            return Ok(None);
+        }
+        let Some(next) = record.next_activation.as_deref().and_then(parse_time) else {
+            return Ok(None);
+        };
+        if next > Utc::now() {
+            return Ok(Some(next));
+        }
+        let state = &read.cluster.state;
+        let blocked = match (&state.operation, state.state) {
+            (Some(slot), _) => Some(format!(
+                "waiting: cluster is busy with operation {} ({}); runs start when it ends",
+                slot.id, slot.kind
+            )),
+            (None, ClusterState::Running) => None,
+            (None, other) => Some(format!(
+                "waiting: cluster is {other}; runs start only while it is Running"
+            )),
+        };
+        if let Some(reason) = blocked {
+            if record.waiting.as_deref() != Some(reason.as_str()) {
+                let mut waiting = record.clone();
+                waiting.waiting = Some(reason);
+                let key = self.task_key(read, record);
+                let txn = Txn::new()
+                    .when(self.fence(read, claim))
+                    .when([Compare::mod_revision(&key, CmpOp::Equal, revision)])
+                    .and_then([Op::put(key, to_json(&waiting))]);
+                self.tasks.store().cas(txn).await?;
+            }
+            // The cluster's next change brings it back here.
+            return Ok(None);
+        }
+        self.start_run(read, record, revision, next, claim).await?;
+        Ok(None)
+    }
+
+    /// Creates the run of `slot` (if no run of that slot exists) and hands
+    /// it to the provider.
+    async fn start_run(
+        self: &Arc<Self>,
+        read: &ClusterTasks,
+        record: &TaskRecord,
+        revision: i64,
+        slot: DateTime<Utc>,
+        claim: Claim,
+    ) -> Result<(), TaskError> {
+        let name = &read.cluster.spec.name;
+        let keys = self.tasks.keys();
+        let Some(task_id) = record.id.clone() else {
+            return Ok(());
+        };
+        let slot_ms = slot.timestamp_millis();
+        let run = TaskRun {
+            schema: SCHEMA_VERSION,
+            id: run_id(&task_id, slot_ms),
+            task_id: task_id.clone(),
+            status: RunStatus::Running,
+            slot: format_time(slot),
+            attempt: record.attempt,
+            replica: self.replication.replica_id().to_string(),
+            epoch: claim.epoch,
+            started_at: Some(format_time(Utc::now())),
+            finished_at: None,
+            error: None,
+        };
+        let mut started = record.clone();
+        started.last_run = Some(run.clone());
+        started.next_activation = None;
+        started.waiting = None;
+        let task_key = self.task_key(read, record);
+        let run_key = keys.task_run(name, &task_id, slot_ms);
+        let txn = Txn::new()
+            .when(self.fence(read, claim))
+            .when([
+                Compare::mod_revision(
+                    keys.cluster_state(name),
+                    CmpOp::Equal,
+                    read.cluster.state_revision,
+                ),
+                Compare::mod_revision(&task_key, CmpOp::Equal, revision),
+                Compare::absent(&run_key),
+            ])
+            .and_then([
+                Op::put(run_key, to_json(&run)),
+                Op::put(task_key, to_json(&started)),
+            ]);
+        self.tasks.store().cas(txn).await?;
+        tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, run = %run.id, attempt = run.attempt, "task run started");
+        self.dispatch(read, record, run, claim);
+        Ok(())
+    }
+
+    /// Waits for the provider to run `run`, then records how it ended.
+    fn dispatch(
+        self: &Arc<Self>,
+        read: &ClusterTasks,
+        record: &TaskRecord,
+        run: TaskRun,
+        claim: Claim,
+    ) {
+        if !lock(&self.in_flight).insert(run.id.clone()) {
+            return;
+        }
+        let this = Arc::clone(self);
+        let cluster = read.cluster.spec.name.clone();
+        let uid = read.cluster.spec.uid.clone();
+        let task_key = self.task_key(read, record);
+        let request = pb::RunTaskRequest {
+            token: Some(token(&uid, claim, &run.id)),
+            task_type: record.task_type.name().to_string(),
+            task_name: record.name.clone(),
+            run_id: run.id.clone(),
+        };
+        tokio::spawn(async move {
+            let ended = if this.replication.claim(&cluster) == Some(claim) {
+                this.provider.clone().run_task(request).await
+            } else {
+                Err(tonic::Status::aborted("no longer the owner"))
+            };
+            let outcome = match ended {
+                Ok(response) => {
+                    let response = response.into_inner();
+                    match response.status.as_str() {
+                        "DONE" => Some((RunStatus::Done, None)),
+                        "STOPPED" => Some((RunStatus::Stopped, None)),
+                        _ => Some((
+                            RunStatus::Error,
+                            Some(if response.error.is_empty() {
+                                format!("the provider reported {:?}", response.status)
+                            } else {
+                                response.error
+                            }),
+                        )),
+                    }
+                }
+                // Fenced off or no longer the owner: the new owner aborts it.
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::FailedPrecondition | tonic::Code::Aborted
+                    ) =>
+                {
+                    tracing::warn!(cluster, run = %run.id, error = %status.message(), "task run no longer ours");
+                    None
+                }
+                Err(status) => Some((
+                    RunStatus::Error,
+                    Some(format!("provider: {}", status.message())),
+                )),
+            };
+            if let Some((status, error)) = outcome {
+                if let Err(error) = this
+                    .finish_run(&cluster, &task_key, &run, status, error, claim)
+                    .await
+                {
+                    tracing::warn!(cluster, run = %run.id, %error, "could not record the end of a task run; the next look retries");
+                }
+            }
+            lock(&this.in_flight).remove(&run.id);
+        });
+    }
+
+    /// Records the end of `run` on its task (if it is still that task's
+    /// run) and schedules what comes next.
+    async fn finish_run(
+        &self,
+        cluster: &str,
+        task_key: &str,
+        run: &TaskRun,
+        status: RunStatus,
+        error: Option<String>,
+        claim: Claim,
+    ) -> Result<(), TaskError> {
+        let keys = self.tasks.keys();
+        for _ in 0..FINISH_ATTEMPTS {
+            let Some(kv) = self.tasks.store().get(task_key).await?.into_single() else {
+                return Ok(());
+            };
+            let record: TaskRecord = crate::cluster::from_json(&kv)?;
+            if record.running().is_none_or(|r| r.id != run.id) {
+                return Ok(());
+            }
+            let (updated, ended) = finished(&record, run, status, error.clone(), Utc::now());
+            let slot_ms = parse_time(&run.slot).map_or(0, |t| t.timestamp_millis());
+            let txn = Txn::new()
+                .when(claim.fence(keys, cluster))
+                .when([Compare::mod_revision(
+                    task_key,
+                    CmpOp::Equal,
+                    kv.mod_revision,
+                )])
+                .and_then([
+                    Op::put(
+                        keys.task_run(cluster, &run.task_id, slot_ms),
+                        to_json(&ended),
+                    ),
+                    Op::put(task_key, to_json(&updated)),
+                ]);
+            match self.tasks.store().cas(txn).await {
+                Ok(_) => {
+                    self.count(&record, status);
+                    tracing::info!(cluster, task = %record.name, run = %run.id, ?status, error = ?ended.error, next = ?updated.next_activation, "task run ended");
+                    if let Err(error) = self.tasks.trim_runs(cluster, &run.task_id).await {
+                        tracing::debug!(cluster, %error, "run history not trimmed");
+                    }
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(StoreError::Conflict { revision: 0 }.into())
+    }
+
+    /// A run left RUNNING by a lost owner: fence the provider with this
+    /// owner's token (stopping the run), then record it ABORTED and retry.
+    async fn abort_orphan(
+        &self,
+        read: &ClusterTasks,
+        record: &TaskRecord,
+        revision: i64,
+        run: &TaskRun,
+        claim: Claim,
+    ) -> Result<(), TaskError> {
+        let name = &read.cluster.spec.name;
+        self.stop_run(&read.cluster.spec.uid, claim, run).await?;
+        let message = format!(
+            "replica {} (epoch {}) was lost while the run was in progress; aborted by {}",
+            run.replica,
+            run.epoch,
+            self.replication.replica_id()
+        );
+        let (updated, ended) = finished(record, run, RunStatus::Aborted, Some(message), Utc::now());
+        let keys = self.tasks.keys();
+        let slot_ms = parse_time(&run.slot).map_or(0, |t| t.timestamp_millis());
+        let task_key = self.task_key(read, record);
+        let txn = Txn::new()
+            .when(self.fence(read, claim))
+            .when([Compare::mod_revision(&task_key, CmpOp::Equal, revision)])
+            .and_then([
+                Op::put(keys.task_run(name, &run.task_id, slot_ms), to_json(&ended)),
+                Op::put(task_key, to_json(&updated)),
+            ]);
+        self.tasks.store().cas(txn).await?;
+        self.count(record, RunStatus::Aborted);
+        self.metrics.orphan_recoveries.inc();
+        tracing::warn!(cluster = %name, task = %record.name, run = %run.id, lost = %run.replica, next = ?updated.next_activation, "aborted a task run left by a lost owner");
+        Ok(())
+    }
+
+    /// StopTask with this owner's token; a run the provider never saw is
+    /// fine (the token still fences it).
+    async fn stop_run(&self, uid: &str, claim: Claim, run: &TaskRun) -> Result<(), TaskError> {
+        let request = pb::StopTaskRequest {
+            token: Some(token(uid, claim, &run.id)),
+            run_id: run.id.clone(),
+        };
+        match self.provider.clone().stop_task(request).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+            Err(status) => Err(TaskError::Provider(status.message().to_string())),
+        }
+    }
+
+    fn count(&self, record: &TaskRecord, status: RunStatus) {
+        self.metrics
+            .task_runs
+            .get_or_create(&TaskRunLabels {
+                task_type: record.task_type.name().to_string(),
+                status: format!("{status:?}").to_lowercase(),
+            })
+            .inc();
+    }
+
+    fn task_key(&self, read: &ClusterTasks, record: &TaskRecord) -> String {
+        self.tasks.keys().task(
+            &read.cluster.spec.name,
+            record.task_type.name(),
+            &record.name,
+        )
+    }
+
+    fn fence(&self, read: &ClusterTasks, claim: Claim) -> [Compare; 2] {
+        claim.fence(self.tasks.keys(), &read.cluster.spec.name)
+    }
+
+    fn is_in_flight(&self, run: &str) -> bool {
+        lock(&self.in_flight).contains(run)
+    }
+}
+
+fn token(uid: &str, claim: Claim, run: &str) -> pb::FencingToken {
+    pb::FencingToken {
+        cluster_uid: uid.to_string(),
+        epoch: claim.epoch,
+        operation_id: run.to_string(),
+    }
+}
+
+fn instant_of(at: DateTime<Utc>) -> Instant {
+    let delay = (at - Utc::now()).to_std().unwrap_or_default();
+    Instant::now() + delay
+}
+
+fn is_conflict(error: &TaskError) -> bool {
+    matches!(
+        error,
+        TaskError::Registry(crate::cluster::RegistryError::Store(
+            StoreError::Conflict { .. }
+        ))
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -6,6 +6,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::replica::{health, ReplicaProcess};
 use drover_tests::workspace_binary;
 use std::process::Command;
+use std::time::Duration;
 use tokio_stream::StreamExt;
 use tonic_reflection::pb::v1::{
     server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
@@ -239,4 +240,62 @@ async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes()
     );
     let _ = watch.kill();
     let _ = watch.wait();
+}
+
+#[tokio::test]
+async fn droverctl_puts_lists_and_deletes_tasks() {
+    let replica = ReplicaProcess::dev().await;
+    let ctl = |args: &[&str]| {
+        Command::new(workspace_binary("droverctl"))
+            .args(["--endpoint", &replica.endpoint()])
+            .args(args)
+            .output()
+            .expect("run droverctl")
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = ctl(&[&["-o", "json"], args].concat());
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON output")
+    };
+    let created = ctl(&["cluster", "create", "db", "--version", "1.29.0", "--wait"]);
+    assert!(created.status.success());
+    let put = json(&[
+        "task",
+        "put",
+        "db",
+        "backup",
+        "daily",
+        "--location",
+        "dc1:s3:backups",
+    ]);
+    assert_eq!(put["type"], "BACKUP");
+    assert_eq!(put["name"], "daily");
+    assert_eq!(put["schedule"]["start_date"], "now");
+
+    let refused = ctl(&["task", "put", "db", "backup", "nowhere"]);
+    assert_eq!(refused.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("task.backup.location"), "{stderr}");
+
+    drover_tests::wait_until(Duration::from_secs(20), "the backup to run", || {
+        let task = json(&["task", "get", "db", "backup", "daily"]);
+        std::future::ready(task["status"]["last_run"]["status"] == "DONE")
+    })
+    .await;
+    let runs = json(&["task", "runs", "db", "backup", "daily"]);
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    let table = ctl(&["task", "list", "db"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("daily"));
+
+    assert!(ctl(&["task", "delete", "db", "backup", "daily"])
+        .status
+        .success());
+    assert_eq!(
+        ctl(&["task", "get", "db", "backup", "daily"]).status.code(),
+        Some(3)
+    );
 }

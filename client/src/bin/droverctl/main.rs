@@ -5,6 +5,8 @@
 //! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
 //! `op wait`) failed or was cancelled.
 
+mod task;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError};
 use serde_json::{json, Value};
@@ -30,7 +32,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Output {
+pub enum Output {
     Table,
     Json,
 }
@@ -43,6 +45,9 @@ enum Command {
     /// Follow and cancel operations.
     #[command(subcommand)]
     Op(OpCommand),
+    /// Scheduled repair and backup tasks.
+    #[command(subcommand)]
+    Task(task::TaskCommand),
     /// List the live replicas.
     Members,
     /// Stream cluster changes (one line each) until interrupted.
@@ -229,6 +234,7 @@ fn exit_code(error: &ClientError) -> u8 {
 async fn run(cli: Cli) -> Result<(), ClientError> {
     let mut client = Client::connect(&cli.endpoint).await?;
     match cli.command {
+        Command::Task(command) => task::run(&mut client, cli.output, command).await?,
         Command::Cluster(ClusterCommand::Create {
             name,
             version,
@@ -601,7 +607,7 @@ fn operation_json(op: &v1::Operation) -> Value {
     })
 }
 
-fn enum_name<E>(name: Result<&str, E>, prefix: &str) -> String {
+pub fn enum_name<E>(name: Result<&str, E>, prefix: &str) -> String {
     name.map(|n| n.trim_start_matches(prefix).to_string())
         .unwrap_or_default()
 }

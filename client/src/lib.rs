@@ -12,12 +12,119 @@
 //! ```
 //!
 //! The generated messages are re-exported as [`v1`].
+//!
+//! Over TLS with a bearer token (a replica started with `--tls-cert` and
+//! `--auth-tokens`):
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), drover_client::ClientError> {
+//! use drover_client::{Client, ConnectOptions, Tls};
+//! let options = ConnectOptions {
+//!     token: Some(std::env::var("DROVER_TOKEN").unwrap_or_default()),
+//!     tls: Some(Tls {
+//!         ca_pem: std::fs::read("ca.pem").unwrap(),
+//!         identity: None,
+//!         domain: None,
+//!     }),
+//! };
+//! let mut drover = Client::connect_with("https://drover.example:7070", &options).await?;
+//! let cluster = drover.get_cluster("web").await?;
+//! # Ok(())
+//! # }
+//! ```
 
 pub use drover_proto::v1;
-use tonic::transport::Channel;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use v1::admin_client::AdminClient;
 use v1::clusters_client::ClustersClient;
 use v1::operations_client::OperationsClient;
 use v1::tasks_client::TasksClient;
+
+/// The channel every generated client uses: the connection plus the
+/// caller's credentials on each request.
+pub type Transport = InterceptedService<Channel, Credentials>;
+
+/// Adds `authorization: Bearer <token>` to every request, when set.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    bearer: Option<MetadataValue<Ascii>>,
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(bearer) = &self.bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// TLS towards the replicas.
+#[derive(Clone, Default)]
+pub struct Tls {
+    /// PEM CA that signed the replicas' certificates.
+    pub ca_pem: Vec<u8>,
+    /// PEM client certificate and key, for replicas that require them.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to verify in the certificate; default: the URL's host.
+    pub domain: Option<String>,
+}
+
+/// How to reach replicas: TLS and a bearer token, both optional.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    pub tls: Option<Tls>,
+    pub token: Option<String>,
+}
+
+impl ConnectOptions {
+    fn endpoint(&self, url: &str) -> Result<Endpoint, ClientError> {
+        let endpoint = Channel::from_shared(url.to_string()).map_err(|_| {
+            ClientError::Status(tonic::Status::invalid_argument(format!(
+                "{url:?} is not a URL"
+            )))
+        })?;
+        let Some(tls) = &self.tls else {
+            return Ok(endpoint);
+        };
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &tls.domain {
+            config = config.domain_name(domain.clone());
+        }
+        endpoint
+            .tls_config(config)
+            .map_err(|source| ClientError::Connect {
+                endpoint: url.to_string(),
+                source,
+            })
+    }
+
+    fn credentials(&self) -> Result<Credentials, ClientError> {
+        let bearer = self
+            .token
+            .as_ref()
+            .filter(|token| !token.is_empty())
+            .map(|token| {
+                format!("Bearer {token}").parse().map_err(|_| {
+                    ClientError::Status(tonic::Status::invalid_argument(
+                        "the token contains characters not allowed in a header",
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(Credentials { bearer })
+    }
+}
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,9 +165,10 @@ impl ClientError {
 /// A connection to Drover replicas.
 #[derive(Clone)]
 pub struct Client {
-    clusters: ClustersClient<Channel>,
-    operations: OperationsClient<Channel>,
-    tasks: TasksClient<Channel>,
+    clusters: ClustersClient<Transport>,
+    operations: OperationsClient<Transport>,
+    tasks: TasksClient<Transport>,
+    admin: AdminClient<Transport>,
 }
 
 impl Client {
@@ -68,18 +176,20 @@ impl Client {
     /// endpoints that answer, and a replica that goes away is skipped. The
     /// connections are made lazily, so this only checks the URLs.
     pub fn connect_many(endpoints: &[String]) -> Result<Self, ClientError> {
+        Self::connect_many_with(endpoints, &ConnectOptions::default())
+    }
+
+    /// [`Client::connect_many`] with TLS and/or a bearer token.
+    pub fn connect_many_with(
+        endpoints: &[String],
+        options: &ConnectOptions,
+    ) -> Result<Self, ClientError> {
         let endpoints = endpoints
             .iter()
-            .map(|url| {
-                Channel::from_shared(url.clone()).map_err(|_| {
-                    ClientError::Status(tonic::Status::invalid_argument(format!(
-                        "{url:?} is not a URL"
-                    )))
-                })
-            })
+            .map(|url| options.endpoint(url))
             .collect::<Result<Vec<_>, _>>()?;
         let channel = Channel::balance_list(endpoints.into_iter());
-        Ok(Self::over(channel))
+        Ok(Self::over(channel, options.credentials()?))
     }
 
     /// Runs `call` until it succeeds or fails with something that is not
@@ -120,36 +230,43 @@ impl Client {
 
     /// Connects to a replica's gRPC endpoint, e.g. `http://127.0.0.1:7070`.
     pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
-        let channel = Channel::from_shared(endpoint.to_string())
-            .map_err(|_| {
-                ClientError::Status(tonic::Status::invalid_argument(format!(
-                    "{endpoint:?} is not a URL"
-                )))
-            })?
+        Self::connect_with(endpoint, &ConnectOptions::default()).await
+    }
+
+    /// Connects to one replica with TLS and/or a bearer token
+    /// (`https://` URLs for TLS).
+    pub async fn connect_with(
+        endpoint: &str,
+        options: &ConnectOptions,
+    ) -> Result<Self, ClientError> {
+        let channel = options
+            .endpoint(endpoint)?
             .connect()
             .await
             .map_err(|source| ClientError::Connect {
                 endpoint: endpoint.to_string(),
                 source,
             })?;
-        Ok(Self::over(channel))
+        Ok(Self::over(channel, options.credentials()?))
     }
 
-    fn over(channel: Channel) -> Self {
+    fn over(channel: Channel, credentials: Credentials) -> Self {
+        let transport = InterceptedService::new(channel, credentials);
         Self {
-            clusters: ClustersClient::new(channel.clone()),
-            operations: OperationsClient::new(channel.clone()),
-            tasks: TasksClient::new(channel),
+            clusters: ClustersClient::new(transport.clone()),
+            operations: OperationsClient::new(transport.clone()),
+            tasks: TasksClient::new(transport.clone()),
+            admin: AdminClient::new(transport),
         }
     }
 
     /// The generated Clusters client, for every lifecycle RPC.
-    pub fn clusters(&mut self) -> &mut ClustersClient<Channel> {
+    pub fn clusters(&mut self) -> &mut ClustersClient<Transport> {
         &mut self.clusters
     }
 
     /// The generated Operations client.
-    pub fn operations(&mut self) -> &mut OperationsClient<Channel> {
+    pub fn operations(&mut self) -> &mut OperationsClient<Transport> {
         &mut self.operations
     }
 
@@ -170,8 +287,13 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn tasks(&mut self) -> &mut TasksClient<Channel> {
+    pub fn tasks(&mut self) -> &mut TasksClient<Transport> {
         &mut self.tasks
+    }
+
+    /// The generated Admin client: members and owners (admin role).
+    pub fn admin(&mut self) -> &mut AdminClient<Transport> {
+        &mut self.admin
     }
 
     /// Waits until the operation is terminal or `timeout` passes and returns

@@ -5,6 +5,7 @@
 //! - [`keys`]: the etcd key layout (a user-facing contract).
 //! - [`cluster`]: cluster records, states, validation and the registry.
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
+//! - [`auth`]: bearer tokens and roles, checked on every RPC.
 //! - [`operation`]: accepting, reading, waiting for and cancelling operations.
 //! - [`executor`]: runs accepted operations step by step through the provider.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
@@ -17,6 +18,7 @@
 
 pub mod admin_http;
 pub mod api;
+pub mod auth;
 pub mod cluster;
 pub mod compactor;
 pub mod config;

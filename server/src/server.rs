@@ -3,6 +3,7 @@
 
 use crate::admin_http;
 use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
+use crate::auth::{AuthLayer, Authenticator};
 use crate::cluster::ClusterCache;
 use crate::config::Config;
 use crate::executor::Executor;
@@ -220,7 +221,29 @@ pub async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    let serving = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = &config.security.server_tls {
+        builder = builder.tls_config(tls.config())?;
+        tracing::info!(
+            client_certificates = tls.client_ca_pem.is_some(),
+            "serving gRPC over TLS"
+        );
+    }
+    let authenticator = match &config.security.tokens {
+        Some(tokens) => {
+            tracing::info!(
+                tokens = tokens.tokens().len(),
+                "bearer tokens required on every RPC"
+            );
+            Authenticator::from_tokens(tokens)
+        }
+        None => {
+            tracing::warn!("no --auth-tokens: every caller may do everything");
+            Authenticator::open()
+        }
+    };
+    let serving = builder
+        .layer(AuthLayer::new(Arc::new(authenticator)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(ClustersServer::new(ClustersService::new(

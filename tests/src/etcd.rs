@@ -1,6 +1,7 @@
 //! A real etcd process for tests: loopback only, free ports, a temporary
 //! data directory, killed (by its pid, which we started) on drop.
 
+use crate::pki::{Issued, Pki};
 use crate::{free_port, wait_until, TempDir};
 use drover_server::store::{EtcdOptions, EtcdStore, Store};
 use std::process::{Child, Command, Stdio};
@@ -12,16 +13,55 @@ pub struct EtcdProcess {
     data_dir: TempDir,
     client_port: u16,
     peer_port: u16,
+    tls: Option<EtcdTlsFiles>,
+}
+
+/// Certificates for an etcd that serves clients over TLS and requires
+/// client certificates.
+pub struct EtcdTlsFiles {
+    pub ca: std::path::PathBuf,
+    pub server: Issued,
+    pub client: Issued,
+}
+
+impl EtcdTlsFiles {
+    pub fn new(pki: &Pki) -> Self {
+        Self {
+            ca: pki.ca(),
+            server: pki.server("etcd"),
+            client: pki.client("drover-etcd-client"),
+        }
+    }
+
+    fn options(&self) -> drover_server::config::EtcdTls {
+        drover_server::config::EtcdTls {
+            ca_pem: std::fs::read(&self.ca).expect("read CA"),
+            identity: Some((
+                self.client.cert_pem.clone(),
+                drover_server::config::Secret::new(self.client.key_pem.clone()),
+            )),
+        }
+    }
 }
 
 impl EtcdProcess {
     /// Starts etcd and waits until it answers.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Starts etcd serving clients over TLS, client certificates required.
+    pub async fn start_tls(files: EtcdTlsFiles) -> Self {
+        Self::start_with(Some(files)).await
+    }
+
+    async fn start_with(tls: Option<EtcdTlsFiles>) -> Self {
         let mut etcd = Self {
             child: None,
             data_dir: TempDir::new("etcd"),
             client_port: free_port(),
             peer_port: free_port(),
+            tls,
         };
         etcd.spawn().await;
         etcd
@@ -29,14 +69,49 @@ impl EtcdProcess {
 
     /// The client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    fn options(&self) -> EtcdOptions {
+        let mut options = EtcdOptions::new(vec![self.endpoint()]);
+        options.tls = self.tls.as_ref().map(EtcdTlsFiles::options);
+        options
     }
 
     /// A store connected to this etcd.
     pub async fn store(&self) -> EtcdStore {
-        EtcdStore::connect(&EtcdOptions::new(vec![self.endpoint()]))
+        EtcdStore::connect(&self.options())
             .await
             .expect("connect to test etcd")
+    }
+
+    /// Runs etcdctl against this etcd (with the TLS files, if any) and
+    /// returns its standard output; panics when it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint()]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.cert)
+                .arg("--key")
+                .arg(&tls.client.key);
+        }
+        let output = command
+            .args(args)
+            .output()
+            .expect("etcdctl must be installed");
+        assert!(
+            output.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     /// Kills etcd (SIGKILL) and waits for it to exit; the data stays.
@@ -56,7 +131,18 @@ impl EtcdProcess {
     async fn spawn(&mut self) {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.data_dir.path().join("etcd.log")).expect("etcd log");
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server.cert)
+                .arg("--key-file")
+                .arg(&tls.server.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "test"])
             .arg("--data-dir")
             .arg(self.data_dir.path().join("data"))
@@ -70,11 +156,11 @@ impl EtcdProcess {
             .spawn()
             .expect("etcd must be installed (apt-get install etcd-server)");
         self.child = Some(child);
-        let endpoint = self.endpoint();
+        let options = self.options();
         wait_until(Duration::from_secs(20), "etcd to answer", || {
-            let endpoint = endpoint.clone();
+            let options = options.clone();
             async move {
-                match EtcdStore::connect(&EtcdOptions::new(vec![endpoint])).await {
+                match EtcdStore::connect(&options).await {
                     Ok(store) => store.get("/health-probe").await.is_ok(),
                     Err(_) => false,
                 }

@@ -4,12 +4,14 @@
 //! - [`replica`]: a real `drover` replica process.
 //! - [`provider`]: the simulated provider process and its control client.
 //! - [`history`]: replays state-key history and checks it against the table.
+//! - [`pki`]: a throwaway CA and certificates for TLS tests.
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
 pub mod conformance;
 pub mod etcd;
 pub mod history;
+pub mod pki;
 pub mod provider;
 pub mod replica;
 

@@ -5,6 +5,7 @@ use crate::{free_port, wait_until, workspace_binary};
 use drover_client::Client;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
+use tonic::transport::ClientTlsConfig;
 use tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
 };
@@ -14,6 +15,8 @@ pub struct ReplicaProcess {
     child: Child,
     port: u16,
     admin_port: u16,
+    /// How the harness reaches it over TLS, when it serves TLS.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl ReplicaProcess {
@@ -24,6 +27,26 @@ impl ReplicaProcess {
 
     /// As [`Self::serve`], with extra flags (e.g. `--provider URL`).
     pub async fn serve_with(etcd_endpoint: &str, replica_id: &str, extra: &[&str]) -> Self {
+        Self::serve_over(etcd_endpoint, replica_id, extra, None).await
+    }
+
+    /// As [`Self::serve_with`] for a replica serving TLS (`--tls-cert` ...
+    /// among `extra`); the harness checks its health with `tls`.
+    pub async fn serve_tls(
+        etcd_endpoint: &str,
+        replica_id: &str,
+        extra: &[&str],
+        tls: ClientTlsConfig,
+    ) -> Self {
+        Self::serve_over(etcd_endpoint, replica_id, extra, Some(tls)).await
+    }
+
+    async fn serve_over(
+        etcd_endpoint: &str,
+        replica_id: &str,
+        extra: &[&str],
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
         let port = free_port();
         let mut command = Command::new(workspace_binary("drover"));
         command
@@ -35,7 +58,7 @@ impl ReplicaProcess {
         if !extra.contains(&"--lease-ttl") {
             command.args(["--lease-ttl", "2"]);
         }
-        Self::start(command, port).await
+        Self::start(command, port, tls).await
     }
 
     /// Starts `drover dev` (embedded mode) and waits until healthy.
@@ -45,10 +68,10 @@ impl ReplicaProcess {
         command
             .arg("dev")
             .args(["--listen", &format!("127.0.0.1:{port}")]);
-        Self::start(command, port).await
+        Self::start(command, port, None).await
     }
 
-    async fn start(mut command: Command, port: u16) -> Self {
+    async fn start(mut command: Command, port: u16, tls: Option<ClientTlsConfig>) -> Self {
         let admin_port = free_port();
         command.args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
         let child = command
@@ -64,8 +87,10 @@ impl ReplicaProcess {
             child,
             port,
             admin_port,
+            tls,
         };
         let endpoint = replica.endpoint();
+        let probe_tls = replica.tls.clone();
         wait_until(
             Duration::from_secs(20),
             "the replica to report SERVING",
@@ -75,8 +100,8 @@ impl ReplicaProcess {
                     exited.is_none(),
                     "drover exited during start-up: {exited:?}"
                 );
-                let endpoint = endpoint.clone();
-                async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+                let (endpoint, tls) = (endpoint.clone(), probe_tls.clone());
+                async move { health_over(&endpoint, tls).await == Some(ServingStatus::Serving) }
             },
         )
         .await;
@@ -89,7 +114,8 @@ impl ReplicaProcess {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub async fn client(&self) -> Client {
@@ -140,11 +166,15 @@ impl Drop for ReplicaProcess {
 
 /// The overall health a replica reports, or `None` if it does not answer.
 pub async fn health(endpoint: &str) -> Option<ServingStatus> {
-    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
-        .ok()?
-        .connect()
-        .await
-        .ok()?;
+    health_over(endpoint, None).await
+}
+
+async fn health_over(endpoint: &str, tls: Option<ClientTlsConfig>) -> Option<ServingStatus> {
+    let mut endpoint = tonic::transport::Channel::from_shared(endpoint.to_string()).ok()?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).ok()?;
+    }
+    let channel = endpoint.connect().await.ok()?;
     let mut client = HealthClient::new(channel);
     let response = client
         .check(HealthCheckRequest {

@@ -29,6 +29,7 @@ fn main() -> ExitCode {
     let (config, embedded) = match cli.command {
         Command::Serve(args) => (Config::from_serve_args(*args), false),
         Command::Dev(args) => (Config::from_dev_args(args), true),
+        Command::HashToken => return hash_token(),
     };
     let config = match config {
         Ok(config) => config,
@@ -73,6 +74,23 @@ async fn run(config: Config, embedded: bool) -> ExitCode {
     }
 }
 
+/// `drover hash-token`: the digest to put in the token file, so the token
+/// itself is never stored.
+fn hash_token() -> ExitCode {
+    let mut token = String::new();
+    if std::io::Read::read_to_string(&mut std::io::stdin(), &mut token).is_err() {
+        eprintln!("drover: cannot read the token from standard input");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
+    let token = token.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        eprintln!("drover: no token on standard input");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
+    println!("{}", hex::encode(drover_server::auth::hash_token(token)));
+    ExitCode::SUCCESS
+}
+
 /// Runs the simulated provider in this process, on a loopback port.
 async fn start_simulator() -> std::io::Result<Provider> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -88,7 +106,9 @@ async fn start_simulator() -> std::io::Result<Provider> {
 
 /// Connects to etcd, retrying for a while: etcd often starts alongside.
 async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
-    let options = EtcdOptions::new(config.etcd_endpoints.clone());
+    let mut options = EtcdOptions::new(config.etcd_endpoints.clone());
+    options.tls = config.security.etcd_tls.clone();
+    options.user = config.security.etcd_user.clone();
     let deadline = tokio::time::Instant::now() + ETCD_STARTUP_DEADLINE;
     let mut delay = Duration::from_millis(100);
     loop {
@@ -101,6 +121,11 @@ async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
             Ok(store) => {
                 tracing::info!(endpoints = ?config.etcd_endpoints, "connected to etcd");
                 return Some(store);
+            }
+            // A refused user or certificate will not get better by waiting.
+            Err(error) if !error.is_retryable() => {
+                tracing::error!(%error, endpoints = ?config.etcd_endpoints, "etcd refused this replica; check the etcd credentials");
+                return None;
             }
             Err(error) if tokio::time::Instant::now() < deadline => {
                 tracing::warn!(%error, retry_in = ?delay, "etcd not reachable yet");

@@ -13,6 +13,8 @@ use etcd_client::{
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+use crate::config::{EtcdTls, EtcdUser};
+
 /// Keys per range request when reading a large prefix.
 const RANGE_PAGE: i64 = 1000;
 
@@ -23,6 +25,10 @@ pub struct EtcdOptions {
     /// Deadline of each request.
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
+    /// TLS (https:// endpoints): the CA and an optional client identity.
+    pub tls: Option<EtcdTls>,
+    /// An etcd user, when etcd has authentication enabled.
+    pub user: Option<EtcdUser>,
 }
 
 impl EtcdOptions {
@@ -31,6 +37,8 @@ impl EtcdOptions {
             endpoints,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            tls: None,
+            user: None,
         }
     }
 }
@@ -45,10 +53,21 @@ impl EtcdStore {
     /// Connects to etcd. The connection is established lazily by etcd-client
     /// and re-established after failures.
     pub async fn connect(options: &EtcdOptions) -> Result<Self> {
-        let connect = ConnectOptions::new()
+        let mut connect = ConnectOptions::new()
             .with_timeout(options.request_timeout)
             .with_connect_timeout(options.connect_timeout)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if let Some(tls) = &options.tls {
+            let mut config = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(etcd_client::Identity::from_pem(cert, key.expose()));
+            }
+            connect = connect.with_tls(config);
+        }
+        if let Some(user) = &options.user {
+            connect = connect.with_user(user.name.clone(), user.password.expose().clone());
+        }
         let client = Client::connect(&options.endpoints, Some(connect))
             .await
             .map_err(into_store_error)?;

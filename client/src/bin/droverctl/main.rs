@@ -3,12 +3,13 @@
 //! Exit codes: 0 success; 1 any other failure; 2 usage error; 3 not found;
 //! 4 already exists; 5 invalid argument; 6 failed precondition; 7 aborted
 //! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
-//! `op wait`) failed or was cancelled.
+//! `op wait`) failed or was cancelled; 10 unauthenticated (no or a wrong
+//! token); 11 permission denied (the token's role may not do this).
 
 mod task;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use drover_client::{v1, Client, ClientError};
+use drover_client::{v1, Client, ClientError, ConnectOptions, Tls};
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,14 +17,32 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(name = "droverctl", version, about = "Command line for Drover")]
 struct Cli {
-    /// Replica gRPC endpoint.
+    /// Replica gRPC endpoints, comma-separated; with several, calls go to
+    /// whichever answers. https:// URLs use TLS.
     #[arg(
         long,
         global = true,
         env = "DROVER_ENDPOINT",
+        value_delimiter = ',',
         default_value = "http://127.0.0.1:7070"
     )]
-    endpoint: String,
+    endpoint: Vec<String>,
+    /// Bearer token (prefer DROVER_TOKEN or --token-file: a flag shows in
+    /// the process list).
+    #[arg(long, global = true, env = "DROVER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the bearer token.
+    #[arg(long, global = true, env = "DROVER_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
+    /// PEM CA that signed the replicas' certificates (TLS).
+    #[arg(long, global = true, env = "DROVER_CA_CERT")]
+    ca_cert: Option<std::path::PathBuf>,
+    /// PEM client certificate, for replicas that require one (with --key).
+    #[arg(long, global = true, env = "DROVER_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "DROVER_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -226,13 +245,56 @@ fn exit_code(error: &ClientError) -> u8 {
             Code::FailedPrecondition => 6,
             Code::Aborted => 7,
             Code::Unavailable => 8,
+            Code::Unauthenticated => 10,
+            Code::PermissionDenied => 11,
             _ => 1,
         },
     }
 }
 
+/// TLS and token options from the flags; files that cannot be read are
+/// usage errors.
+fn connect_options(cli: &Cli) -> Result<ConnectOptions, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    let token = match (&cli.token, &cli.token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(
+            String::from_utf8(read(path)?)
+                .map_err(|_| format!("{} is not UTF-8", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    let identity = match (&cli.cert, &cli.key) {
+        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+        _ => None,
+    };
+    let tls = match &cli.ca_cert {
+        Some(ca) => Some(Tls {
+            ca_pem: read(ca)?,
+            identity,
+            domain: None,
+        }),
+        None if identity.is_some() => return Err("--cert needs --ca-cert".into()),
+        None => None,
+    };
+    Ok(ConnectOptions { tls, token })
+}
+
+async fn connect(cli: &Cli) -> Result<Client, ClientError> {
+    let options = connect_options(cli)
+        .map_err(|message| ClientError::Status(tonic::Status::invalid_argument(message)))?;
+    match cli.endpoint.as_slice() {
+        [one] => Client::connect_with(one, &options).await,
+        many => Client::connect_many_with(many, &options),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), ClientError> {
-    let mut client = Client::connect(&cli.endpoint).await?;
+    let mut client = connect(&cli).await?;
     match cli.command {
         Command::Task(command) => task::run(&mut client, cli.output, command).await?,
         Command::Cluster(ClusterCommand::Create {
@@ -472,15 +534,8 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             }
         }
         Command::Members => {
-            let channel = tonic::transport::Channel::from_shared(cli.endpoint.clone())
-                .map_err(|_| tonic::Status::invalid_argument("endpoint is not a URL"))?
-                .connect()
-                .await
-                .map_err(|source| ClientError::Connect {
-                    endpoint: cli.endpoint.clone(),
-                    source,
-                })?;
-            let members = v1::admin_client::AdminClient::new(channel)
+            let members = client
+                .admin()
                 .list_members(v1::ListMembersRequest {})
                 .await?
                 .into_inner()
@@ -551,19 +606,10 @@ async fn follow(
         print_operations(output, &[op]);
         return Ok(());
     }
-    let mut last_step = String::new();
+    let mut progress = Progress::new();
     let mut current = op;
     loop {
-        if let Some(progress) = &current.progress {
-            let line = format!(
-                "[{}/{}] {}",
-                progress.step, progress.total_steps, progress.step_name
-            );
-            if line != last_step {
-                eprintln!("{line}");
-                last_step = line;
-            }
-        }
+        progress.show(&current);
         if current.state >= v1::OperationState::Succeeded as i32 {
             break;
         }
@@ -572,8 +618,62 @@ async fn follow(
             .wait_operation(&current, Duration::from_millis(500))
             .await?;
     }
+    progress.finish();
     print_operations(output, std::slice::from_ref(&current));
     operation_outcome(&current)
+}
+
+/// The progress of a followed operation on standard error: a bar redrawn in
+/// place on a terminal, one line per step otherwise (logs, CI).
+struct Progress {
+    terminal: bool,
+    last: String,
+}
+
+impl Progress {
+    const WIDTH: u32 = 24;
+
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Self {
+            terminal: std::io::stderr().is_terminal(),
+            last: String::new(),
+        }
+    }
+
+    fn show(&mut self, op: &v1::Operation) {
+        let Some(p) = &op.progress else { return };
+        let total = p.total_steps.max(1);
+        let line = if self.terminal {
+            let done = (p.step.saturating_sub(1)).min(total) * Self::WIDTH / total;
+            format!(
+                "[{}{}] {}/{} {}",
+                "#".repeat(done as usize),
+                ".".repeat((Self::WIDTH - done) as usize),
+                p.step,
+                p.total_steps,
+                p.step_name
+            )
+        } else {
+            format!("[{}/{}] {}", p.step, p.total_steps, p.step_name)
+        };
+        if line == self.last {
+            return;
+        }
+        if self.terminal {
+            // Clear the line, then redraw.
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+        self.last = line;
+    }
+
+    fn finish(&self) {
+        if self.terminal && !self.last.is_empty() {
+            eprintln!();
+        }
+    }
 }
 
 /// A failed or cancelled operation is a failure of the command.

@@ -2,10 +2,15 @@
 //! TOML file, merged in that order of precedence and validated before any
 //! port binds. A bad value is one clear line and exit code 64 (EX_USAGE).
 
+mod security;
+
+pub use security::{EtcdTls, EtcdUser, Secret, Security, ServerTls};
+
 use crate::cluster::validate;
 use crate::executor::Timeouts;
 use crate::operation::OperationKind;
 use clap::{Args, Parser, Subcommand};
+use security::SecuritySettings;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +48,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run one replica with an in-memory store on loopback: no etcd needed.
     Dev(DevArgs),
+    /// Print the SHA-256 (hex) of the token read from standard input, for
+    /// the --auth-tokens file.
+    HashToken,
 }
 
 /// Flags of `drover serve`; each also reads a `DROVER_*` variable.
@@ -118,6 +126,35 @@ pub struct Settings {
     /// of it); 0 disables [default: 300].
     #[arg(long, env = "DROVER_COMPACT_INTERVAL")]
     pub compact_interval: Option<u64>,
+    /// PEM certificate chain for TLS on the gRPC port (with tls_key).
+    #[arg(long, env = "DROVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of tls_cert.
+    #[arg(long, env = "DROVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: clients must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "DROVER_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Bearer-token file (TOML: [[token]] name, role, sha256); without it
+    /// every caller may do everything.
+    #[arg(long, env = "DROVER_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// PEM CA of etcd's certificate (with https:// etcd endpoints).
+    #[arg(long, env = "DROVER_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with etcd_key).
+    #[arg(long, env = "DROVER_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of etcd_cert.
+    #[arg(long, env = "DROVER_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user name (with etcd_password_file).
+    #[arg(long, env = "DROVER_ETCD_USERNAME")]
+    pub etcd_username: Option<String>,
+    /// File holding the etcd user's password (never given on the command
+    /// line, so it cannot show in the process list).
+    #[arg(long, env = "DROVER_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -136,6 +173,15 @@ impl Settings {
             scan_interval: self.scan_interval.or(file.scan_interval),
             admin_listen: self.admin_listen.or(file.admin_listen),
             compact_interval: self.compact_interval.or(file.compact_interval),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            tls_client_ca: self.tls_client_ca.or(file.tls_client_ca),
+            auth_tokens: self.auth_tokens.or(file.auth_tokens),
+            etcd_ca: self.etcd_ca.or(file.etcd_ca),
+            etcd_cert: self.etcd_cert.or(file.etcd_cert),
+            etcd_key: self.etcd_key.or(file.etcd_key),
+            etcd_username: self.etcd_username.or(file.etcd_username),
+            etcd_password_file: self.etcd_password_file.or(file.etcd_password_file),
         }
     }
 }
@@ -162,6 +208,7 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// `None`: Drover does not compact etcd.
     pub compact_interval: Option<std::time::Duration>,
+    pub security: Security,
 }
 
 /// A configuration error: one line naming the setting.
@@ -172,7 +219,7 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         setting,
         reason: reason.into(),
@@ -339,7 +386,20 @@ impl Config {
                 ))
             }
         };
+        let security = SecuritySettings {
+            tls_cert: settings.tls_cert,
+            tls_key: settings.tls_key,
+            tls_client_ca: settings.tls_client_ca,
+            auth_tokens: settings.auth_tokens,
+            etcd_ca: settings.etcd_ca,
+            etcd_cert: settings.etcd_cert,
+            etcd_key: settings.etcd_key,
+            etcd_username: settings.etcd_username,
+            etcd_password_file: settings.etcd_password_file,
+        }
+        .load(&etcd_endpoints)?;
         Ok(Config {
+            security,
             compact_interval,
             admin_listen,
             scan_interval: std::time::Duration::from_secs(scan_interval),

@@ -1,0 +1,118 @@
+//! The role table: the least role each RPC needs.
+
+use serde::Deserialize;
+
+/// Roles, each allowed everything the one before it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reads clusters, operations and tasks; waits for operations.
+    Viewer,
+    /// Runs lifecycle operations, cancels them, edits labels and tasks.
+    Operator,
+    /// Destroys clusters and reads replication internals (members, owners).
+    Admin,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        })
+    }
+}
+
+/// What calling a path takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Health checks and reflection: no token.
+    Open,
+    Needs(Role),
+}
+
+/// Every drover.v1 RPC and the least role that may call it.
+pub const RPC_ROLES: &[(&str, Role)] = &[
+    ("/drover.v1.Clusters/GetCluster", Role::Viewer),
+    ("/drover.v1.Clusters/ListClusters", Role::Viewer),
+    ("/drover.v1.Clusters/WatchClusters", Role::Viewer),
+    ("/drover.v1.Clusters/CreateCluster", Role::Operator),
+    ("/drover.v1.Clusters/UpdateCluster", Role::Operator),
+    ("/drover.v1.Clusters/StartCluster", Role::Operator),
+    ("/drover.v1.Clusters/StopCluster", Role::Operator),
+    ("/drover.v1.Clusters/ScaleCluster", Role::Operator),
+    ("/drover.v1.Clusters/UpgradeCluster", Role::Operator),
+    ("/drover.v1.Clusters/AddNodes", Role::Operator),
+    ("/drover.v1.Clusters/RemoveNodes", Role::Operator),
+    ("/drover.v1.Clusters/RecoverCluster", Role::Operator),
+    ("/drover.v1.Clusters/DeleteCluster", Role::Admin),
+    ("/drover.v1.Operations/GetOperation", Role::Viewer),
+    ("/drover.v1.Operations/ListOperations", Role::Viewer),
+    ("/drover.v1.Operations/WaitOperation", Role::Viewer),
+    ("/drover.v1.Operations/CancelOperation", Role::Operator),
+    ("/drover.v1.Tasks/GetTask", Role::Viewer),
+    ("/drover.v1.Tasks/ListTasks", Role::Viewer),
+    ("/drover.v1.Tasks/ListTaskRuns", Role::Viewer),
+    ("/drover.v1.Tasks/PutTask", Role::Operator),
+    ("/drover.v1.Tasks/DeleteTask", Role::Operator),
+    ("/drover.v1.Admin/ListMembers", Role::Admin),
+    ("/drover.v1.Admin/GetOwner", Role::Admin),
+];
+
+const OPEN_SERVICES: [&str; 3] = [
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+];
+
+/// What calling `path` takes; a path not in the table needs admin.
+pub fn required_role(path: &str) -> Access {
+    if OPEN_SERVICES.iter().any(|open| path.starts_with(open)) {
+        return Access::Open;
+    }
+    let role = RPC_ROLES
+        .iter()
+        .find(|(rpc, _)| *rpc == path)
+        .map_or(Role::Admin, |(_, role)| *role);
+    Access::Needs(role)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    /// Every RPC the contract declares is in the table (and nothing else).
+    #[test]
+    fn the_table_covers_every_rpc_of_the_contract() {
+        let set = prost_types::FileDescriptorSet::decode(drover_proto::FILE_DESCRIPTOR_SET)
+            .expect("descriptor set");
+        let mut declared: Vec<String> = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "drover.v1")
+            .flat_map(|f| {
+                f.service.iter().flat_map(move |s| {
+                    s.method
+                        .iter()
+                        .map(move |m| format!("/{}.{}/{}", f.package(), s.name(), m.name()))
+                })
+            })
+            .collect();
+        declared.sort();
+        let mut listed: Vec<String> = RPC_ROLES.iter().map(|(p, _)| p.to_string()).collect();
+        listed.sort();
+        assert_eq!(declared, listed);
+    }
+
+    #[test]
+    fn probes_are_open_and_unknown_paths_need_admin() {
+        assert_eq!(required_role("/grpc.health.v1.Health/Check"), Access::Open);
+        assert_eq!(
+            required_role("/drover.v1.Clusters/Nope"),
+            Access::Needs(Role::Admin)
+        );
+        assert!(Role::Viewer < Role::Operator && Role::Operator < Role::Admin);
+    }
+}

@@ -1,0 +1,263 @@
+//! The security settings: TLS (and client certificates) on the gRPC port,
+//! the bearer-token file, and TLS and a user towards etcd. Every file is
+//! read and checked while the configuration loads, before any port binds.
+//!
+//! Secrets (private keys, the etcd password) are held in [`Secret`], whose
+//! `Debug` prints nothing, so no log line can carry them.
+
+use super::{invalid, ConfigError};
+use crate::auth::TokenFile;
+use std::path::{Path, PathBuf};
+
+/// A value that must never be printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret<T>(T);
+
+impl<T> Secret<T> {
+    pub fn new(value: T) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// TLS on the gRPC port.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Secret<Vec<u8>>,
+    /// When set, clients must present a certificate signed by this CA.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl ServerTls {
+    pub fn config(&self) -> tonic::transport::ServerTlsConfig {
+        let identity = tonic::transport::Identity::from_pem(&self.cert_pem, self.key_pem.expose());
+        let config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        match &self.client_ca_pem {
+            Some(ca) => config.client_ca_root(tonic::transport::Certificate::from_pem(ca)),
+            None => config,
+        }
+    }
+}
+
+/// A PEM certificate and its private key.
+pub type KeyPair = (Vec<u8>, Secret<Vec<u8>>);
+
+/// TLS towards etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, for etcd's `--client-cert-auth`.
+    pub identity: Option<KeyPair>,
+}
+
+/// An etcd user (etcd's `auth enable`).
+#[derive(Debug, Clone)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password: Secret<String>,
+}
+
+/// Everything security-related, validated.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    pub server_tls: Option<ServerTls>,
+    pub tokens: Option<TokenFile>,
+    pub etcd_tls: Option<EtcdTls>,
+    pub etcd_user: Option<EtcdUser>,
+}
+
+/// The security settings as given.
+#[derive(Debug, Default)]
+pub struct SecuritySettings {
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
+    pub auth_tokens: Option<PathBuf>,
+    pub etcd_ca: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+    pub etcd_username: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path)
+        .map_err(|e| invalid(setting, format!("cannot read {}: {e}", path.display())))
+}
+
+fn pair(
+    cert_setting: &'static str,
+    key_setting: &'static str,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<KeyPair>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some((
+            read(cert_setting, &cert)?,
+            Secret::new(read(key_setting, &key)?),
+        ))),
+        (Some(_), None) => Err(invalid(
+            key_setting,
+            format!("is required with {cert_setting}"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            cert_setting,
+            format!("is required with {key_setting}"),
+        )),
+    }
+}
+
+impl SecuritySettings {
+    /// Reads and checks every file; `etcd_endpoints` decide whether etcd
+    /// is reached over TLS.
+    pub fn load(self, etcd_endpoints: &[String]) -> Result<Security, ConfigError> {
+        let server_tls = match pair("tls_cert", "tls_key", self.tls_cert, self.tls_key)? {
+            Some((cert_pem, key_pem)) => {
+                let client_ca_pem = self
+                    .tls_client_ca
+                    .map(|path| read("tls_client_ca", &path))
+                    .transpose()?;
+                let tls = ServerTls {
+                    cert_pem,
+                    key_pem,
+                    client_ca_pem,
+                };
+                // Parses the certificate and key now rather than at bind.
+                tonic::transport::Server::builder()
+                    .tls_config(tls.config())
+                    .map_err(|e| {
+                        invalid("tls_cert", format!("unusable certificate or key: {e}"))
+                    })?;
+                Some(tls)
+            }
+            None if self.tls_client_ca.is_some() => {
+                return Err(invalid("tls_client_ca", "needs tls_cert and tls_key"))
+            }
+            None => None,
+        };
+        let tokens = self
+            .auth_tokens
+            .map(|path| {
+                let text = String::from_utf8(read("auth_tokens", &path)?)
+                    .map_err(|_| invalid("auth_tokens", "is not UTF-8"))?;
+                TokenFile::parse(&text)
+                    .map_err(|e| invalid("auth_tokens", format!("{}: {e}", path.display())))
+            })
+            .transpose()?;
+        let https = etcd_endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https != 0 && https != etcd_endpoints.len() {
+            return Err(invalid(
+                "etcd_endpoints",
+                "mixes http:// and https:// endpoints",
+            ));
+        }
+        let identity = pair("etcd_cert", "etcd_key", self.etcd_cert, self.etcd_key)?;
+        let etcd_tls = match self.etcd_ca {
+            Some(ca) if https > 0 => Some(EtcdTls {
+                ca_pem: read("etcd_ca", &ca)?,
+                identity,
+            }),
+            Some(_) => return Err(invalid("etcd_ca", "needs https:// etcd endpoints")),
+            None if https > 0 => return Err(invalid(
+                "etcd_ca",
+                "is required with https:// etcd endpoints (the CA that signed etcd's certificate)",
+            )),
+            None if identity.is_some() => {
+                return Err(invalid("etcd_cert", "needs etcd_ca and https:// endpoints"))
+            }
+            None => None,
+        };
+        let etcd_user = match (self.etcd_username, self.etcd_password_file) {
+            (None, None) => None,
+            (Some(name), Some(path)) => {
+                let password = String::from_utf8(read("etcd_password_file", &path)?)
+                    .map_err(|_| invalid("etcd_password_file", "is not UTF-8"))?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string();
+                if name.is_empty() || password.is_empty() {
+                    return Err(invalid(
+                        "etcd_username",
+                        "the user name and the password file must not be empty",
+                    ));
+                }
+                Some(EtcdUser {
+                    name,
+                    password: Secret::new(password),
+                })
+            }
+            (Some(_), None) => {
+                return Err(invalid(
+                    "etcd_password_file",
+                    "is required with etcd_username",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "etcd_username",
+                    "is required with etcd_password_file",
+                ))
+            }
+        };
+        Ok(Security {
+            server_tls,
+            tokens,
+            etcd_tls,
+            etcd_user,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let user = EtcdUser {
+            name: "drover".into(),
+            password: Secret::new("hunter2".into()),
+        };
+        let printed = format!("{user:?}");
+        assert!(
+            printed.contains("drover") && !printed.contains("hunter2"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn half_given_pairs_name_the_missing_setting() {
+        let only_cert = SecuritySettings {
+            tls_cert: Some("/nonexistent".into()),
+            ..Default::default()
+        };
+        assert_eq!(only_cert.load(&[]).unwrap_err().setting, "tls_key");
+        let only_user = SecuritySettings {
+            etcd_username: Some("u".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            only_user.load(&[]).unwrap_err().setting,
+            "etcd_password_file"
+        );
+        let https_without_ca = SecuritySettings::default();
+        let endpoints = ["https://127.0.0.1:2379".to_string()];
+        assert_eq!(
+            https_without_ca.load(&endpoints).unwrap_err().setting,
+            "etcd_ca"
+        );
+    }
+}

@@ -76,12 +76,14 @@ pub async fn serve(
     let metrics = Metrics::new();
     let store = MeteredStore::wrap(store, Arc::clone(&metrics));
     let keys = KeyLayout::new(config.key_prefix.clone());
+    let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
     let operations = Operations::new(
         store.clone(),
         keys.clone(),
         config.operation_history,
         Arc::clone(&metrics),
-    );
+    )
+    .with_cache(Arc::clone(&cache));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -133,7 +135,6 @@ pub async fn serve(
             work_stopped.clone(),
         ));
     }
-    let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
     tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
     let executes = provider.is_some();
     let workers = match provider {
@@ -154,6 +155,7 @@ pub async fn serve(
                 operations.clone(),
                 provider.clone(),
                 Arc::clone(&replication),
+                Arc::clone(&cache),
                 config.operation_timeouts.clone(),
             );
             tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));

@@ -23,9 +23,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 const RELIST_DELAY: Duration = Duration::from_millis(200);
+/// State changes buffered per follower; one that falls further behind is
+/// told to re-scan.
+const CHANGES_BUFFER: usize = 4096;
 
 #[derive(Default)]
 struct Snapshot {
@@ -67,8 +70,19 @@ fn declares_tasks(spec_json: &[u8]) -> bool {
 
 const TASKS_FIELD: &[u8] = b"\"tasks\":[{";
 
+/// A change the cache applied, for whoever follows it (the executor) in
+/// place of a watch of its own.
+#[derive(Debug, Clone)]
+pub enum CacheChange {
+    /// A cluster's state key was written.
+    State(KeyValue),
+    /// The cache listed everything anew: changes may have been missed.
+    Relisted,
+}
+
 pub struct ClusterCache {
     store: SharedStore,
+    changes: broadcast::Sender<CacheChange>,
     metrics: Arc<Metrics>,
     keys: KeyLayout,
     registry: Registry,
@@ -78,6 +92,7 @@ pub struct ClusterCache {
 impl ClusterCache {
     pub fn new(store: SharedStore, keys: KeyLayout, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
+            changes: broadcast::channel(CHANGES_BUFFER).0,
             metrics,
             registry: Registry::new(store.clone(), keys.clone()),
             store,
@@ -116,6 +131,7 @@ impl ClusterCache {
                 snapshot.ready = true;
                 self.metrics.clusters.set(snapshot.clusters.len() as i64);
             }
+            let _ = self.changes.send(CacheChange::Relisted);
             loop {
                 tokio::select! {
                     _ = shutdown.changed() => return,
@@ -154,7 +170,15 @@ impl ClusterCache {
         }
     }
 
+    /// Follows the state changes the cache applies from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<CacheChange> {
+        self.changes.subscribe()
+    }
+
     fn apply(&self, kind: EventKind, kv: KeyValue) {
+        if kind == EventKind::Put && kv.key.ends_with("/state") {
+            let _ = self.changes.send(CacheChange::State(kv.clone()));
+        }
         let mut snapshot = self.write();
         match kind {
             EventKind::Put => {

@@ -8,7 +8,7 @@ mod registry;
 mod state;
 pub mod validate;
 
-pub use cache::ClusterCache;
+pub use cache::{CacheChange, ClusterCache};
 pub use record::{
     Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
     StateRecord, StatusRecord, SCHEMA_VERSION,

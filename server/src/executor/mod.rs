@@ -1,9 +1,10 @@
 //! The executor: finds accepted operations and runs them step by step
 //! through the provider.
 //!
-//! It lists every cluster state holding an operation slot, then watches the
-//! state keys from the list's revision + 1 (re-listing after compaction or a
-//! broken watch, and periodically, to catch anything missed).
+//! It lists every cluster state holding an operation slot, then follows the
+//! state changes this replica's watch cache applies (re-listing when the
+//! cache re-lists or the executor falls behind, and periodically, to catch
+//! anything missed); it keeps no watch of its own.
 //!
 //! # Guarantees
 //! - Every write the executor makes goes through `Holding::commit`, which
@@ -24,13 +25,13 @@
 mod plan;
 mod run;
 
-pub use plan::{plan, Step};
+pub use plan::{needs_nodes, plan, Step};
 
-use crate::cluster::{from_json, StateRecord};
+use crate::cluster::{from_json, CacheChange, ClusterCache, StateRecord};
 use crate::operation::{OperationKind, Operations};
 use crate::provider::Provider;
 use crate::replication::Replication;
-use crate::store::{EventKind, RangeRequest};
+use crate::store::RangeRequest;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,6 +39,11 @@ use tokio::sync::{mpsc, watch};
 
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// A cluster's operation history is collected after every this many of its
+/// operations (and after the first one this replica runs), so the read it
+/// takes is not paid on every operation. The history stays within the
+/// limit plus the GC slack plus this.
+const GC_EVERY: u32 = 8;
 
 /// Per-kind operation timeouts.
 #[derive(Debug, Clone)]
@@ -73,8 +79,12 @@ pub struct Executor {
     operations: Operations,
     provider: Provider,
     replication: Arc<Replication>,
+    cache: Arc<ClusterCache>,
     timeouts: Timeouts,
     in_flight: Mutex<HashSet<String>>,
+    /// Operations finished per cluster since its history was last
+    /// collected here.
+    since_gc: Mutex<HashMap<String, u32>>,
 }
 
 impl Executor {
@@ -82,15 +92,31 @@ impl Executor {
         operations: Operations,
         provider: Provider,
         replication: Arc<Replication>,
+        cache: Arc<ClusterCache>,
         timeouts: Timeouts,
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
             provider,
             replication,
+            cache,
             timeouts,
             in_flight: Mutex::new(HashSet::new()),
+            since_gc: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether the operation that just finished on `cluster` should collect
+    /// its history.
+    fn gc_due(&self, cluster: &str) -> bool {
+        let mut since = self.since_gc.lock().unwrap_or_else(|p| p.into_inner());
+        let count = since.entry(cluster.to_string()).or_insert(GC_EVERY - 1);
+        *count += 1;
+        if *count >= GC_EVERY {
+            *count = 0;
+            return true;
+        }
+        false
     }
 
     /// Operations running on this replica now.
@@ -108,25 +134,14 @@ impl Executor {
         mut shutdown: watch::Receiver<bool>,
         mut adoptions: mpsc::UnboundedReceiver<String>,
     ) {
-        let store = self.operations.store().clone();
-        let prefix = self.operations.keys().clusters();
         while !*shutdown.borrow() {
-            let listed = match self.scan().await {
-                Ok(revision) => revision,
-                Err(error) => {
-                    tracing::warn!(%error, "executor scan failed; retrying");
-                    tokio::time::sleep(RETRY_DELAY).await;
-                    continue;
-                }
-            };
-            let mut watch = match store.watch(&prefix, listed + 1).await {
-                Ok(watch) => watch,
-                Err(error) => {
-                    tracing::warn!(%error, "executor watch failed; retrying");
-                    tokio::time::sleep(RETRY_DELAY).await;
-                    continue;
-                }
-            };
+            // Subscribe before listing, so no change after the list is missed.
+            let mut changes = self.cache.subscribe();
+            if let Err(error) = self.scan().await {
+                tracing::warn!(%error, "executor scan failed; retrying");
+                tokio::time::sleep(RETRY_DELAY).await;
+                continue;
+            }
             let rescan = tokio::time::sleep(RESCAN_INTERVAL);
             tokio::pin!(rescan);
             loop {
@@ -134,18 +149,14 @@ impl Executor {
                     _ = shutdown.changed() => break,
                     _ = &mut rescan => break,
                     Some(cluster) = adoptions.recv() => self.adopt(&cluster).await,
-                    event = watch.next() => match event {
-                        Some(Ok(event)) if event.kind == EventKind::Put && event.kv.key.ends_with("/state") => {
-                            if let Ok(state) = from_json::<StateRecord>(&event.kv) {
-                                self.start_slot(&event.kv.key, &state);
+                    change = changes.recv() => match change {
+                        Ok(CacheChange::State(kv)) => {
+                            if let Ok(state) = from_json::<StateRecord>(&kv) {
+                                self.start_slot(&kv.key, &state);
                             }
                         }
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => {
-                            tracing::info!(%error, "executor watch ended; re-listing");
-                            break;
-                        }
-                        None => break,
+                        // Missed changes: list again.
+                        Ok(CacheChange::Relisted) | Err(_) => break,
                     },
                 }
             }
@@ -153,8 +164,8 @@ impl Executor {
         tracing::info!("executor stopped taking new operations");
     }
 
-    /// Starts every operation found in a slot; returns the list revision.
-    async fn scan(self: &Arc<Self>) -> crate::store::Result<i64> {
+    /// Starts every operation found in a slot.
+    async fn scan(self: &Arc<Self>) -> crate::store::Result<()> {
         let store = self.operations.store();
         let listed = store
             .range(RangeRequest::prefix(self.operations.keys().clusters()))
@@ -164,7 +175,7 @@ impl Executor {
                 self.start_slot(&kv.key, &state);
             }
         }
-        Ok(listed.revision)
+        Ok(())
     }
 
     /// Looks at a cluster this replica just became the owner of: its

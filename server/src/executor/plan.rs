@@ -44,6 +44,13 @@ impl Step {
         }
     }
 
+    /// Whether the step changes anything at the provider. Progress is
+    /// persisted (and a cancel noticed) only before such steps: a read-only
+    /// step needs neither.
+    pub fn is_mutating(&self) -> bool {
+        !matches!(self, Step::HealthCheck)
+    }
+
     /// The event a failure of this step sends: provisioning failures end in
     /// Error, everything else as the table says for OperationFailed.
     pub fn failure_event(&self) -> Event {
@@ -51,6 +58,20 @@ impl Step {
             Step::CreateNodes => Event::CreateFailed,
             _ => Event::OperationFailed,
         }
+    }
+}
+
+/// Whether planning `operation` depends on the nodes as they are now; when
+/// it does not, the executor skips describing them first.
+pub fn needs_nodes(operation: &OperationRecord) -> bool {
+    match operation.kind {
+        OperationKind::Start | OperationKind::Upgrade => true,
+        OperationKind::Stop => operation.go_ahead,
+        OperationKind::Scale
+        | OperationKind::AddNodes
+        | OperationKind::RemoveNodes
+        | OperationKind::Destroy
+        | OperationKind::Recover => false,
     }
 }
 

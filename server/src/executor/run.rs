@@ -2,7 +2,7 @@
 //! holds the cluster (compares the state key's and the operation's
 //! revisions).
 
-use super::{plan, Executor, Step};
+use super::{needs_nodes, plan, Executor, Step};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus, StateRecord,
@@ -110,13 +110,7 @@ impl Holding<'_> {
     /// Why a write failed: a cancel request (the only other writer of the
     /// operation record) or a lost hold.
     async fn explain(&mut self, error: LifecycleError) -> Interrupt {
-        let conflict = matches!(
-            error,
-            LifecycleError::Registry(crate::cluster::RegistryError::Store(
-                StoreError::Conflict { .. }
-            ))
-        );
-        if !conflict {
+        if !is_conflict(&error) {
             tracing::warn!(%error, operation = %self.operation.id, "write failed");
             return Interrupt::Lost;
         }
@@ -301,15 +295,29 @@ impl Holding<'_> {
             state: format!("{state:?}"),
             message: error.map(|e| e.message),
         });
-        let writes = vec![
-            Op::put(keys.cluster_state(&name), to_json(&new_state)),
-            Op::put(
-                keys.operation(&name, &self.operation.id),
-                to_json(&self.operation),
-            ),
-            Op::put(keys.cluster_status(&name), to_json(&status)),
-        ];
-        self.commit(writes).await?;
+        // A cancel that lands after the last step began cannot stop it: the
+        // operation ends as it did, with the cancel request kept on record.
+        let mut cancels_seen = 0;
+        loop {
+            let writes = vec![
+                Op::put(keys.cluster_state(&name), to_json(&new_state)),
+                Op::put(
+                    keys.operation(&name, &self.operation.id),
+                    to_json(&self.operation),
+                ),
+                Op::put(keys.cluster_status(&name), to_json(&status)),
+            ];
+            match self.commit(writes).await {
+                Ok(_) => break,
+                Err(error) if cancels_seen == 0 && is_conflict(&error) => {
+                    cancels_seen += 1;
+                    if let Interrupt::Lost = self.explain(error).await {
+                        return Err(LifecycleError::Raced(name));
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
         let metrics = self.executor.operations.metrics();
         metrics.transition(from, to);
         let kind = self.operation.kind.name().to_string();
@@ -338,6 +346,15 @@ impl Holding<'_> {
         );
         Ok(())
     }
+}
+
+fn is_conflict(error: &LifecycleError) -> bool {
+    matches!(
+        error,
+        LifecycleError::Registry(crate::cluster::RegistryError::Store(
+            StoreError::Conflict { .. }
+        ))
+    )
 }
 
 /// Where the cluster goes when an operation ends.
@@ -391,7 +408,7 @@ fn error(code: Code, message: impl Into<String>) -> Option<OperationError> {
 impl Executor {
     /// Runs one operation from wherever it is.
     pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
-        let current = self.operations.registry().get(cluster).await?;
+        let (current, operation) = self.operations.get_with_cluster(cluster, id).await?;
         self.operations.check_schema(&current)?;
         if current
             .state
@@ -404,9 +421,10 @@ impl Executor {
         let Some(claim) = self.replication.claim(cluster) else {
             return Ok(());
         };
-        let Versioned {
-            record, revision, ..
-        } = self.operations.get(cluster, id).await?;
+        let Versioned { record, revision } = operation.ok_or_else(|| LifecycleError::NotFound {
+            cluster: cluster.to_string(),
+            id: id.to_string(),
+        })?;
         let mut holding = Holding {
             executor: self,
             claim,
@@ -465,7 +483,11 @@ impl Executor {
 
     async fn execute(&self, mut holding: Holding<'_>) -> Result<(), LifecycleError> {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
-        let nodes = holding.describe().await.unwrap_or_default();
+        let nodes = if needs_nodes(&holding.operation) {
+            holding.describe().await.unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let steps = plan(&holding.operation, &holding.cluster.spec.spec, &nodes);
         let total = steps.len() as u32;
         holding.operation.state = OperationState::Running;
@@ -480,25 +502,29 @@ impl Executor {
                 total_steps: total,
                 step_name: step.name(),
             });
-            // The claim (first step) and each step boundary: a cancel request
-            // shows up here as a conflict.
-            match holding.save_operation().await {
-                Ok(()) => {}
-                Err(Interrupt::Cancelled) => {
-                    let message = format!(
-                        "cancelled before step {} of {total} ({})",
-                        index + 1,
-                        step.name()
-                    );
-                    return holding
-                        .finish(
-                            OperationState::Cancelled,
-                            Event::OperationFailed,
-                            error(Code::Cancelled, message),
-                        )
-                        .await;
+            // The claim (first step) and the boundary before each mutating
+            // step are written: a cancel request shows up there as a
+            // conflict. A read-only step is worth neither a write nor a
+            // cancel; its progress shows in the final record.
+            if index == 0 || step.is_mutating() {
+                match holding.save_operation().await {
+                    Ok(()) => {}
+                    Err(Interrupt::Cancelled) => {
+                        let message = format!(
+                            "cancelled before step {} of {total} ({})",
+                            index + 1,
+                            step.name()
+                        );
+                        return holding
+                            .finish(
+                                OperationState::Cancelled,
+                                Event::OperationFailed,
+                                error(Code::Cancelled, message),
+                            )
+                            .await;
+                    }
+                    Err(Interrupt::Lost) => return Ok(()),
                 }
-                Err(Interrupt::Lost) => return Ok(()),
             }
             let outcome = tokio::time::timeout_at(deadline, holding.call(step)).await;
             let failure = match outcome {
@@ -534,9 +560,10 @@ impl Executor {
         holding
             .finish(OperationState::Succeeded, Event::OperationSucceeded, None)
             .await?;
-        self.operations
-            .collect_garbage(&holding.cluster.spec.name)
-            .await?;
+        let cluster = &holding.cluster.spec.name;
+        if self.gc_due(cluster) {
+            self.operations.collect_garbage(cluster).await?;
+        }
         Ok(())
     }
 }

@@ -146,12 +146,35 @@ impl Operations {
         if let Some(existing) = self.by_request_id(cluster, &request.request_id).await? {
             return Ok(existing.record);
         }
+        // The watch cache usually holds the cluster as etcd does: try the
+        // transaction on it first (it compares the revisions it read, so a
+        // stale view only loses). Any refusal or lost race on the cached
+        // view is decided again on a read from etcd.
+        if let Some(Ok(cached)) = self.cache.as_ref().and_then(|cache| cache.get(cluster)) {
+            if let Ok(Some(record)) = self.try_accept(cluster, cached, &request).await {
+                return Ok(record);
+            }
+        }
         let current = self.registry.get(cluster).await?;
+        match self.try_accept(cluster, current, &request).await? {
+            Some(record) => Ok(record),
+            None => Err(self.explain_lost_race(cluster, &request).await),
+        }
+    }
+
+    /// Accepts `request` on the cluster as read in `current`: the
+    /// operation, or `None` when the cluster changed since (nothing written).
+    async fn try_accept(
+        &self,
+        cluster: &str,
+        current: ClusterRecord,
+        request: &LifecycleRequest,
+    ) -> Result<Option<OperationRecord>> {
         self.check_schema(&current)?;
         if let Some(slot) = &current.state.operation {
             return Err(busy(cluster, slot));
         }
-        let admitted = admit(&current, &request)?;
+        let admitted = admit(&current, request)?;
         let now = crate::cluster::now_rfc3339();
         let mut record = OperationRecord::pending(
             new_operation_id(),
@@ -233,11 +256,9 @@ impl Operations {
                     to = %record.entered_state,
                     "operation accepted"
                 );
-                Ok(record)
+                Ok(Some(record))
             }
-            Err(StoreError::Conflict { .. }) => {
-                Err(self.explain_lost_race(cluster, &request).await)
-            }
+            Err(StoreError::Conflict { .. }) => Ok(None),
             Err(error) => Err(error.into()),
         }
     }

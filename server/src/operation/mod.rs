@@ -19,10 +19,14 @@ pub use record::{
 };
 
 use crate::cluster::machine::{self, Event};
-use crate::cluster::{from_json, to_json, ClusterRecord, ClusterState, Registry, RegistryError};
+use crate::cluster::{
+    from_json, to_json, ClusterCache, ClusterRecord, ClusterState, Registry, RegistryError,
+};
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
-use crate::store::{CmpOp, Compare, Op, RangeRequest, SharedStore, StoreError, Txn};
+use crate::store::{
+    CmpOp, Compare, KeyValue, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
+};
 use feed::{FeedEvent, OperationFeed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,6 +103,8 @@ pub struct Operations {
     history_limit: usize,
     metrics: Arc<Metrics>,
     feed: Arc<OperationFeed>,
+    /// This replica's watch cache, tried first when accepting.
+    cache: Option<Arc<ClusterCache>>,
 }
 
 impl Operations {
@@ -116,7 +122,14 @@ impl Operations {
             history_limit,
             metrics,
             feed: OperationFeed::new(),
+            cache: None,
         }
+    }
+
+    /// Accepting tries this cache's view of a cluster before reading etcd.
+    pub fn with_cache(mut self, cache: Arc<ClusterCache>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -166,6 +179,48 @@ impl Operations {
             record: from_json(&kv)?,
             revision: kv.mod_revision,
         })
+    }
+
+    /// A cluster's spec, state and status and one of its operations, read
+    /// in one request (a read-only transaction) at one revision.
+    pub async fn get_with_cluster(
+        &self,
+        cluster: &str,
+        id: &str,
+    ) -> Result<(ClusterRecord, Option<Versioned>)> {
+        let operation_key = self.keys.operation(cluster, id);
+        let read = Txn::new().and_then([
+            Op::get(self.keys.cluster_spec(cluster)),
+            Op::get(self.keys.cluster_state(cluster)),
+            Op::get(self.keys.cluster_status(cluster)),
+            Op::get(&operation_key),
+        ]);
+        let mut kvs: Vec<KeyValue> = self
+            .store
+            .txn(read)
+            .await?
+            .results
+            .into_iter()
+            .filter_map(|result| match result {
+                OpResult::Get(kv) => kv,
+                _ => None,
+            })
+            .collect();
+        let operation = match kvs.iter().position(|kv| kv.key == operation_key) {
+            Some(at) => {
+                let kv = kvs.remove(at);
+                Some(Versioned {
+                    record: from_json(&kv)?,
+                    revision: kv.mod_revision,
+                })
+            }
+            None => None,
+        };
+        let cluster = self
+            .registry
+            .assemble(kvs)?
+            .ok_or_else(|| RegistryError::NotFound(cluster.to_string()))?;
+        Ok((cluster, operation))
     }
 
     /// The operation a request id created, if any.

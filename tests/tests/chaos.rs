@@ -1,10 +1,14 @@
-//! Chaos: a bounded operation load over three replicas while random
-//! replicas are killed (-9), paused past their lease TTL, or terminated, and
-//! restarted. Then a checker replays the whole history: operation records,
-//! the state keys' history and the provider's audit log.
+//! Chaos: a continuous operation load (one loop per cluster, each request
+//! with a request id and waited for) and a task run every 2 s per cluster,
+//! over three replicas, while rounds of faults hit: kill -9, a pause past
+//! the lease TTL, SIGTERM (each replaced by a fresh replica), and restarts
+//! of etcd; and, in a 3-member etcd, the loss of the leader with failing
+//! and hanging provider steps. Then a checker replays the whole history:
+//! operation records, the state keys' history and the provider's audit log.
 //!
-//! Bounded: a fixed number of rounds, each with deadlines; loopback only;
-//! only processes this test started are signalled, by pid.
+//! Bounded: a fixed number of rounds, each waiting (with a deadline) for the
+//! load to make progress; the load stops when the rounds are over;
+//! loopback only; only processes this test started are signalled, by pid.
 
 use drover_client::v1::{self, OperationState as O};
 use drover_client::Client;
@@ -13,10 +17,12 @@ use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, wait_until};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const ROUNDS: usize = 6;
+const ROUNDS: usize = 10;
 const CLUSTERS: usize = 4;
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -47,6 +53,10 @@ impl World {
     async fn client(&self) -> Client {
         self.replicas[0].1.client().await
     }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.replicas.iter().map(|(_, r)| r.endpoint()).collect()
+    }
 }
 
 /// A deterministic pseudo-random sequence, so a failure can be replayed.
@@ -62,52 +72,112 @@ impl Lcg {
     }
 }
 
-/// Submits a request per idle cluster: the first of stop, start and upgrade
-/// (rotating by round) that the cluster's state admits. Refusals (busy, no
-/// edge, a replica going away) are part of the load.
-async fn load(client: &mut Client, round: usize, accepted: &mut Vec<v1::Operation>) {
-    for c in 0..CLUSTERS {
-        for attempt in 0..3 {
-            let name = format!("chaos-{c}");
+/// Replica endpoints the background load may use; faults change them.
+type Endpoints = Arc<Mutex<Vec<String>>>;
+
+/// A client of one of the replicas still listed, round robin.
+async fn any_client(endpoints: &Endpoints, turn: usize) -> Option<Client> {
+    let list = endpoints.lock().unwrap().clone();
+    for i in 0..list.len() {
+        if let Ok(client) = Client::connect(&list[(turn + i) % list.len()]).await {
+            return Some(client);
+        }
+    }
+    None
+}
+
+/// One cluster's background load until `stop`: submit the next request its
+/// state admits (with a request id, so a submit whose answer was lost can
+/// be asked again and never runs twice), wait for it to end, repeat.
+/// Bounded by `stop`, which the test sets after its last fault.
+async fn cluster_load(
+    cluster: usize,
+    endpoints: Endpoints,
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<Vec<v1::Operation>>>,
+) {
+    let name = format!("chaos-{cluster}");
+    let mut turn = cluster;
+    while !stop.load(Ordering::SeqCst) {
+        turn += 1;
+        let Some(mut client) = any_client(&endpoints, turn).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let request_id = format!("{name}-{turn}");
+        let mut submitted = None;
+        for _ in 0..5 {
             let clusters = client.clusters();
-            let result = match (round + c + attempt) % 3 {
+            let result = match turn % 3 {
                 0 => {
-                    clusters
-                        .stop_cluster(v1::StopClusterRequest {
-                            name,
-                            request_id: String::new(),
-                        })
-                        .await
+                    let request = v1::StopClusterRequest {
+                        name: name.clone(),
+                        request_id: request_id.clone(),
+                    };
+                    clusters.stop_cluster(request).await
                 }
                 1 => {
-                    clusters
-                        .start_cluster(v1::StartClusterRequest {
-                            name,
-                            request_id: String::new(),
-                        })
-                        .await
+                    let request = v1::StartClusterRequest {
+                        name: name.clone(),
+                        request_id: request_id.clone(),
+                    };
+                    clusters.start_cluster(request).await
                 }
                 _ => {
-                    let version = format!("1.{}.0", 30 + round);
-                    clusters
-                        .upgrade_cluster(v1::UpgradeClusterRequest {
-                            name,
-                            version,
-                            request_id: String::new(),
-                        })
-                        .await
+                    let request = v1::UpgradeClusterRequest {
+                        name: name.clone(),
+                        version: format!("1.{}.0", 30 + turn % 7),
+                        request_id: request_id.clone(),
+                    };
+                    clusters.upgrade_cluster(request).await
                 }
             };
             match result {
                 Ok(op) => {
-                    accepted.push(op.into_inner());
+                    submitted = Some(op.into_inner());
                     break;
                 }
-                Err(status) if status.code() == tonic::Code::Aborted => break,
-                Err(_) => {}
+                // Unknown outcome: ask again with the same request id.
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::Unknown
+                    ) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    match any_client(&endpoints, turn).await {
+                        Some(other) => client = other,
+                        None => continue,
+                    }
+                }
+                // Busy, no edge from this state: part of the load.
+                Err(_) => break,
+            }
+        }
+        let Some(op) = submitted else { continue };
+        accepted.lock().unwrap().push(op.clone());
+        // Wait (bounded) for it to end before the next request.
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        while tokio::time::Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
+            match client.wait_operation(&op, Duration::from_secs(2)).await {
+                Ok(done) if done.state >= O::Succeeded as i32 => break,
+                Ok(_) => {}
+                Err(_) => match any_client(&endpoints, turn + 1).await {
+                    Some(other) => client = other,
+                    None => tokio::time::sleep(Duration::from_millis(100)).await,
+                },
             }
         }
     }
+}
+
+/// The faults a round may inject.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill9,
+    PausePastTtl,
+    Terminate,
+    RestartEtcd,
 }
 
 #[tokio::test]
@@ -124,18 +194,74 @@ async fn faults_under_load_keep_every_invariant() {
     let mut client = world.client().await;
     for c in 0..CLUSTERS {
         create_running(&mut client, &format!("chaos-{c}"), 2).await;
+        // A maintenance task runs every 2 s when the cluster is idle.
+        let task = v1::TaskSpec {
+            r#type: v1::TaskType::Repair as i32,
+            name: "frequent".into(),
+            schedule: Some(v1::TaskSchedule {
+                interval: "2s".into(),
+                retry_wait: "1s".into(),
+                ..Default::default()
+            }),
+            properties: None,
+        };
+        let request = v1::PutTaskRequest {
+            cluster: format!("chaos-{c}"),
+            task: Some(task),
+        };
+        client.tasks().put_task(request).await.unwrap();
     }
-    world.sim.set_latency(Duration::from_millis(150)).await;
+    world.sim.set_latency(Duration::from_millis(100)).await;
+    world.sim.set_task_latency(Duration::from_millis(300)).await;
+
+    let endpoints: Endpoints = Arc::new(Mutex::new(world.endpoints()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let load: Vec<_> = (0..CLUSTERS)
+        .map(|c| {
+            tokio::spawn(cluster_load(
+                c,
+                Arc::clone(&endpoints),
+                Arc::clone(&stop),
+                Arc::clone(&accepted),
+            ))
+        })
+        .collect();
 
     let mut rng = Lcg(0x5eed);
-    let mut accepted = Vec::new();
+    let faults = [
+        Fault::Kill9,
+        Fault::PausePastTtl,
+        Fault::Terminate,
+        Fault::RestartEtcd,
+    ];
+    let mut injected = Vec::new();
     for round in 0..ROUNDS {
-        load(&mut client, round, &mut accepted).await;
+        // Let the load make progress before each fault.
+        let before = accepted.lock().unwrap().len();
+        let progress = Arc::clone(&accepted);
+        wait_until(SETTLE, "the load to make progress", || {
+            let progress = Arc::clone(&progress);
+            async move { progress.lock().unwrap().len() >= before + 3 }
+        })
+        .await;
+        // Every kind of fault at least once, then at random.
+        let fault = if round < faults.len() {
+            faults[round]
+        } else {
+            faults[rng.next(faults.len())]
+        };
+        injected.push(fault);
+        if let Fault::RestartEtcd = fault {
+            world.etcd.restart().await;
+            continue;
+        }
         let victim = rng.next(world.replicas.len());
         let (id, mut replica) = world.replicas.remove(victim);
-        match rng.next(3) {
-            0 => replica.kill9(),
-            1 => {
+        *endpoints.lock().unwrap() = world.endpoints();
+        match fault {
+            Fault::Kill9 => replica.kill9(),
+            Fault::PausePastTtl => {
                 // Paused past the TTL, then woken: it must notice and rejoin.
                 replica.signal("STOP");
                 let probe = world.replicas[0].1.endpoint();
@@ -143,36 +269,48 @@ async fn faults_under_load_keep_every_invariant() {
                 wait_until(SETTLE, "the paused replica's lease to expire", || {
                     let (probe, gone) = (probe.clone(), gone.clone());
                     async move {
-                        let mut admin =
-                            v1::admin_client::AdminClient::connect(probe).await.unwrap();
-                        let members = admin
-                            .list_members(v1::ListMembersRequest {})
-                            .await
-                            .unwrap()
-                            .into_inner()
-                            .members;
-                        members.iter().all(|m| m.id != gone)
+                        let Ok(mut admin) = v1::admin_client::AdminClient::connect(probe).await
+                        else {
+                            return false;
+                        };
+                        match admin.list_members(v1::ListMembersRequest {}).await {
+                            Ok(members) => {
+                                members.into_inner().members.iter().all(|m| m.id != gone)
+                            }
+                            Err(_) => false,
+                        }
                     }
                 })
                 .await;
                 replica.signal("CONT");
-                world.replicas.push((id.clone(), replica));
-                client = world.client().await;
-                load(&mut client, round, &mut accepted).await;
+                world.replicas.push((id, replica));
+                *endpoints.lock().unwrap() = world.endpoints();
                 continue;
             }
-            _ => {
+            Fault::Terminate => {
                 let status = replica.terminate().await;
                 assert!(status.success(), "{id}: {status:?}");
             }
+            Fault::RestartEtcd => unreachable!("handled above"),
         }
         drop(replica);
         world.add().await;
-        client = world.client().await;
-        load(&mut client, round, &mut accepted).await;
+        *endpoints.lock().unwrap() = world.endpoints();
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in load {
+        task.await.unwrap();
     }
     world.sim.set_latency(Duration::ZERO).await;
 
+    let accepted = accepted.lock().unwrap().clone();
+    assert!(
+        accepted.len() >= ROUNDS * 2,
+        "the load was too light: {} operations",
+        accepted.len()
+    );
+    eprintln!("chaos: faults {injected:?}");
+    let client = world.client().await;
     let store = world.etcd.store().await;
     let admin = world.replicas[0].1.endpoint();
     check_invariants(&client, &admin, &world.sim, &store, &accepted, CLUSTERS).await;
@@ -231,14 +369,27 @@ async fn check_invariants(
     .await;
     // 3. The provider never accepted a stale token, and no operation ran
     //    under two owner epochs.
+    //    A task run is asked for once (RunTask is never repeated for a run
+    //    id; a new owner aborts an orphaned run and retries it in a new
+    //    slot), and StopTask is the new owner's fence, not a run.
     let audit = sim.audit("").await;
     let mut newest: HashMap<String, i64> = HashMap::new();
     let mut epochs_of_op: HashMap<String, i64> = HashMap::new();
+    let mut runs = HashSet::new();
     for entry in &audit {
         let token = entry.token.as_ref().unwrap();
         let newest = newest.entry(token.cluster_uid.clone()).or_insert(i64::MIN);
         assert!(token.epoch >= *newest, "stale token accepted: {entry:?}");
         *newest = token.epoch;
+        if entry.method == "RunTask" {
+            assert!(
+                runs.insert(token.operation_id.clone()),
+                "task run asked for twice: {entry:?}"
+            );
+        }
+        if entry.method == "StopTask" {
+            continue;
+        }
         let first = *epochs_of_op
             .entry(token.operation_id.clone())
             .or_insert(token.epoch);
@@ -252,8 +403,9 @@ async fn check_invariants(
     let history = assert_transitions_are_edges(store, "/drover/v1/").await;
     assert_eq!(history.len(), clusters);
     eprintln!(
-        "chaos: {} operations accepted, {} provider calls audited, histories {:?}",
+        "chaos: {} operations accepted, {} task runs, {} provider calls audited, histories {:?}",
         accepted.len(),
+        runs.len(),
         audit.len(),
         history.values().map(Vec::len).collect::<Vec<_>>()
     );
@@ -289,16 +441,41 @@ async fn losing_the_etcd_leader_under_load_keeps_every_invariant() {
     // Provider trouble on top: one failing and one hanging upgrade step.
     sim.fault("UpgradeNode", 2, false).await;
     sim.fault("UpgradeNode", 5, true).await;
-    let mut accepted = Vec::new();
-    load(&mut client, 2, &mut accepted).await;
-
+    let endpoints: Endpoints = Arc::new(Mutex::new(
+        replicas.iter().map(ReplicaProcess::endpoint).collect(),
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let load: Vec<_> = (0..CLUSTERS)
+        .map(|c| {
+            tokio::spawn(cluster_load(
+                c,
+                Arc::clone(&endpoints),
+                Arc::clone(&stop),
+                Arc::clone(&accepted),
+            ))
+        })
+        .collect();
+    let progressed = |by: usize| {
+        let accepted = Arc::clone(&accepted);
+        let before = accepted.lock().unwrap().len();
+        async move {
+            wait_until(SETTLE, "the load to make progress", || {
+                let accepted = Arc::clone(&accepted);
+                async move { accepted.lock().unwrap().len() >= before + by }
+            })
+            .await
+        }
+    };
+    progressed(4).await;
     let leader = etcd.leader().expect("a leader");
     etcd.kill(leader);
-    let mut rounds = 0;
-    while rounds < 3 {
-        load(&mut client, rounds, &mut accepted).await;
-        rounds += 1;
+    progressed(8).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in load {
+        task.await.unwrap();
     }
+    let accepted = accepted.lock().unwrap().clone();
     sim.set_latency(Duration::ZERO).await;
     let store = etcd.store().await;
     let admin = replicas[0].endpoint();

@@ -182,6 +182,13 @@ impl Executor {
     /// operation may be one a lost owner left behind.
     async fn adopt(self: &Arc<Self>, cluster: &str) {
         let key = self.operations.keys().cluster_state(cluster);
+        // The cache is at most moments behind etcd, and a slot filled after
+        // its view arrives as a change: no read per adopted cluster (a
+        // replica may adopt thousands at once).
+        if let Some(Ok(record)) = self.cache.get(cluster) {
+            self.start_slot(&key, &record.state);
+            return;
+        }
         match self.operations.store().get(&key).await {
             Ok(read) => {
                 if let Some(kv) = read.into_single() {

@@ -8,6 +8,10 @@ use crate::store::{Op, RangeRequest, Txn};
 use std::collections::HashSet;
 use tokio::sync::watch;
 
+/// Owner keys claimed per transaction, under etcd's default limit of 128
+/// operations per transaction.
+const CLAIM_BATCH: usize = 100;
+
 impl Replication {
     /// Reconciles ownership on every membership or ownership change and at
     /// least every TTL/3, until `shutdown` turns true.
@@ -93,6 +97,7 @@ impl Replication {
             })
             .collect();
         let mut existing = HashSet::new();
+        let mut to_claim = Vec::new();
         for kv in clusters.kvs.iter().filter(|kv| kv.key.ends_with("/state")) {
             let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) else {
                 continue;
@@ -109,10 +114,7 @@ impl Replication {
             let mine = preferred == Some(self.config.replica_id.as_str());
             match owned.get(cluster).copied() {
                 None if mine && !owner_of.contains_key(cluster) => {
-                    if let Some(claim) = self.try_claim(cluster, lease).await? {
-                        owned.insert(cluster.to_string(), claim);
-                        let _ = self.adopted.send(cluster.to_string());
-                    }
+                    to_claim.push(cluster.to_string());
                 }
                 Some(claim) if !mine && state.operation.is_none() => {
                     let released = self.release(cluster, claim).await?;
@@ -121,6 +123,12 @@ impl Replication {
                     }
                 }
                 _ => {}
+            }
+        }
+        for batch in to_claim.chunks(CLAIM_BATCH) {
+            for (cluster, claim) in self.claim_batch(batch, lease).await? {
+                owned.insert(cluster.clone(), claim);
+                let _ = self.adopted.send(cluster);
             }
         }
         // Owner keys of clusters that no longer exist.
@@ -134,6 +142,47 @@ impl Replication {
             *lock(&self.owned) = owned;
         }
         Ok(members.revision)
+    }
+
+    /// Claims free clusters in one transaction (each owner key must still
+    /// be absent); if any was taken meanwhile, claims them one by one.
+    async fn claim_batch(
+        &self,
+        clusters: &[String],
+        lease: LeaseId,
+    ) -> crate::store::Result<Vec<(String, Claim)>> {
+        let owner = to_json(&OwnerRecord {
+            schema: SCHEMA_VERSION,
+            replica: self.config.replica_id.clone(),
+            lease,
+        });
+        let txn = Txn::new()
+            .when(clusters.iter().map(|c| Compare::absent(self.keys.owner(c))))
+            .and_then(
+                clusters
+                    .iter()
+                    .map(|c| Op::put_with_lease(self.keys.owner(c), owner.clone(), lease)),
+            );
+        let result = self.store.txn(txn).await?;
+        if result.succeeded {
+            tracing::info!(
+                clusters = clusters.len(),
+                epoch = result.revision,
+                "claimed clusters"
+            );
+            let claim = Claim {
+                lease,
+                epoch: result.revision,
+            };
+            return Ok(clusters.iter().map(|c| (c.clone(), claim)).collect());
+        }
+        let mut claimed = Vec::new();
+        for cluster in clusters {
+            if let Some(claim) = self.try_claim(cluster, lease).await? {
+                claimed.push((cluster.clone(), claim));
+            }
+        }
+        Ok(claimed)
     }
 
     async fn try_claim(

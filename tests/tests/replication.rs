@@ -376,7 +376,9 @@ async fn an_etcd_restart_mid_operation_loses_nothing() {
     );
     c.sim.set_latency(Duration::ZERO).await;
     let mut probe = c.replicas[0].1.client().await;
-    wait_for_state(&probe, "steady", S::Running, FAILOVER).await;
+    // Eventually Running (directly, or through Alert and a recovery when the
+    // restart outlasted the lease): a liveness check, not a timing one.
+    wait_for_state(&probe, "steady", S::Running, Duration::from_secs(30)).await;
     let listed = probe
         .operations()
         .list_operations(v1::ListOperationsRequest {

@@ -171,6 +171,55 @@ async fn cluster_load(
     }
 }
 
+/// The background load: one [`cluster_load`] per cluster.
+struct Load {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<Vec<v1::Operation>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(endpoints: &Endpoints) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..CLUSTERS)
+            .map(|c| {
+                tokio::spawn(cluster_load(
+                    c,
+                    Arc::clone(endpoints),
+                    Arc::clone(&stop),
+                    Arc::clone(&accepted),
+                ))
+            })
+            .collect();
+        Self {
+            stop,
+            accepted,
+            tasks,
+        }
+    }
+
+    /// Waits (with a deadline) until `by` more operations were accepted.
+    async fn progressed(&self, by: usize) {
+        let before = self.accepted.lock().unwrap().len();
+        wait_until(SETTLE, "the load to make progress", || {
+            let accepted = Arc::clone(&self.accepted);
+            async move { accepted.lock().unwrap().len() >= before + by }
+        })
+        .await;
+    }
+
+    /// Stops the load and returns every operation it got accepted.
+    async fn finish(self) -> Vec<v1::Operation> {
+        self.stop.store(true, Ordering::SeqCst);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        let accepted = self.accepted.lock().unwrap().clone();
+        accepted
+    }
+}
+
 /// The faults a round may inject.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -215,18 +264,7 @@ async fn faults_under_load_keep_every_invariant() {
     world.sim.set_task_latency(Duration::from_millis(300)).await;
 
     let endpoints: Endpoints = Arc::new(Mutex::new(world.endpoints()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let load: Vec<_> = (0..CLUSTERS)
-        .map(|c| {
-            tokio::spawn(cluster_load(
-                c,
-                Arc::clone(&endpoints),
-                Arc::clone(&stop),
-                Arc::clone(&accepted),
-            ))
-        })
-        .collect();
+    let load = Load::start(&endpoints);
 
     let mut rng = Lcg(0x5eed);
     let faults = [
@@ -238,13 +276,7 @@ async fn faults_under_load_keep_every_invariant() {
     let mut injected = Vec::new();
     for round in 0..ROUNDS {
         // Let the load make progress before each fault.
-        let before = accepted.lock().unwrap().len();
-        let progress = Arc::clone(&accepted);
-        wait_until(SETTLE, "the load to make progress", || {
-            let progress = Arc::clone(&progress);
-            async move { progress.lock().unwrap().len() >= before + 3 }
-        })
-        .await;
+        load.progressed(3).await;
         // Every kind of fault at least once, then at random.
         let fault = if round < faults.len() {
             faults[round]
@@ -297,13 +329,8 @@ async fn faults_under_load_keep_every_invariant() {
         world.add().await;
         *endpoints.lock().unwrap() = world.endpoints();
     }
-    stop.store(true, Ordering::SeqCst);
-    for task in load {
-        task.await.unwrap();
-    }
+    let accepted = load.finish().await;
     world.sim.set_latency(Duration::ZERO).await;
-
-    let accepted = accepted.lock().unwrap().clone();
     assert!(
         accepted.len() >= ROUNDS * 2,
         "the load was too light: {} operations",
@@ -444,38 +471,12 @@ async fn losing_the_etcd_leader_under_load_keeps_every_invariant() {
     let endpoints: Endpoints = Arc::new(Mutex::new(
         replicas.iter().map(ReplicaProcess::endpoint).collect(),
     ));
-    let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let load: Vec<_> = (0..CLUSTERS)
-        .map(|c| {
-            tokio::spawn(cluster_load(
-                c,
-                Arc::clone(&endpoints),
-                Arc::clone(&stop),
-                Arc::clone(&accepted),
-            ))
-        })
-        .collect();
-    let progressed = |by: usize| {
-        let accepted = Arc::clone(&accepted);
-        let before = accepted.lock().unwrap().len();
-        async move {
-            wait_until(SETTLE, "the load to make progress", || {
-                let accepted = Arc::clone(&accepted);
-                async move { accepted.lock().unwrap().len() >= before + by }
-            })
-            .await
-        }
-    };
-    progressed(4).await;
+    let load = Load::start(&endpoints);
+    load.progressed(4).await;
     let leader = etcd.leader().expect("a leader");
     etcd.kill(leader);
-    progressed(8).await;
-    stop.store(true, Ordering::SeqCst);
-    for task in load {
-        task.await.unwrap();
-    }
-    let accepted = accepted.lock().unwrap().clone();
+    load.progressed(8).await;
+    let accepted = load.finish().await;
     sim.set_latency(Duration::ZERO).await;
     let store = etcd.store().await;
     let admin = replicas[0].endpoint();

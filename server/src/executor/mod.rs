@@ -151,8 +151,17 @@ impl Executor {
                     Some(cluster) = adoptions.recv() => self.adopt(&cluster).await,
                     change = changes.recv() => match change {
                         Ok(CacheChange::State(kv)) => {
-                            if let Ok(state) = from_json::<StateRecord>(&kv) {
-                                self.start_slot(&kv.key, &state);
+                            // Every replica sees every change: parse only
+                            // those of clusters this replica owns.
+                            let owned = self
+                                .operations
+                                .keys()
+                                .split_cluster_key(&kv.key)
+                                .is_some_and(|(cluster, _)| self.replication.claim(cluster).is_some());
+                            if owned {
+                                if let Ok(state) = from_json::<StateRecord>(&kv) {
+                                    self.start_slot(&kv.key, &state);
+                                }
                             }
                         }
                         // Missed changes: list again.

@@ -305,6 +305,10 @@ impl TaskScheduler {
             return Ok(Some(next));
         }
         let state = &read.cluster.state;
+        if state.state == ClusterState::Destroyed {
+            // Gone: its tasks go with its records when the name is reused.
+            return Ok(None);
+        }
         let blocked = match (&state.operation, state.state) {
             (Some(slot), _) => Some(format!(
                 "waiting: cluster is busy with operation {} ({}); runs start when it ends",

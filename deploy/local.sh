@@ -69,6 +69,10 @@ show() { echo "+ droverctl $*"; ctl "$@"; }
 show cluster create "$name" --version 1.29.4 --workers 3 --label team=demo --wait
 show cluster upgrade "$name" --version 1.30.0 --wait
 show cluster get "$name"
+show task put "$name" repair nightly --cron "0 3 * * *" --timezone Europe/Warsaw
+show task put "$name" backup now --location dc1:s3:demo-backups
+wait_for "the backup run" sh -c "target/debug/droverctl --endpoint $drover_url -o json task get $name backup now | grep -q DONE"
+show task list "$name"
 show members
 echo "+ droverctl cluster create bad_name --version 1.29.4   (refused: the field is named)"
 ctl cluster create bad_name --version 1.29.4 || true

@@ -794,3 +794,99 @@ async fn kill_9_of_the_owner_during_a_run_aborts_and_retries_it() {
     assert_eq!(epoch(stop), epoch(asked[1]));
     assert!(stop.sequence < asked[1].sequence, "fenced before the retry");
 }
+
+/// A cluster with a task run in progress is not handed to a replica that
+/// joins (which would abort the run); it moves once the run has ended.
+#[tokio::test]
+async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
+    let mut f = Fixture::new(1).await;
+    let names: Vec<String> = (0..6).map(|i| format!("busy-{i}")).collect();
+    let idle: Vec<String> = (0..6).map(|i| format!("idle-{i}")).collect();
+    f.sim.set_task_latency(Duration::from_secs(120)).await;
+    for name in names.iter().chain(&idle) {
+        create_running(&mut f.client, name, 1).await;
+    }
+    for name in &names {
+        f.put(name, repair("long")).await.unwrap();
+        wait_status(
+            &f.client,
+            name,
+            T::Repair,
+            "long",
+            "the run to start",
+            |s| {
+                s.last_run
+                    .as_ref()
+                    .is_some_and(|r| r.status == R::Running as i32)
+            },
+        )
+        .await;
+    }
+    let members = ["r1", "r2"];
+    let moves = |list: &[String]| -> Vec<String> {
+        list.iter()
+            .filter(|c| drover_server::replication::preferred(c, members) == Some("r2"))
+            .cloned()
+            .collect()
+    };
+    let (busy_moving, idle_moving) = (moves(&names), moves(&idle));
+    assert!(
+        !busy_moving.is_empty() && !idle_moving.is_empty(),
+        "pick other names"
+    );
+
+    let provider = f.sim.endpoint();
+    let args = ["--provider", provider.as_str(), "--scan-interval", "1"];
+    f.replicas
+        .push(ReplicaProcess::serve_with(&f.etcd.endpoint(), "r2", &args).await);
+    let mut admin = AdminClient::connect(f.replicas[0].endpoint())
+        .await
+        .unwrap();
+    // The idle clusters that prefer r2 move: the hand-over has happened.
+    for name in &idle_moving {
+        let what = format!("{name} to move to r2");
+        wait_until(WAIT, &what, || {
+            let mut admin = admin.clone();
+            async move {
+                owner(&mut admin, name)
+                    .await
+                    .is_some_and(|o| o.replica == "r2")
+            }
+        })
+        .await;
+    }
+    for name in &busy_moving {
+        let held = owner(&mut admin, name).await.expect("an owner");
+        assert_eq!(held.replica, "r1", "{name} moved with its run in progress");
+    }
+    // Once the runs end, they move too, and no run was aborted.
+    f.sim.set_task_latency(Duration::ZERO).await;
+    for name in &busy_moving {
+        f.client
+            .tasks()
+            .delete_task(v1::DeleteTaskRequest {
+                cluster: name.clone(),
+                r#type: T::Repair as i32,
+                name: "long".into(),
+            })
+            .await
+            .unwrap();
+        let what = format!("{name} to move to r2 after its run");
+        wait_until(WAIT, &what, || {
+            let mut admin = admin.clone();
+            async move {
+                owner(&mut admin, name)
+                    .await
+                    .is_some_and(|o| o.replica == "r2")
+            }
+        })
+        .await;
+    }
+    let audit = f.sim.audit("").await;
+    let stops = audit.iter().filter(|e| e.method == "StopTask").count();
+    assert_eq!(
+        stops,
+        busy_moving.len(),
+        "only the deletes stopped runs: {audit:#?}"
+    );
+}

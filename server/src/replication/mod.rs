@@ -96,6 +96,9 @@ pub struct Replication {
     config: ReplicationConfig,
     session: Mutex<Option<Session>>,
     owned: Mutex<HashMap<String, Claim>>,
+    /// Work in flight per cluster outside the operation slot (task runs):
+    /// such a cluster is not handed over while it lasts.
+    held: Mutex<HashMap<String, usize>>,
     adopted: mpsc::UnboundedSender<String>,
     metrics: Arc<Metrics>,
 }
@@ -116,6 +119,7 @@ impl Replication {
             config,
             session: Mutex::new(None),
             owned: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
             adopted,
             metrics,
         });
@@ -131,6 +135,21 @@ impl Replication {
     pub fn claim(&self, cluster: &str) -> Option<Claim> {
         self.live_lease()?;
         lock(&self.owned).get(cluster).copied()
+    }
+
+    /// Keeps `cluster` from being handed over to its preferred member until
+    /// the returned hold is dropped (a task run in progress). A lost lease
+    /// still loses it.
+    pub fn hold(self: &Arc<Self>, cluster: &str) -> Hold {
+        *lock(&self.held).entry(cluster.to_string()).or_insert(0) += 1;
+        Hold {
+            replication: Arc::clone(self),
+            cluster: cluster.to_string(),
+        }
+    }
+
+    fn is_held(&self, cluster: &str) -> bool {
+        lock(&self.held).contains_key(cluster)
     }
 
     /// Clusters this replica owns now.
@@ -163,6 +182,24 @@ impl Replication {
         }
         lock(&self.owned).clear();
         self.metrics.clusters_owned.set(0);
+    }
+}
+
+/// See [`Replication::hold`].
+pub struct Hold {
+    replication: Arc<Replication>,
+    cluster: String,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut held = lock(&self.replication.held);
+        if let Some(count) = held.get_mut(&self.cluster) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.cluster);
+            }
+        }
     }
 }
 

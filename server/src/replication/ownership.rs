@@ -1,6 +1,7 @@
 //! Ownership: a free cluster is claimed by its preferred live member; an
 //! idle cluster whose preferred member changed is released so that member
-//! can claim it; a busy one is released after its operation ends.
+//! can claim it; a busy one (an operation, or a task run held with
+//! [`Replication::hold`]) is released after that ends.
 
 use super::*;
 use crate::cluster::{from_json, to_json, StateRecord, SCHEMA_VERSION};
@@ -116,7 +117,7 @@ impl Replication {
                 None if mine && !owner_of.contains_key(cluster) => {
                     to_claim.push(cluster.to_string());
                 }
-                Some(claim) if !mine && state.operation.is_none() => {
+                Some(claim) if !mine && state.operation.is_none() && !self.is_held(cluster) => {
                     let released = self.release(cluster, claim).await?;
                     if released {
                         owned.remove(cluster);

@@ -18,8 +18,10 @@
 //!   ABORTED and retried per the task's policy; it is never resumed.
 //!
 //! # Caveats
-//! - A run in progress does not keep its cluster from moving to another
-//!   replica after a membership change; the new owner aborts and retries it.
+//! - A run in progress keeps its cluster on this replica through membership
+//!   changes, but not through this replica's end: after a crash or a
+//!   SIGTERM, the new owner aborts the run and retries it (as scylla-manager
+//!   does with runs left RUNNING by a restart).
 
 use super::reconcile::{finished, plan, Change, Plan};
 use super::record::{run_id, RunStatus, TaskRecord, TaskRun, TaskSetRecord};
@@ -414,7 +416,9 @@ impl TaskScheduler {
             task_name: record.name.clone(),
             run_id: run.id.clone(),
         };
+        let hold = self.replication.hold(&cluster);
         tokio::spawn(async move {
+            let _hold = hold;
             let ended = if this.replication.claim(&cluster) == Some(claim) {
                 this.provider.clone().run_task(request).await
             } else {

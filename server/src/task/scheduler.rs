@@ -44,6 +44,8 @@ use tokio::sync::watch;
 const TICK: Duration = Duration::from_millis(250);
 /// How soon a cluster whose processing failed is looked at again.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// How long StopTask may take before the cluster is looked at again later.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts at recording a run's end when the task record keeps changing.
 const FINISH_ATTEMPTS: usize = 5;
 
@@ -562,7 +564,11 @@ impl TaskScheduler {
             token: Some(token(uid, claim, &run.id)),
             run_id: run.id.clone(),
         };
-        match self.provider.clone().stop_task(request).await {
+        // Bounded: one cluster's provider trouble must not stall the loop.
+        let stopped = tokio::time::timeout(STOP_TIMEOUT, self.provider.clone().stop_task(request))
+            .await
+            .map_err(|_| TaskError::Provider(format!("StopTask took over {STOP_TIMEOUT:?}")))?;
+        match stopped {
             Ok(_) => Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
             Err(status) => Err(TaskError::Provider(status.message().to_string())),

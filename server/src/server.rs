@@ -165,6 +165,7 @@ pub async fn serve(
                 Arc::clone(&replication),
                 Arc::clone(&cache),
                 Arc::clone(&metrics),
+                config.task_run_timeout,
             );
             tokio::spawn(tasks.run(work_stopped.clone()));
             let scanner = Scanner::new(

@@ -36,12 +36,17 @@ struct Fixture {
 
 impl Fixture {
     async fn new(replicas: usize) -> Self {
+        Self::with_args(replicas, &[]).await
+    }
+
+    async fn with_args(replicas: usize, extra: &[&str]) -> Self {
         let etcd = EtcdProcess::start().await;
         let sim = SimProcess::start().await;
         let endpoint = sim.endpoint();
         let mut started = Vec::new();
         for i in 1..=replicas {
-            let args = ["--provider", endpoint.as_str(), "--scan-interval", "1"];
+            let mut args = vec!["--provider", endpoint.as_str(), "--scan-interval", "1"];
+            args.extend_from_slice(extra);
             started
                 .push(ReplicaProcess::serve_with(&etcd.endpoint(), &format!("r{i}"), &args).await);
         }
@@ -631,7 +636,14 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
     let provider = drover_server::provider::connect_lazy(&f.sim.endpoint()).unwrap();
     let cache =
         drover_server::cluster::ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
-    let scheduler = TaskScheduler::new(tasks.clone(), provider, replication, cache, Metrics::new());
+    let scheduler = TaskScheduler::new(
+        tasks.clone(),
+        provider,
+        replication,
+        cache,
+        Metrics::new(),
+        Duration::from_secs(3600),
+    );
     let outcome = scheduler.reconcile(&old_generation, claim).await.unwrap();
     assert_eq!(
         outcome,
@@ -888,5 +900,28 @@ async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
         stops,
         busy_moving.len(),
         "only the deletes stopped runs: {audit:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_outlasts_the_timeout_is_stopped_and_counted_an_error() {
+    let mut f = Fixture::with_args(1, &["--task-run-timeout", "2"]).await;
+    let created = create_running(&mut f.client, "db", 1).await;
+    f.sim.fault("RunTask", 1, true).await;
+    let task = with_schedule(backup("hangs"), |s| s.num_retries = Some(0));
+    f.put("db", task).await.unwrap();
+    let failed = wait_status(&f.client, "db", T::Backup, "hangs", "the run to time out", |s| {
+        s.error_count == Some(1)
+    })
+    .await;
+    let run = failed.last_run.expect("the run");
+    assert_eq!(run.status, R::Error as i32);
+    assert!(run.error.as_deref().unwrap().contains("longer than 2s"), "{run:?}");
+    let audit = f.sim.audit(&created.uid).await;
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.method == "StopTask" && e.detail == format!("stop {}", run.id)),
+        "the hung run was stopped: {audit:#?}"
     );
 }

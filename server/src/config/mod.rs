@@ -28,6 +28,9 @@ pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
 pub const DEFAULT_OPERATION_HISTORY: usize = 50;
 pub const DEFAULT_SCAN_INTERVAL_SECONDS: u64 = 10;
 pub const DEFAULT_COMPACT_INTERVAL_SECONDS: u64 = 300;
+/// A day: repairs of large clusters take hours.
+pub const DEFAULT_TASK_RUN_TIMEOUT_SECONDS: u64 = 86_400;
+const TASK_RUN_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=604_800;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 
 /// The command line of the `drover` binary.
@@ -126,6 +129,10 @@ pub struct Settings {
     /// of it); 0 disables [default: 300].
     #[arg(long, env = "DROVER_COMPACT_INTERVAL")]
     pub compact_interval: Option<u64>,
+    /// Seconds a task run may take before it is stopped and counted as an
+    /// error, 1-604800 [default: 86400].
+    #[arg(long, env = "DROVER_TASK_RUN_TIMEOUT")]
+    pub task_run_timeout: Option<u64>,
     /// PEM certificate chain for TLS on the gRPC port (with tls_key).
     #[arg(long, env = "DROVER_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -173,6 +180,7 @@ impl Settings {
             scan_interval: self.scan_interval.or(file.scan_interval),
             admin_listen: self.admin_listen.or(file.admin_listen),
             compact_interval: self.compact_interval.or(file.compact_interval),
+            task_run_timeout: self.task_run_timeout.or(file.task_run_timeout),
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             tls_client_ca: self.tls_client_ca.or(file.tls_client_ca),
@@ -208,6 +216,7 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// `None`: Drover does not compact etcd.
     pub compact_interval: Option<std::time::Duration>,
+    pub task_run_timeout: std::time::Duration,
     pub security: Security,
 }
 
@@ -386,6 +395,15 @@ impl Config {
                 ))
             }
         };
+        let task_run_timeout = settings
+            .task_run_timeout
+            .unwrap_or(DEFAULT_TASK_RUN_TIMEOUT_SECONDS);
+        if !TASK_RUN_TIMEOUT_RANGE.contains(&task_run_timeout) {
+            return Err(invalid(
+                "task_run_timeout",
+                format!("{task_run_timeout} is outside 1..=604800 seconds"),
+            ));
+        }
         let security = SecuritySettings {
             tls_cert: settings.tls_cert,
             tls_key: settings.tls_key,
@@ -400,6 +418,7 @@ impl Config {
         .load(&etcd_endpoints)?;
         Ok(Config {
             security,
+            task_run_timeout: std::time::Duration::from_secs(task_run_timeout),
             compact_interval,
             admin_listen,
             scan_interval: std::time::Duration::from_secs(scan_interval),
@@ -590,6 +609,13 @@ mod tests {
                     ..settings()
                 },
                 "compact_interval",
+            ),
+            (
+                Settings {
+                    task_run_timeout: Some(0),
+                    ..settings()
+                },
+                "task_run_timeout",
             ),
         ];
         for (settings, setting) in cases {

@@ -73,6 +73,8 @@ pub struct TaskScheduler {
     replication: Arc<Replication>,
     cache: Arc<ClusterCache>,
     metrics: Arc<Metrics>,
+    /// How long a run may take before it is stopped and counted an error.
+    run_timeout: Duration,
     /// Runs this replica is waiting on the provider for.
     in_flight: Mutex<HashSet<String>>,
 }
@@ -84,6 +86,7 @@ impl TaskScheduler {
         replication: Arc<Replication>,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
+        run_timeout: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             tasks,
@@ -91,6 +94,7 @@ impl TaskScheduler {
             replication,
             cache,
             metrics,
+            run_timeout,
             in_flight: Mutex::new(HashSet::new()),
         })
     }
@@ -422,7 +426,20 @@ impl TaskScheduler {
         tokio::spawn(async move {
             let _hold = hold;
             let ended = if this.replication.claim(&cluster) == Some(claim) {
-                this.provider.clone().run_task(request).await
+                let mut provider = this.provider.clone();
+                match tokio::time::timeout(this.run_timeout, provider.run_task(request)).await {
+                    Ok(ended) => ended,
+                    Err(_) => {
+                        // Stopped (and fenced) before it counts as failed.
+                        if let Err(error) = this.stop_run(&uid, claim, &run).await {
+                            tracing::warn!(cluster, run = %run.id, %error, "could not stop a run that timed out");
+                        }
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "the run took longer than {:?} and was stopped",
+                            this.run_timeout
+                        )))
+                    }
+                }
             } else {
                 Err(tonic::Status::aborted("no longer the owner"))
             };
@@ -451,6 +468,9 @@ impl TaskScheduler {
                 {
                     tracing::warn!(cluster, run = %run.id, error = %status.message(), "task run no longer ours");
                     None
+                }
+                Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                    Some((RunStatus::Error, Some(status.message().to_string())))
                 }
                 Err(status) => Some((
                     RunStatus::Error,

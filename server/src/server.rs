@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
-use crate::operation::Operations;
+use crate::operation::{LocalRunner, Operations};
 use crate::provider::Provider;
 use crate::replication::{Replication, ReplicationConfig};
 use crate::scanner::Scanner;
@@ -158,6 +158,7 @@ pub async fn serve(
                 Arc::clone(&cache),
                 config.operation_timeouts.clone(),
             );
+            operations.set_local_runner(Arc::clone(&executor) as Arc<dyn LocalRunner>);
             tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
             let tasks = TaskScheduler::new(
                 TaskStore::new(store.clone(), keys.clone()),

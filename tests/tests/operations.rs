@@ -831,3 +831,30 @@ async fn update_bumps_the_generation_and_watch_streams_every_change() {
     );
     f.check_history().await;
 }
+
+/// On the owner, the claim is part of the accept: a one-step operation is
+/// two etcd writes (accept-and-claim, completion), and its record says who
+/// ran it from the first write on.
+#[tokio::test]
+async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
+    use drover_server::store::Store;
+    let mut f = Fixture::new(&[]).await;
+    f.create("lean", 1, false).await;
+    let store = f.etcd.store().await;
+    let before = store.get("/").await.unwrap().revision;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("lean"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(op.state, O::Running as i32, "claimed in the accept: {op:?}");
+    assert_eq!(op.replica.as_deref(), Some("r1"));
+    assert!(op.owner_epoch.is_some_and(|epoch| epoch > 0));
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Succeeded as i32);
+    let after = store.get("/").await.unwrap().revision;
+    assert_eq!(after - before, 2, "accept+claim, then completion");
+    f.check_history().await;
+}

@@ -910,13 +910,21 @@ async fn a_run_that_outlasts_the_timeout_is_stopped_and_counted_an_error() {
     f.sim.fault("RunTask", 1, true).await;
     let task = with_schedule(backup("hangs"), |s| s.num_retries = Some(0));
     f.put("db", task).await.unwrap();
-    let failed = wait_status(&f.client, "db", T::Backup, "hangs", "the run to time out", |s| {
-        s.error_count == Some(1)
-    })
+    let failed = wait_status(
+        &f.client,
+        "db",
+        T::Backup,
+        "hangs",
+        "the run to time out",
+        |s| s.error_count == Some(1),
+    )
     .await;
     let run = failed.last_run.expect("the run");
     assert_eq!(run.status, R::Error as i32);
-    assert!(run.error.as_deref().unwrap().contains("longer than 2s"), "{run:?}");
+    assert!(
+        run.error.as_deref().unwrap().contains("longer than 2s"),
+        "{run:?}"
+    );
     let audit = f.sim.audit(&created.uid).await;
     assert!(
         audit

@@ -75,6 +75,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
         state,
         state_revision,
         spec_revision: _,
+        status_revision: _,
         status,
     } = record;
     let status = status.unwrap_or_default();

@@ -120,6 +120,8 @@ pub struct ClusterRecord {
     /// Mod revision of the state key: the CAS operand.
     pub state_revision: i64,
     pub status: Option<StatusRecord>,
+    /// Mod revision of the status key; 0 when there is none.
+    pub status_revision: i64,
 }
 
 impl ClusterRecord {

@@ -148,6 +148,7 @@ impl Registry {
                 state,
                 state_revision: result.revision,
                 status: None,
+                status_revision: 0,
             }),
             // Someone created (or changed) the cluster since it was read.
             Err(StoreError::Conflict { .. }) => Err(RegistryError::AlreadyExists(name.to_string())),
@@ -280,12 +281,15 @@ impl Registry {
     /// Builds a cluster from all of its keys; `None` when it has no state
     /// key (a half-deleted or foreign entry).
     pub(crate) fn assemble(&self, kvs: Vec<KeyValue>) -> Result<Option<ClusterRecord>> {
-        let (mut spec, mut state, mut status) = (None, None, None);
+        let (mut spec, mut state, mut status, mut status_revision) = (None, None, None, 0);
         for kv in kvs {
             match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {
                 Some("spec") => spec = Some((from_json::<SpecRecord>(&kv)?, kv.mod_revision)),
                 Some("state") => state = Some((from_json::<StateRecord>(&kv)?, kv.mod_revision)),
-                Some("status") => status = Some(from_json::<StatusRecord>(&kv)?),
+                Some("status") => {
+                    status = Some(from_json::<StatusRecord>(&kv)?);
+                    status_revision = kv.mod_revision;
+                }
                 _ => {}
             }
         }
@@ -296,6 +300,7 @@ impl Registry {
                 state,
                 state_revision,
                 status,
+                status_revision,
             }),
             _ => None,
         })

@@ -27,13 +27,15 @@ mod run;
 
 pub use plan::{needs_nodes, plan, Step};
 
-use crate::cluster::{from_json, CacheChange, ClusterCache, StateRecord};
-use crate::operation::{OperationKind, Operations};
+use crate::cluster::{from_json, CacheChange, ClusterCache, Spec, StateRecord};
+use crate::operation::{
+    ClaimedOperation, LocalRunner, OperationKind, OperationRecord, Operations, Progress,
+};
 use crate::provider::Provider;
-use crate::replication::Replication;
+use crate::replication::{Claim, Replication};
 use crate::store::RangeRequest;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
@@ -76,6 +78,8 @@ impl Timeouts {
 
 /// Runs accepted operations.
 pub struct Executor {
+    /// Itself, for the tasks it spawns from `&self` (the accept hand-off).
+    me: Weak<Executor>,
     operations: Operations,
     provider: Provider,
     replication: Arc<Replication>,
@@ -95,7 +99,8 @@ impl Executor {
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             operations,
             provider,
             replication,
@@ -239,6 +244,58 @@ impl Executor {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
+        });
+    }
+}
+
+impl LocalRunner for Executor {
+    fn claim_at_accept(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim> {
+        let claim = self.replication.claim(&operation.cluster)?;
+        if needs_nodes(operation) {
+            return None;
+        }
+        let steps = plan(operation, spec, &[]);
+        let first = steps.first()?;
+        if !self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(operation.id.clone())
+        {
+            return None;
+        }
+        operation.state = crate::operation::OperationState::Running;
+        operation.replica = Some(self.replication.replica_id().to_string());
+        operation.owner_epoch = Some(claim.epoch);
+        operation.started_at = Some(operation.created_at.clone());
+        operation.progress = Some(Progress {
+            step: 1,
+            total_steps: steps.len() as u32,
+            step_name: first.name(),
+        });
+        Some(claim)
+    }
+
+    fn release(&self, operation: &str) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(operation);
+    }
+
+    fn run_claimed(&self, claimed: ClaimedOperation) {
+        let Some(this) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let (cluster, id) = (
+                claimed.cluster.spec.name.clone(),
+                claimed.operation.id.clone(),
+            );
+            if let Err(error) = this.drive_claimed(claimed).await {
+                tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
+            }
+            this.release(&id);
         });
     }
 }

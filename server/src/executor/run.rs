@@ -10,8 +10,8 @@ use crate::cluster::{
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{
-    LifecycleError, OperationError, OperationKind, OperationRecord, OperationState, Progress,
-    Versioned,
+    ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
+    OperationState, Progress, Versioned,
 };
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
@@ -443,7 +443,7 @@ impl Executor {
                     )
                     .await
             }
-            OperationState::Pending => self.execute(holding).await,
+            OperationState::Pending => self.execute(holding, false).await,
             OperationState::Running if holding.operation.owner_epoch != Some(claim.epoch) => {
                 let progress = holding.operation.progress.clone();
                 let replica = holding.operation.replica.clone().unwrap_or_default();
@@ -474,14 +474,32 @@ impl Executor {
             // Running under this very claim but not in flight here (its
             // drive gave up, e.g. etcd was down for long): resume. Steps are
             // idempotent and re-planned from the nodes as they are now.
-            OperationState::Running => self.execute(holding).await,
+            OperationState::Running => self.execute(holding, false).await,
             // Terminal but still in the slot cannot happen (completion clears
             // the slot in the same transaction).
             _ => Ok(()),
         }
     }
 
-    async fn execute(&self, mut holding: Holding<'_>) -> Result<(), LifecycleError> {
+    /// Runs an operation whose accept already claimed it on this replica.
+    pub(super) async fn drive_claimed(
+        &self,
+        claimed: ClaimedOperation,
+    ) -> Result<(), LifecycleError> {
+        let holding = Holding {
+            executor: self,
+            claim: claimed.claim,
+            cluster: claimed.cluster,
+            operation: claimed.operation,
+            operation_revision: claimed.operation_revision,
+            nodes: Vec::new(),
+        };
+        self.execute(holding, true).await
+    }
+
+    /// Runs the steps; `claimed` when the record already says RUNNING here
+    /// with the first step (written by the accept).
+    async fn execute(&self, mut holding: Holding<'_>, claimed: bool) -> Result<(), LifecycleError> {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
         let nodes = if needs_nodes(&holding.operation) {
             holding.describe().await.unwrap_or_default()
@@ -506,7 +524,8 @@ impl Executor {
             // step are written: a cancel request shows up there as a
             // conflict. A read-only step is worth neither a write nor a
             // cancel; its progress shows in the final record.
-            if index == 0 || step.is_mutating() {
+            let first = index == 0 && !claimed;
+            if first || (index > 0 && step.is_mutating()) {
                 match holding.save_operation().await {
                     Ok(()) => {}
                     Err(Interrupt::Cancelled) => {

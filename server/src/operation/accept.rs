@@ -195,6 +195,11 @@ impl Operations {
             current.state_revision,
         )];
         let mut writes = Vec::new();
+        let new_spec = admitted
+            .spec
+            .clone()
+            .unwrap_or_else(|| current.spec.spec.clone());
+        let mut new_state = current.state.clone();
         if admitted.spec_only {
             record.state = OperationState::Succeeded;
             record.started_at = Some(now.clone());
@@ -203,34 +208,61 @@ impl Operations {
             // request racing on its revision loses.
             writes.push(Op::put(&state_key, to_json(&current.state)));
         } else {
-            let mut state = current.state.clone();
-            state.operation = Some(OperationSlot {
+            new_state.operation = Some(OperationSlot {
                 id: record.id.clone(),
                 kind: request.kind.name().to_string(),
             });
-            if state.state != admitted.entered {
-                state.state = admitted.entered;
-                state.changed_at = now.clone();
+            if new_state.state != admitted.entered {
+                new_state.state = admitted.entered;
+                new_state.changed_at = now.clone();
             }
-            writes.push(Op::put(&state_key, to_json(&state)));
+            writes.push(Op::put(&state_key, to_json(&new_state)));
         }
-        if let Some(spec) = admitted.spec {
-            // A concurrent label or task edit must not be overwritten.
-            compares.push(Compare::mod_revision(
-                self.keys.cluster_spec(cluster),
-                CmpOp::Equal,
-                current.spec_revision,
-            ));
-            let spec_record = SpecRecord {
-                generation: current.spec.generation + 1,
-                spec,
-                ..current.spec.clone()
-            };
-            writes.push(Op::put(
-                self.keys.cluster_spec(cluster),
-                to_json(&spec_record),
-            ));
+        // On the owner, the claim is folded into the accept: the record is
+        // written RUNNING under this owner's epoch (fenced like any owner
+        // write) and the local executor starts it at once.
+        let runner = self.local_runner.get().filter(|_| !admitted.spec_only);
+        let claim = runner.and_then(|runner| runner.claim_at_accept(&mut record, &new_spec));
+        if let Some(claim) = claim {
+            compares.extend(claim.fence(&self.keys, cluster));
+            // The executor starts from this view of the cluster, so all of it
+            // must be current, not only the state key (a watch cache may
+            // hold one key of a transaction and not yet the next).
+            let status_key = self.keys.cluster_status(cluster);
+            compares.push(match current.status_revision {
+                0 => Compare::absent(status_key),
+                revision => Compare::mod_revision(status_key, CmpOp::Equal, revision),
+            });
+            if admitted.spec.is_none() {
+                compares.push(Compare::mod_revision(
+                    self.keys.cluster_spec(cluster),
+                    CmpOp::Equal,
+                    current.spec_revision,
+                ));
+            }
         }
+        let spec_changed = admitted.spec.is_some();
+        let spec_record = match admitted.spec {
+            Some(spec) => {
+                // A concurrent label or task edit must not be overwritten.
+                compares.push(Compare::mod_revision(
+                    self.keys.cluster_spec(cluster),
+                    CmpOp::Equal,
+                    current.spec_revision,
+                ));
+                let spec_record = SpecRecord {
+                    generation: current.spec.generation + 1,
+                    spec,
+                    ..current.spec.clone()
+                };
+                writes.push(Op::put(
+                    self.keys.cluster_spec(cluster),
+                    to_json(&spec_record),
+                ));
+                spec_record
+            }
+            None => current.spec.clone(),
+        };
         writes.push(Op::put(
             self.keys.operation(cluster, &record.id),
             to_json(&record),
@@ -240,11 +272,33 @@ impl Operations {
             compares.push(Compare::absent(&request_key));
             writes.push(Op::put(request_key, record.id.clone()));
         }
-        match self
+        let committed = self
             .store
             .cas(Txn::new().when(compares).and_then(writes))
-            .await
-        {
+            .await;
+        if let (Some(runner), Some(claim)) = (runner, claim) {
+            match &committed {
+                Ok(result) => runner.run_claimed(ClaimedOperation {
+                    cluster: ClusterRecord {
+                        spec: spec_record,
+                        spec_revision: if spec_changed {
+                            result.revision
+                        } else {
+                            current.spec_revision
+                        },
+                        state: new_state,
+                        state_revision: result.revision,
+                        status: current.status.clone(),
+                        status_revision: current.status_revision,
+                    },
+                    operation: record.clone(),
+                    operation_revision: result.revision,
+                    claim,
+                }),
+                Err(_) => runner.release(&record.id),
+            }
+        }
+        match committed {
             Ok(_) => {
                 self.metrics
                     .transition(record.from_state, record.entered_state);

@@ -11,9 +11,11 @@
 
 mod accept;
 mod feed;
+mod local;
 mod record;
 
 pub use accept::LifecycleRequest;
+pub use local::{ClaimedOperation, LocalRunner};
 pub use record::{
     OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
 };
@@ -28,7 +30,7 @@ use crate::store::{
     CmpOp, Compare, KeyValue, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
 };
 use feed::{FeedEvent, OperationFeed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::broadcast;
 
@@ -103,6 +105,8 @@ pub struct Operations {
     history_limit: usize,
     metrics: Arc<Metrics>,
     feed: Arc<OperationFeed>,
+    /// This replica's executor, once it exists (replicas with a provider).
+    local_runner: Arc<OnceLock<Arc<dyn LocalRunner>>>,
     /// This replica's watch cache, tried first when accepting.
     cache: Option<Arc<ClusterCache>>,
 }
@@ -122,8 +126,15 @@ impl Operations {
             history_limit,
             metrics,
             feed: OperationFeed::new(),
+            local_runner: Arc::new(OnceLock::new()),
             cache: None,
         }
+    }
+
+    /// Operations accepted on clusters this replica owns start on `runner`
+    /// at once, claimed in the accept itself. Set once, at start-up.
+    pub fn set_local_runner(&self, runner: Arc<dyn LocalRunner>) {
+        let _ = self.local_runner.set(runner);
     }
 
     /// Accepting tries this cache's view of a cluster before reading etcd.

@@ -151,8 +151,14 @@ impl Operations {
         // stale view only loses). Any refusal or lost race on the cached
         // view is decided again on a read from etcd.
         if let Some(Ok(cached)) = self.cache.as_ref().and_then(|cache| cache.get(cluster)) {
-            if let Ok(Some(record)) = self.try_accept(cluster, cached, &request).await {
-                return Ok(record);
+            match self.try_accept(cluster, cached, &request).await {
+                Ok(Some(record)) => return Ok(record),
+                // etcd's answer, not the view's: an unreachable etcd (or a
+                // write whose outcome is unknown) is the caller's to retry.
+                Err(LifecycleError::Registry(RegistryError::Store(error))) => {
+                    return Err(error.into())
+                }
+                Ok(None) | Err(_) => {}
             }
         }
         let current = self.registry.get(cluster).await?;

@@ -278,32 +278,47 @@ impl Operations {
             compares.push(Compare::absent(&request_key));
             writes.push(Op::put(request_key, record.id.clone()));
         }
-        let committed = self
-            .store
-            .cas(Txn::new().when(compares).and_then(writes))
-            .await;
-        if let (Some(runner), Some(claim)) = (runner, claim) {
-            match &committed {
-                Ok(result) => runner.run_claimed(ClaimedOperation {
+        let txn = Txn::new().when(compares).and_then(writes);
+        let committed = match (runner, claim) {
+            (Some(runner), Some(claim)) => {
+                // The commit and the hand-off run to completion in their own
+                // task: a caller that goes away mid-call must not leave a
+                // committed, claimed operation that nobody runs.
+                let claimed = ClaimedOperation {
                     cluster: ClusterRecord {
                         spec: spec_record,
-                        spec_revision: if spec_changed {
-                            result.revision
-                        } else {
-                            current.spec_revision
-                        },
+                        spec_revision: current.spec_revision,
                         state: new_state,
-                        state_revision: result.revision,
+                        state_revision: 0,
                         status: current.status.clone(),
                         status_revision: current.status_revision,
                     },
                     operation: record.clone(),
-                    operation_revision: result.revision,
+                    operation_revision: 0,
                     claim,
-                }),
-                Err(_) => runner.release(&record.id),
+                };
+                let (store, runner) = (self.store.clone(), Arc::clone(runner));
+                tokio::spawn(async move {
+                    let committed = store.cas(txn).await;
+                    match &committed {
+                        Ok(result) => {
+                            let mut claimed = claimed;
+                            if spec_changed {
+                                claimed.cluster.spec_revision = result.revision;
+                            }
+                            claimed.cluster.state_revision = result.revision;
+                            claimed.operation_revision = result.revision;
+                            runner.run_claimed(claimed);
+                        }
+                        Err(_) => runner.release(&claimed.operation.id),
+                    }
+                    committed
+                })
+                .await
+                .expect("the accept task does not panic")
             }
-        }
+            _ => self.store.cas(txn).await,
+        };
         match committed {
             Ok(_) => {
                 self.metrics

@@ -5,8 +5,9 @@ language.
     python3 drover_smoke.py PROTO_DIR ENDPOINT
 
 Generates the stubs into a temporary directory, then creates a cluster
-(create_only), reads it back, lists it, and checks that bad input is refused
-with INVALID_ARGUMENT naming the field. Exits non-zero on any mismatch.
+(create_only), reads it back, lists it, puts a backup task and reads it
+back, and checks that bad input is refused with INVALID_ARGUMENT naming the
+field. Exits non-zero on any mismatch.
 """
 
 import importlib
@@ -60,6 +61,28 @@ def main() -> None:
 
         listed = clusters.ListClusters(cluster_pb2.ListClustersRequest(linearizable=True))
         assert [c.name for c in listed.clusters] == ["py-made"], listed
+
+        task_pb2 = importlib.import_module("drover.v1.task_pb2")
+        task_grpc = importlib.import_module("drover.v1.task_pb2_grpc")
+        tasks = task_grpc.TasksStub(channel)
+        backup = task_pb2.TaskSpec(
+            type=task_pb2.TASK_TYPE_BACKUP,
+            name="nightly",
+            schedule=task_pb2.TaskSchedule(cron="0 2 * * *", timezone="Europe/Warsaw"),
+            backup=task_pb2.BackupProperties(location=["dc1:s3:py-backups"]),
+        )
+        put = tasks.PutTask(task_pb2.PutTaskRequest(cluster="py-made", task=backup))
+        assert put.spec.name == "nightly", put
+        listed_tasks = tasks.ListTasks(task_pb2.ListTasksRequest(cluster="py-made"))
+        assert [t.spec.name for t in listed_tasks.tasks] == ["nightly"], listed_tasks
+        no_location = task_pb2.TaskSpec(type=task_pb2.TASK_TYPE_BACKUP, name="broken")
+        try:
+            tasks.PutTask(task_pb2.PutTaskRequest(cluster="py-made", task=no_location))
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+            assert error.details().startswith("task.backup.location: "), error.details()
+        else:
+            raise AssertionError("a backup without a location was accepted")
 
         try:
             clusters.CreateCluster(cluster_pb2.CreateClusterRequest(name="Bad_Name", spec=spec))

@@ -40,6 +40,21 @@ fn hex_digest(token: &str) -> String {
         .collect()
 }
 
+/// A request to create a small cluster without starting it.
+fn create_only(name: &str) -> v1::CreateClusterRequest {
+    v1::CreateClusterRequest {
+        name: name.into(),
+        spec: Some(v1::ClusterSpec {
+            version: "1.29.0".into(),
+            control_nodes: 1,
+            node_offering: "small".into(),
+            ..Default::default()
+        }),
+        create_only: true,
+        request_id: String::new(),
+    }
+}
+
 /// Calls `path` with an empty request (every field at its default) and
 /// returns the status code; OK when the call got through to a handler that
 /// started answering.
@@ -119,17 +134,7 @@ async fn every_rpc_is_checked_against_its_role() {
         async move { Client::connect_with(&endpoint, &options).await.unwrap() }
     };
     let mut operator = connect("operator-token-2").await;
-    let create = v1::CreateClusterRequest {
-        name: "guarded".into(),
-        spec: Some(v1::ClusterSpec {
-            version: "1.29.0".into(),
-            control_nodes: 1,
-            node_offering: "small".into(),
-            ..Default::default()
-        }),
-        create_only: true,
-        request_id: String::new(),
-    };
+    let create = create_only("guarded");
     operator
         .create_cluster(create)
         .await
@@ -283,17 +288,7 @@ async fn etcd_over_tls_with_a_user_and_password() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
     let mut client = replica.client().await;
-    let create = v1::CreateClusterRequest {
-        name: "secure".into(),
-        spec: Some(v1::ClusterSpec {
-            version: "1.29.0".into(),
-            control_nodes: 1,
-            node_offering: "small".into(),
-            ..Default::default()
-        }),
-        create_only: true,
-        request_id: String::new(),
-    };
+    let create = create_only("secure");
     client
         .create_cluster(create)
         .await

@@ -158,6 +158,9 @@ impl Operations {
                 Err(LifecycleError::Registry(RegistryError::Store(error))) => {
                     return Err(error.into())
                 }
+                // Schemas only grow: etcd holds one at least as new (and the
+                // refusal is logged and counted once).
+                Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
                 Ok(None) | Err(_) => {}
             }
         }

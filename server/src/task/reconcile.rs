@@ -213,15 +213,12 @@ mod tests {
 
     fn spec(task_type: TaskType, name: &str, cron: &str) -> TaskSpec {
         TaskSpec {
-            task_type,
-            name: name.into(),
             schedule: TaskSchedule {
                 cron: cron.into(),
                 start_date: "now+1h".into(),
                 ..Default::default()
             },
-            repair: None,
-            backup: None,
+            ..crate::task::spec::bare(task_type, name)
         }
     }
 

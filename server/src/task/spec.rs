@@ -136,18 +136,24 @@ impl TaskSpec {
     }
 }
 
+/// A task with a default schedule and no properties, for tests.
+#[cfg(test)]
+pub(crate) fn bare(task_type: TaskType, name: &str) -> TaskSpec {
+    TaskSpec {
+        task_type,
+        name: name.into(),
+        schedule: TaskSchedule::default(),
+        repair: None,
+        backup: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn repair(name: &str) -> TaskSpec {
-        TaskSpec {
-            task_type: TaskType::Repair,
-            name: name.into(),
-            schedule: TaskSchedule::default(),
-            repair: None,
-            backup: None,
-        }
+        bare(TaskType::Repair, name)
     }
 
     #[test]

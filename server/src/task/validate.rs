@@ -317,27 +317,19 @@ fn is_size(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::spec::bare;
 
     fn repair(name: &str) -> TaskSpec {
-        TaskSpec {
-            task_type: TaskType::Repair,
-            name: name.into(),
-            schedule: TaskSchedule::default(),
-            repair: None,
-            backup: None,
-        }
+        bare(TaskType::Repair, name)
     }
 
     fn backup(name: &str) -> TaskSpec {
         TaskSpec {
-            task_type: TaskType::Backup,
-            name: name.into(),
-            schedule: TaskSchedule::default(),
-            repair: None,
             backup: Some(BackupProperties {
                 location: vec!["s3:backups".into()],
                 ..Default::default()
             }),
+            ..bare(TaskType::Backup, name)
         }
     }
 

@@ -5,6 +5,7 @@
 //! - [`provider`]: the simulated provider process and its control client.
 //! - [`history`]: replays state-key history and checks it against the table.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
+//! - [`scrape`]: reads a `/metrics` endpoint (etcd's, a replica's).
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
@@ -14,6 +15,7 @@ pub mod history;
 pub mod pki;
 pub mod provider;
 pub mod replica;
+pub mod scrape;
 
 use std::future::Future;
 use std::net::TcpListener;

@@ -176,9 +176,16 @@ impl ClusterCache {
     }
 
     fn apply(&self, kind: EventKind, kv: KeyValue) {
-        if kind == EventKind::Put && kv.key.ends_with("/state") {
-            let _ = self.changes.send(CacheChange::State(kv.clone()));
+        // Followers hear of a state change once the cache shows it.
+        let changed_state =
+            (kind == EventKind::Put && kv.key.ends_with("/state")).then(|| kv.clone());
+        self.apply_to_snapshot(kind, kv);
+        if let Some(kv) = changed_state {
+            let _ = self.changes.send(CacheChange::State(kv));
         }
+    }
+
+    fn apply_to_snapshot(&self, kind: EventKind, kv: KeyValue) {
         let mut snapshot = self.write();
         match kind {
             EventKind::Put => {

@@ -248,22 +248,17 @@ impl Executor {
     }
 }
 
-impl LocalRunner for Executor {
-    fn claim_at_accept(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim> {
+impl Executor {
+    /// Makes `operation` RUNNING here at its first step, when this replica
+    /// owns its cluster and the plan does not depend on the nodes (so it is
+    /// known without asking the provider).
+    fn prepare_claim(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim> {
         let claim = self.replication.claim(&operation.cluster)?;
         if needs_nodes(operation) {
             return None;
         }
         let steps = plan(operation, spec, &[]);
         let first = steps.first()?;
-        if !self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(operation.id.clone())
-        {
-            return None;
-        }
         operation.state = crate::operation::OperationState::Running;
         operation.replica = Some(self.replication.replica_id().to_string());
         operation.owner_epoch = Some(claim.epoch);
@@ -274,6 +269,24 @@ impl LocalRunner for Executor {
             step_name: first.name(),
         });
         Some(claim)
+    }
+}
+
+impl LocalRunner for Executor {
+    fn claim_at_accept(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim> {
+        let in_flight_here = !self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(operation.id.clone());
+        if in_flight_here {
+            return None;
+        }
+        let claim = self.prepare_claim(operation, spec);
+        if claim.is_none() {
+            self.release(&operation.id);
+        }
+        claim
     }
 
     fn release(&self, operation: &str) {

@@ -1,7 +1,7 @@
 //! The steps of each operation kind, as provider calls.
 
 use crate::cluster::machine::Event;
-use crate::cluster::Spec;
+use crate::cluster::{ClusterState, Spec};
 use crate::operation::{OperationKind, OperationRecord};
 use drover_proto::provider::v1::ProviderNode;
 
@@ -65,7 +65,13 @@ impl Step {
 /// it does not, the executor skips describing them first.
 pub fn needs_nodes(operation: &OperationRecord) -> bool {
     match operation.kind {
-        OperationKind::Start | OperationKind::Upgrade => true,
+        // Only a cluster in Error may lack its nodes (its provisioning
+        // failed), and its start then creates them. A stopped cluster has
+        // its nodes: should they have vanished behind Drover's back, the
+        // start fails with the provider's NOT_FOUND instead of silently
+        // provisioning new, empty ones.
+        OperationKind::Start => operation.from_state == ClusterState::Error,
+        OperationKind::Upgrade => true,
         OperationKind::Stop => operation.go_ahead,
         OperationKind::Scale
         | OperationKind::AddNodes
@@ -80,9 +86,13 @@ pub fn needs_nodes(operation: &OperationRecord) -> bool {
 pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) -> Vec<Step> {
     let params = &operation.params;
     match operation.kind {
-        // The first start provisions; so does a start of a cluster whose
-        // provisioning failed (Error, no nodes).
-        OperationKind::Start if params.provision || nodes.is_empty() => {
+        // The first start provisions (creating is idempotent); so does a
+        // start of a cluster whose provisioning failed (Error, no nodes).
+        OperationKind::Start
+            if params.provision
+                || operation.from_state == ClusterState::Created
+                || (needs_nodes(operation) && nodes.is_empty()) =>
+        {
             vec![Step::CreateNodes, Step::HealthCheck]
         }
         OperationKind::Start => vec![Step::StartNodes, Step::HealthCheck],
@@ -125,7 +135,6 @@ pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::ClusterState;
     use crate::operation::OperationParams;
 
     fn node(id: &str, role: &str, version: &str) -> ProviderNode {
@@ -137,6 +146,38 @@ mod tests {
             healthy: true,
             offering: "m".into(),
         }
+    }
+
+    fn start_from(from: ClusterState) -> OperationRecord {
+        OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Start,
+            Event::StartRequested,
+            OperationParams::default(),
+            from,
+            ClusterState::Starting,
+            "",
+            String::new(),
+        )
+    }
+
+    #[test]
+    fn only_a_start_from_error_looks_at_the_nodes_first() {
+        let powered_on = vec![Step::StartNodes, Step::HealthCheck];
+        let created = vec![Step::CreateNodes, Step::HealthCheck];
+        let stopped = start_from(ClusterState::Stopped);
+        assert!(!needs_nodes(&stopped));
+        assert_eq!(plan(&stopped, &Spec::default(), &[]), powered_on);
+        let fresh = start_from(ClusterState::Created);
+        assert!(!needs_nodes(&fresh));
+        assert_eq!(plan(&fresh, &Spec::default(), &[]), created);
+        let failed = start_from(ClusterState::Error);
+        assert!(needs_nodes(&failed));
+        assert_eq!(plan(&failed, &Spec::default(), &[]), created);
+        let nodes = [node("control-0", "control", "1.29.0")];
+        assert_eq!(plan(&failed, &Spec::default(), &nodes), powered_on);
     }
 
     #[test]

@@ -5,19 +5,24 @@
 use super::{needs_nodes, plan, Executor, Step};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
-    now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus, StateRecord,
-    SCHEMA_VERSION,
+    from_json, now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus,
+    StateRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{
     ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
-    OperationState, Progress, Versioned,
+    OperationState, Progress, Seen, Versioned,
 };
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
 use std::time::Duration;
 use tonic::Code;
+
+/// How long the executor waits for the operation feed to deliver an
+/// operation whose accept the watch cache already showed, before reading it
+/// from etcd instead.
+const FEED_CATCH_UP: Duration = Duration::from_millis(50);
 
 /// How a drive ends early.
 enum Interrupt {
@@ -46,6 +51,15 @@ impl Holding<'_> {
     /// outcome was unknown (the connection broke after sending) is
     /// recognised afterwards by the operation record it wrote.
     async fn commit(&mut self, writes: Vec<Op>) -> Result<i64, LifecycleError> {
+        self.commit_checking(writes, Vec::new()).await
+    }
+
+    /// [`Self::commit`], also comparing `checks`.
+    async fn commit_checking(
+        &mut self,
+        writes: Vec<Op>,
+        checks: Vec<Compare>,
+    ) -> Result<i64, LifecycleError> {
         let keys = self.executor.operations.keys();
         let name = &self.cluster.spec.name;
         let operation_key = keys.operation(name, &self.operation.id);
@@ -63,13 +77,20 @@ impl Holding<'_> {
                 Compare::mod_revision(&operation_key, CmpOp::Equal, self.operation_revision),
             ])
             .when(self.claim.fence(keys, name))
+            .when(checks)
             .and_then(writes);
         let store = self.executor.operations.store();
         let mut delay = Duration::from_millis(100);
         let mut ambiguous = false;
         loop {
             match store.cas(txn.clone()).await {
-                Ok(result) => return Ok(result.revision),
+                Ok(result) => {
+                    if let Some(written) = written_operation {
+                        let operations = &self.executor.operations;
+                        operations.wrote(operation_key, written, result.revision);
+                    }
+                    return Ok(result.revision);
+                }
                 Err(StoreError::Unavailable(error))
                     if self.executor.replication.claim(name) == Some(self.claim) =>
                 {
@@ -408,6 +429,9 @@ fn error(code: Code, message: impl Into<String>) -> Option<OperationError> {
 impl Executor {
     /// Runs one operation from wherever it is.
     pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
+        if let Some(holding) = self.claim_from_views(cluster, id).await {
+            return self.execute(holding, true).await;
+        }
         let (current, operation) = self.operations.get_with_cluster(cluster, id).await?;
         self.operations.check_schema(&current)?;
         if current
@@ -479,6 +503,75 @@ impl Executor {
             // the slot in the same transaction).
             _ => Ok(()),
         }
+    }
+
+    /// Claims a PENDING operation another replica accepted from what this
+    /// replica's watch cache and operation feed already hold, without
+    /// reading etcd first. The claim compares every key the views came
+    /// from (state, operation, spec, status), so a view that is not current
+    /// only loses the compare-and-swap. `None` when the views do not both
+    /// show the cluster as the accept left it, or the claim lost: the
+    /// caller reads etcd instead.
+    async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
+        let current = self.cache.get(cluster)?.ok()?;
+        if current.state.operation.as_ref()?.id != id {
+            return None;
+        }
+        let accepted_at = current.state_revision;
+        let keys = self.operations.keys();
+        let operation_key = keys.operation(cluster, id);
+        let mut follower = self.operations.follow(&operation_key);
+        let kv = match follower.known.take() {
+            Some(kv) if kv.mod_revision >= accepted_at => kv,
+            // The feed is past the accept and does not know the record.
+            _ if self.operations.feed_revision() >= accepted_at => return None,
+            // The cache's watch delivered the accept before the feed's did.
+            _ => tokio::time::timeout(FEED_CATCH_UP, async {
+                loop {
+                    match follower.next().await? {
+                        Seen::Record(kv) if kv.mod_revision >= accepted_at => return Some(kv),
+                        Seen::Record(_) | Seen::Nothing => {}
+                        Seen::Resync => return None,
+                    }
+                }
+            })
+            .await
+            .ok()??,
+        };
+        // Written by the accept, and not since (a cancel request would be).
+        if kv.mod_revision != accepted_at {
+            return None;
+        }
+        let mut operation: OperationRecord = from_json(&kv).ok()?;
+        if operation.state != OperationState::Pending || operation.cancel_requested {
+            return None;
+        }
+        let claim = self.prepare_claim(&mut operation, &current.spec.spec)?;
+        operation.started_at = Some(now_rfc3339());
+        let checks = vec![
+            Compare::mod_revision(
+                keys.cluster_spec(cluster),
+                CmpOp::Equal,
+                current.spec_revision,
+            ),
+            match current.status_revision {
+                0 => Compare::absent(keys.cluster_status(cluster)),
+                revision => {
+                    Compare::mod_revision(keys.cluster_status(cluster), CmpOp::Equal, revision)
+                }
+            },
+        ];
+        let write = vec![Op::put(operation_key, to_json(&operation))];
+        let mut holding = Holding {
+            executor: self,
+            claim,
+            cluster: current,
+            operation,
+            operation_revision: accepted_at,
+            nodes: Vec::new(),
+        };
+        holding.operation_revision = holding.commit_checking(write, checks).await.ok()?;
+        Some(holding)
     }
 
     /// Runs an operation whose accept already claimed it on this replica.

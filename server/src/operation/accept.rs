@@ -272,9 +272,10 @@ impl Operations {
             }
             None => current.spec.clone(),
         };
+        let record_json = to_json(&record);
         writes.push(Op::put(
             self.keys.operation(cluster, &record.id),
-            to_json(&record),
+            record_json.clone(),
         ));
         if !request.request_id.is_empty() {
             let request_key = self.keys.request(cluster, &request.request_id);
@@ -323,7 +324,12 @@ impl Operations {
             _ => self.store.cas(txn).await,
         };
         match committed {
-            Ok(_) => {
+            Ok(result) => {
+                self.wrote(
+                    self.keys.operation(cluster, &record.id),
+                    record_json,
+                    result.revision,
+                );
                 self.metrics
                     .transition(record.from_state, record.entered_state);
                 tracing::info!(

@@ -29,10 +29,10 @@ use crate::metrics::Metrics;
 use crate::store::{
     CmpOp, Compare, KeyValue, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
 };
-use feed::{FeedEvent, OperationFeed};
+use feed::OperationFeed;
+pub(crate) use feed::{Follower, Seen};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::broadcast;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -285,36 +285,71 @@ impl Operations {
     }
 
     /// Waits until the operation is terminal or `timeout` passes; returns it
-    /// as last seen. Driven by a watch on its key, not by polling.
+    /// as last seen. Driven by the operation feed, not by polling; no read
+    /// when the feed already knows the record.
     pub async fn wait(
         &self,
         cluster: &str,
         id: &str,
         timeout: Duration,
     ) -> Result<OperationRecord> {
-        // Subscribe before reading, so no change after the read is missed.
-        let mut events = self
-            .feed
-            .subscribe(&self.store, &self.keys.all_operations());
-        let mut latest = self.get(cluster, id).await?.record;
         let key = self.keys.operation(cluster, id);
+        // Follow before reading, so no change after the read is missed.
+        let mut follower = self.follow(&key);
+        let Versioned {
+            record: mut latest,
+            mut revision,
+        } = match follower.known.take() {
+            Some(kv) => Versioned {
+                record: from_json(&kv)?,
+                revision: kv.mod_revision,
+            },
+            None => self.get(cluster, id).await?,
+        };
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         while !latest.state.is_terminal() {
             tokio::select! {
                 _ = &mut deadline => break,
-                event = events.recv() => match event {
-                    Ok(FeedEvent::Put(kv)) if kv.key == key => latest = from_json(&kv)?,
-                    Ok(FeedEvent::Put(_)) => {}
-                    // The feed restarted or this waiter fell behind: read again.
-                    Ok(FeedEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        latest = self.get(cluster, id).await?.record;
+                seen = follower.next() => match seen {
+                    Some(Seen::Record(kv)) if kv.mod_revision > revision => {
+                        latest = from_json(&kv)?;
+                        revision = kv.mod_revision;
                     }
-                    Err(broadcast::error::RecvError::Closed) => break,
+                    Some(Seen::Record(_) | Seen::Nothing) => {}
+                    // The feed restarted and may have missed writes.
+                    Some(Seen::Resync) => {
+                        Versioned { record: latest, revision } = self.get(cluster, id).await?;
+                    }
+                    None => break,
                 },
             }
         }
         Ok(latest)
+    }
+
+    /// Follows one operation key through the feed (started on first use).
+    pub(crate) fn follow(&self, key: &str) -> Follower {
+        self.feed.start(&self.store, &self.keys.all_operations());
+        self.feed.follow(key)
+    }
+
+    /// The newest revision the operation feed has seen (0 before it is live).
+    pub(crate) fn feed_revision(&self) -> i64 {
+        self.feed.revision()
+    }
+
+    /// An operation record this replica wrote at `revision`: followers here
+    /// learn of it at once.
+    pub(crate) fn wrote(&self, key: String, value: Vec<u8>, revision: i64) {
+        self.feed.wrote(KeyValue {
+            key,
+            value,
+            create_revision: revision,
+            mod_revision: revision,
+            version: 0,
+            lease: 0,
+        });
     }
 
     /// Moves an idle cluster by a non-request event (FaultsDetected), a CAS

@@ -14,6 +14,7 @@ use drover_server::store::{CmpOp, Compare, EtcdStore, Op, RangeRequest, Store, T
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
+use drover_tests::scrape;
 use drover_tests::{owner, wait_running, wait_until};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -132,6 +133,53 @@ struct Throughput {
     p50: Duration,
     p99: Duration,
     writes_per_op: f64,
+    /// What etcd served per operation, from its own counters: why an
+    /// operation costs what it does.
+    etcd_per_op: EtcdRequests,
+}
+
+/// etcd's request counters over a phase.
+#[derive(Default)]
+struct EtcdRequests {
+    txns: f64,
+    ranges: f64,
+    watch_events: f64,
+}
+
+impl EtcdRequests {
+    async fn read(etcd: &EtcdProcess) -> Self {
+        let samples = scrape::metrics(&etcd.endpoint()).await;
+        let handled = |method: &str| {
+            scrape::sum(
+                &samples,
+                "grpc_server_handled_total",
+                &format!("grpc_method=\"{method}\""),
+            )
+        };
+        Self {
+            txns: handled("Txn"),
+            ranges: handled("Range"),
+            watch_events: scrape::sum(&samples, "etcd_debugging_mvcc_events_total", ""),
+        }
+    }
+
+    fn per(&self, before: &Self, count: f64) -> Self {
+        let count = count.max(1.0);
+        Self {
+            txns: (self.txns - before.txns) / count,
+            ranges: (self.ranges - before.ranges) / count,
+            watch_events: (self.watch_events - before.watch_events) / count,
+        }
+    }
+
+    fn json(&self) -> Value {
+        let round = |x: f64| (x * 100.0).round() / 100.0;
+        json!({
+            "txn_requests": round(self.txns),
+            "range_requests": round(self.ranges),
+            "watch_events_sent": round(self.watch_events),
+        })
+    }
 }
 
 /// Stop/start pairs on one cluster per client, spread over the replicas.
@@ -150,6 +198,7 @@ async fn drover_ops(
     }
     let store = etcd.store().await;
     let before = revision(&store).await;
+    let requests_before = EtcdRequests::read(etcd).await;
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
     for i in 0..clients {
@@ -189,12 +238,16 @@ async fn drover_ops(
     }
     let elapsed = length.as_secs_f64();
     let after = revision(&store).await;
+    let etcd_per_op = EtcdRequests::read(etcd)
+        .await
+        .per(&requests_before, latencies.len() as f64);
     latencies.sort();
     Throughput {
         ops_per_second: latencies.len() as f64 / elapsed,
         p50: percentile(&latencies, 0.5),
         p99: percentile(&latencies, 0.99),
         writes_per_op: (after - before) as f64 / latencies.len().max(1) as f64,
+        etcd_per_op,
     }
 }
 
@@ -452,6 +505,7 @@ async fn main() {
             "etcd_writes_per_operation": (drover.writes_per_op * 100.0).round() / 100.0,
             "goal_operations_per_second": target.round(),
             "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
+            "etcd_per_operation": drover.etcd_per_op.json(),
         },
         "failover_ms": {
             "p50": ms(percentile(&failovers, 0.5)),
@@ -486,6 +540,14 @@ async fn main() {
         "etcd writes per operation",
         format!("{:.2}", drover.writes_per_op),
         "<= 3 (1 step)".into(),
+    );
+    row(
+        "etcd txn / range / watch events per op",
+        format!(
+            "{:.2} / {:.2} / {:.2}",
+            drover.etcd_per_op.txns, drover.etcd_per_op.ranges, drover.etcd_per_op.watch_events
+        ),
+        String::new(),
     );
     row(
         "kill -9 to orphan recovered p50 / p99 (ms)",

@@ -345,6 +345,34 @@ pub async fn watch_from_now_skips_history(store: &dyn Store) {
     assert_eq!(next_event(&mut watch).await.kv.key, "/t/n/new");
 }
 
+/// A puts-only watch skips deletes, and still reports a compacted start.
+pub async fn watch_puts_skips_deletes(store: &dyn Store) {
+    let first = put(store, "/t/p/a", "1").await;
+    store
+        .txn(Txn::new().and_then([Op::delete("/t/p/a")]))
+        .await
+        .unwrap();
+    let after = put(store, "/t/p/b", "2").await;
+    let mut watch = store.watch_puts("/t/p/", first).await.unwrap();
+    let a = next_event(&mut watch).await;
+    assert_eq!((a.kind, a.kv.mod_revision), (EventKind::Put, first));
+    let b = next_event(&mut watch).await;
+    assert_eq!(
+        (b.kind, b.kv.key.as_str(), b.kv.mod_revision),
+        (EventKind::Put, "/t/p/b", after)
+    );
+    store.compact(after).await.unwrap();
+    let mut stale = store.watch_puts("/t/p/", first).await.unwrap();
+    let error = tokio::time::timeout(WATCH_DEADLINE, stale.next())
+        .await
+        .expect("the compaction is reported")
+        .expect("an item before the stream ends");
+    assert!(
+        matches!(error, Err(StoreError::Compacted { .. })),
+        "{error:?}"
+    );
+}
+
 /// After compaction, a watch from an older revision reports Compacted; one
 /// from the compaction point works.
 pub async fn watch_reports_compaction(store: &dyn Store) {
@@ -382,6 +410,7 @@ macro_rules! for_each_conformance_case {
             lease_expiry_deletes_bound_keys,
             watch_replays_from_revision_then_follows,
             watch_from_now_skips_history,
+            watch_puts_skips_deletes,
             watch_reports_compaction,
         }
     };

@@ -67,6 +67,11 @@ impl EtcdProcess {
         etcd
     }
 
+    /// The etcd process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The client URL.
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };

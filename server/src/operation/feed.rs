@@ -20,6 +20,9 @@
 //!   follower is told to read again.
 //!
 //! # Caveats
+//! - The feed does not watch deletes (the history collector deletes many
+//!   records at once, and every replica would receive them): a collected
+//!   record stays remembered until it is forgotten in turn.
 //! - A key not remembered (evicted, or last written before the feed began)
 //!   says nothing: the caller reads etcd.
 
@@ -210,7 +213,7 @@ async fn run(store: SharedStore, prefix: String, feed: Weak<OperationFeed>) {
     loop {
         let watch = match store.get(&prefix).await {
             Ok(now) => store
-                .watch(&prefix, now.revision + 1)
+                .watch_puts(&prefix, now.revision + 1)
                 .await
                 .map(|watch| (watch, now.revision + 1)),
             Err(error) => Err(error),
@@ -230,15 +233,10 @@ async fn run(store: SharedStore, prefix: String, feed: Weak<OperationFeed>) {
             let Some(this) = feed.upgrade() else { return };
             let mut memory = this.memory();
             memory.seen = memory.seen.max(event.kv.mod_revision);
-            match event.kind {
-                EventKind::Put => {
-                    memory.remember(Arc::new(event.kv));
-                }
-                EventKind::Delete => {
-                    if let Some((seq, _)) = memory.records.remove(&event.kv.key) {
-                        memory.order.remove(&seq);
-                    }
-                }
+            // Deletes are not delivered: only finished operations are
+            // collected, and what is remembered of one stays true.
+            if event.kind == EventKind::Put {
+                memory.remember(Arc::new(event.kv));
             }
         }
         tracing::info!("operation feed watch ended; restarting");

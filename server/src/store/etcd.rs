@@ -8,7 +8,7 @@ use super::types::{check_ops, prefix_end};
 use super::*;
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions,
-    SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchOptions,
+    SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -116,6 +116,77 @@ fn unreachable(error: &etcd_client::Error) -> bool {
 }
 
 impl EtcdStore {
+    /// Watches `prefix` with etcd's event `filters`, delivering events
+    /// one by one on a channel.
+    async fn watch_filtered(
+        &self,
+        prefix: &str,
+        from_revision: i64,
+        filters: Vec<WatchFilterType>,
+    ) -> Result<WatchStream> {
+        let mut options = WatchOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_filters(filters);
+        if from_revision > 0 {
+            options = options.with_start_revision(from_revision);
+        }
+        let mut stream = self
+            .call(Retry::Idempotent, |mut client| {
+                let (prefix, options) = (prefix.to_string(), options.clone());
+                async move { client.watch(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(into_store_error)?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = sender.closed() => return,
+                    message = stream.message() => message,
+                };
+                let response = match message {
+                    Ok(Some(response)) => response,
+                    Ok(None) => return,
+                    Err(error) => {
+                        let _ = sender.send(Err(into_store_error(error)));
+                        return;
+                    }
+                };
+                if response.compact_revision() > 0 {
+                    let _ = sender.send(Err(StoreError::Compacted {
+                        requested: from_revision,
+                        compacted: response.compact_revision(),
+                    }));
+                    return;
+                }
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let kind = match event.event_type() {
+                        EventType::Put => EventKind::Put,
+                        EventType::Delete => EventKind::Delete,
+                    };
+                    if sender
+                        .send(Ok(WatchEvent {
+                            kind,
+                            kv: from_etcd_kv(kv),
+                        }))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if response.canceled() {
+                    let _ = sender.send(Err(StoreError::Unavailable(format!(
+                        "watch cancelled by etcd: {}",
+                        response.cancel_reason()
+                    ))));
+                    return;
+                }
+            }
+        });
+        Ok(WatchStream::new(receiver))
+    }
+
     /// Runs a request, retrying it (with a short backoff) as `retry` allows.
     async fn call<T, F, Fut>(
         &self,
@@ -384,65 +455,12 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
-        let mut options = WatchOptions::new().with_range(prefix_end(prefix));
-        if from_revision > 0 {
-            options = options.with_start_revision(from_revision);
-        }
-        let mut stream = self
-            .call(Retry::Idempotent, |mut client| {
-                let (prefix, options) = (prefix.to_string(), options.clone());
-                async move { client.watch(prefix, Some(options)).await }
-            })
+        self.watch_filtered(prefix, from_revision, Vec::new()).await
+    }
+
+    async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.watch_filtered(prefix, from_revision, vec![WatchFilterType::NoDelete])
             .await
-            .map_err(into_store_error)?;
-        let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    _ = sender.closed() => return,
-                    message = stream.message() => message,
-                };
-                let response = match message {
-                    Ok(Some(response)) => response,
-                    Ok(None) => return,
-                    Err(error) => {
-                        let _ = sender.send(Err(into_store_error(error)));
-                        return;
-                    }
-                };
-                if response.compact_revision() > 0 {
-                    let _ = sender.send(Err(StoreError::Compacted {
-                        requested: from_revision,
-                        compacted: response.compact_revision(),
-                    }));
-                    return;
-                }
-                for event in response.events() {
-                    let Some(kv) = event.kv() else { continue };
-                    let kind = match event.event_type() {
-                        EventType::Put => EventKind::Put,
-                        EventType::Delete => EventKind::Delete,
-                    };
-                    if sender
-                        .send(Ok(WatchEvent {
-                            kind,
-                            kv: from_etcd_kv(kv),
-                        }))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                if response.canceled() {
-                    let _ = sender.send(Err(StoreError::Unavailable(format!(
-                        "watch cancelled by etcd: {}",
-                        response.cancel_reason()
-                    ))));
-                    return;
-                }
-            }
-        });
-        Ok(WatchStream::new(receiver))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {

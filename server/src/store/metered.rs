@@ -84,6 +84,13 @@ impl Store for MeteredStore {
         result
     }
 
+    async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        let started = Instant::now();
+        let result = self.inner.watch_puts(prefix, from_revision).await;
+        self.observe("watch", started);
+        result
+    }
+
     async fn compact(&self, revision: i64) -> Result<()> {
         let started = Instant::now();
         let result = self.inner.compact(revision).await;

@@ -100,6 +100,13 @@ pub trait Store: Send + Sync + 'static {
     /// the stream's first item, [`StoreError::Compacted`].
     async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream>;
 
+    /// [`Self::watch`], delivering puts only. etcd drops the deletes before
+    /// sending them (a watcher that ignores deletes need not pay for them);
+    /// errors are reported as by `watch`.
+    async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        Ok(self.watch(prefix, from_revision).await?.puts_only())
+    }
+
     /// Discards history older than `revision`.
     async fn compact(&self, revision: i64) -> Result<()>;
 

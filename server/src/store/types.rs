@@ -263,6 +263,31 @@ impl WatchStream {
     pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
         self.events.recv().await
     }
+
+    /// The same stream without its deletes.
+    pub(super) fn puts_only(mut self) -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = sender.closed() => return,
+                    event = self.next() => event,
+                };
+                let Some(event) = event else { return };
+                let deleted = matches!(
+                    &event,
+                    Ok(WatchEvent {
+                        kind: EventKind::Delete,
+                        ..
+                    })
+                );
+                if !deleted && sender.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        Self::new(receiver)
+    }
 }
 
 /// The key just after every key with this prefix (etcd's range end).

@@ -29,6 +29,9 @@ struct Args {
     /// Length of each throughput phase, seconds.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Rounds of the two throughput phases, alternated.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Replica lease TTL, seconds.
     #[arg(long, default_value_t = 2)]
     ttl: u64,
@@ -41,6 +44,39 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench.json")]
     json: std::path::PathBuf,
+    /// Pin etcd to this CPU and everything else (the benchmark, the
+    /// provider, the replicas) to the other CPUs, so etcd has the same
+    /// compute in every phase instead of sharing it with Drover.
+    #[arg(long)]
+    etcd_cpu: Option<usize>,
+}
+
+/// Pins every thread of process `pid` to `cpus` (a taskset list).
+fn pin(pid: u32, cpus: &str) {
+    let status = std::process::Command::new("taskset")
+        .args(["--all-tasks", "--cpu-list", "--pid", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run taskset");
+    assert!(status.success(), "taskset {cpus} {pid} failed");
+}
+
+/// Splits the machine: etcd on `etcd_cpu`, this process (and so every
+/// process it starts from now on) on the rest.
+fn split_cpus(etcd: &EtcdProcess, etcd_cpu: usize) -> (String, String) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        etcd_cpu < cpus && cpus > 1,
+        "--etcd-cpu {etcd_cpu} needs at least two CPUs and a valid index (this machine has {cpus})"
+    );
+    let rest: Vec<String> = (0..cpus)
+        .filter(|cpu| *cpu != etcd_cpu)
+        .map(|cpu| cpu.to_string())
+        .collect();
+    let rest = rest.join(",");
+    pin(std::process::id(), &rest);
+    pin(etcd.pid().expect("etcd is running"), &etcd_cpu.to_string());
+    (etcd_cpu.to_string(), rest)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -128,7 +164,9 @@ async fn finish(client: &mut Client, op: &v1::Operation) -> v1::Operation {
     done
 }
 
+/// The throughput phases, pooled over every round.
 struct Throughput {
+    raw_per_second: f64,
     ops_per_second: f64,
     p50: Duration,
     p99: Duration,
@@ -136,6 +174,25 @@ struct Throughput {
     /// What etcd served per operation, from its own counters: why an
     /// operation costs what it does.
     etcd_per_op: EtcdRequests,
+    /// Each round's ops/s against its own goal, to show the spread.
+    round_ratios: Vec<f64>,
+}
+
+/// One Drover round.
+struct DroverRound {
+    latencies: Vec<Duration>,
+    revisions: i64,
+    requests: EtcdRequests,
+}
+
+impl DroverRound {
+    fn ops(&self) -> f64 {
+        self.latencies.len() as f64
+    }
+}
+
+fn goal(raw_per_second: f64, writes_per_op: f64) -> f64 {
+    0.7 * raw_per_second / writes_per_op
 }
 
 /// etcd's request counters over a phase.
@@ -163,12 +220,26 @@ impl EtcdRequests {
         }
     }
 
-    fn per(&self, before: &Self, count: f64) -> Self {
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            txns: self.txns - before.txns,
+            ranges: self.ranges - before.ranges,
+            watch_events: self.watch_events - before.watch_events,
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.txns += other.txns;
+        self.ranges += other.ranges;
+        self.watch_events += other.watch_events;
+    }
+
+    fn per(&self, count: f64) -> Self {
         let count = count.max(1.0);
         Self {
-            txns: (self.txns - before.txns) / count,
-            ranges: (self.ranges - before.ranges) / count,
-            watch_events: (self.watch_events - before.watch_events) / count,
+            txns: self.txns / count,
+            ranges: self.ranges / count,
+            watch_events: self.watch_events / count,
         }
     }
 
@@ -182,12 +253,14 @@ impl EtcdRequests {
     }
 }
 
-/// Stop/start pairs on one cluster per client, spread over the replicas.
-async fn drover_ops(
+/// Raw etcd and Drover in alternating rounds of `length` each, so a
+/// machine whose speed drifts affects both alike.
+async fn throughput(
     etcd: &EtcdProcess,
     replicas: &[(String, ReplicaProcess)],
     clients: usize,
     length: Duration,
+    rounds: usize,
 ) -> Throughput {
     let mut setup = replicas[0].1.client().await;
     for i in 0..clients {
@@ -196,17 +269,63 @@ async fn drover_ops(
             .expect("a start");
         finish(&mut setup, &op).await;
     }
+    let mut stop_next = vec![true; clients];
+    let (mut raws, mut drovers) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        eprintln!("round {round}/{rounds}: raw etcd CAS, {clients} clients, {length:?}...");
+        raws.push(raw_cas(etcd, clients, length).await);
+        eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
+        drovers.push(drover_round(etcd, replicas, length, &mut stop_next).await);
+    }
+    let seconds = length.as_secs_f64() * rounds as f64;
+    let ops: f64 = drovers.iter().map(DroverRound::ops).sum();
+    let revisions: i64 = drovers.iter().map(|r| r.revisions).sum();
+    let mut requests = EtcdRequests::default();
+    let mut latencies = Vec::new();
+    for drover in &drovers {
+        requests.add(&drover.requests);
+        latencies.extend(&drover.latencies);
+    }
+    latencies.sort();
+    let round_ratios = raws
+        .iter()
+        .zip(&drovers)
+        .map(|(raw, drover)| {
+            let writes_per_op = drover.revisions as f64 / drover.ops().max(1.0);
+            let ops_per_second = drover.ops() / length.as_secs_f64();
+            ops_per_second / goal(*raw, writes_per_op)
+        })
+        .collect();
+    Throughput {
+        raw_per_second: raws.iter().sum::<f64>() / rounds as f64,
+        ops_per_second: ops / seconds,
+        p50: percentile(&latencies, 0.5),
+        p99: percentile(&latencies, 0.99),
+        writes_per_op: revisions as f64 / ops.max(1.0),
+        etcd_per_op: requests.per(ops),
+        round_ratios,
+    }
+}
+
+/// Stop/start pairs for `length` on one cluster per client, spread over the
+/// replicas; `stop_next` says, per client, which comes next.
+async fn drover_round(
+    etcd: &EtcdProcess,
+    replicas: &[(String, ReplicaProcess)],
+    length: Duration,
+    stop_next: &mut [bool],
+) -> DroverRound {
     let store = etcd.store().await;
     let before = revision(&store).await;
     let requests_before = EtcdRequests::read(etcd).await;
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
-    for i in 0..clients {
+    for (i, first_stop) in stop_next.iter().enumerate() {
         let mut client = replicas[i % replicas.len()].1.client().await;
+        let mut stop_next = *first_stop;
         tasks.push(tokio::spawn(async move {
             let name = format!("bench-{i}");
             let mut latencies = Vec::new();
-            let mut stop_next = true;
             while Instant::now() < deadline {
                 let started = Instant::now();
                 let op = if stop_next {
@@ -229,25 +348,19 @@ async fn drover_ops(
                 latencies.push(started.elapsed());
                 stop_next = !stop_next;
             }
-            latencies
+            (latencies, stop_next)
         }));
     }
     let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.unwrap());
+    for (task, next) in tasks.into_iter().zip(stop_next.iter_mut()) {
+        let (done, stop) = task.await.unwrap();
+        latencies.extend(done);
+        *next = stop;
     }
-    let elapsed = length.as_secs_f64();
-    let after = revision(&store).await;
-    let etcd_per_op = EtcdRequests::read(etcd)
-        .await
-        .per(&requests_before, latencies.len() as f64);
-    latencies.sort();
-    Throughput {
-        ops_per_second: latencies.len() as f64 / elapsed,
-        p50: percentile(&latencies, 0.5),
-        p99: percentile(&latencies, 0.99),
-        writes_per_op: (after - before) as f64 / latencies.len().max(1) as f64,
-        etcd_per_op,
+    DroverRound {
+        latencies,
+        revisions: revision(&store).await - before,
+        requests: EtcdRequests::read(etcd).await.since(&requests_before),
     }
 }
 
@@ -469,6 +582,7 @@ async fn main() {
     let args = Args::parse();
     let length = Duration::from_secs(args.seconds);
     let etcd = EtcdProcess::start().await;
+    let pinned = args.etcd_cpu.map(|cpu| split_cpus(&etcd, cpu));
     let sim = SimProcess::start().await;
     let mut bench = Bench {
         etcd,
@@ -481,10 +595,15 @@ async fn main() {
         bench.add_replica().await;
     }
 
-    eprintln!("raw etcd CAS, {} clients, {length:?}...", args.clients);
-    let raw = raw_cas(&bench.etcd, args.clients, length).await;
-    eprintln!("drover stop/start, {} clients, {length:?}...", args.clients);
-    let drover = drover_ops(&bench.etcd, &bench.replicas, args.clients, length).await;
+    let drover = throughput(
+        &bench.etcd,
+        &bench.replicas,
+        args.clients,
+        length,
+        args.rounds.max(1),
+    )
+    .await;
+    let raw = drover.raw_per_second;
     eprintln!("failover x{}...", args.failovers);
     let failovers = failover(&mut bench, args.failovers).await;
     eprintln!("SIGTERM hand-off...");
@@ -492,10 +611,18 @@ async fn main() {
     eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
     let bulk = bulk(&mut bench, args.bulk_clusters, args.clients).await;
 
-    let target = 0.7 * raw / drover.writes_per_op;
+    let target = goal(raw, drover.writes_per_op);
+    let round_ratios: Vec<f64> = drover
+        .round_ratios
+        .iter()
+        .map(|r| (r * 100.0).round() / 100.0)
+        .collect();
     let report: Value = json!({
         "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
         "clients": args.clients,
+        "rounds": args.rounds,
+        "seconds_per_phase": args.seconds,
+        "cpus": pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
         "lease_ttl_seconds": args.ttl,
         "raw_etcd_cas_per_second": raw.round(),
         "drover": {
@@ -505,6 +632,7 @@ async fn main() {
             "etcd_writes_per_operation": (drover.writes_per_op * 100.0).round() / 100.0,
             "goal_operations_per_second": target.round(),
             "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
+            "ratio_to_goal_per_round": round_ratios,
             "etcd_per_operation": drover.etcd_per_op.json(),
         },
         "failover_ms": {
@@ -522,9 +650,9 @@ async fn main() {
     });
     std::fs::write(&args.json, serde_json::to_string_pretty(&report).unwrap())
         .expect("write the JSON report");
-    println!("{:<44} {:>14} {:>14}", "measure", "value", "goal");
+    println!("{:<44} {:>24} {:>14}", "measure", "value", "goal");
     let row =
-        |name: &str, value: String, goal: String| println!("{name:<44} {value:>14} {goal:>14}");
+        |name: &str, value: String, goal: String| println!("{name:<44} {value:>24} {goal:>14}");
     row("raw etcd CAS txn/s", format!("{raw:.0}"), String::new());
     row(
         "drover operations/s",
@@ -535,6 +663,16 @@ async fn main() {
         "drover op latency p50 / p99 (ms)",
         format!("{:.1} / {:.1}", ms(drover.p50), ms(drover.p99)),
         String::new(),
+    );
+    let ratios: Vec<String> = round_ratios.iter().map(|r| format!("{r:.2}")).collect();
+    row(
+        "ratio to goal (pooled; per round)",
+        format!(
+            "{:.2}; {}",
+            drover.ops_per_second / target,
+            ratios.join(" ")
+        ),
+        ">= 1".into(),
     );
     row(
         "etcd writes per operation",

@@ -150,7 +150,9 @@ pub async fn serve(
                 Arc::clone(&metrics),
             );
             tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
-            tokio::spawn(Arc::clone(&replication).run_ownership(work_stopped.clone()));
+            tokio::spawn(
+                Arc::clone(&replication).run_ownership(Arc::clone(&cache), work_stopped.clone()),
+            );
             let executor = Executor::new(
                 operations.clone(),
                 provider.clone(),

@@ -471,3 +471,39 @@ async fn the_client_fails_over_between_replicas_and_retries_lost_races() {
         assert_eq!(cluster.name, "sturdy");
     }
 }
+
+#[tokio::test]
+async fn a_new_cluster_is_claimed_without_waiting_for_the_periodic_pass() {
+    // With a 30 s TTL the periodic ownership pass runs every 10 s: the
+    // first start of a new cluster must not wait for it.
+    let ttl = 30;
+    let env = Cluster3::start(2, ttl).await;
+    let mut client = env.replicas[0].1.client().await;
+    let mut admin = env.admin_avoiding("none").await;
+    // Both replicas have joined and made their first pass.
+    wait_until(Duration::from_secs(20), "two members", || {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .list_members(v1::ListMembersRequest {})
+                .await
+                .is_ok_and(|r| r.into_inner().members.len() == 2)
+        }
+    })
+    .await;
+    for name in ["fresh-a", "fresh-b", "fresh-c"] {
+        let started = Instant::now();
+        let cluster = create_running(&mut client, name, 1).await;
+        let state = cluster.status.and_then(|status| status.state);
+        assert_eq!(state, Some(S::Running as i32));
+        assert!(
+            owner(&mut admin, name).await.is_some(),
+            "{name} has an owner"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(ttl / 3),
+            "{name} waited {:?} for the periodic pass",
+            started.elapsed()
+        );
+    }
+}

@@ -224,6 +224,21 @@ impl ClusterCache {
             .collect()
     }
 
+    /// Every cluster's state key; `None` when the cache is not ready.
+    pub fn states(&self) -> Option<Vec<KeyValue>> {
+        let snapshot = self.read();
+        if !snapshot.ready {
+            return None;
+        }
+        Some(
+            snapshot
+                .clusters
+                .values()
+                .filter_map(|leaves| leaves.get("state").cloned())
+                .collect(),
+        )
+    }
+
     /// One cluster from the cache; `None` when the cache is not ready.
     pub fn get(&self, name: &str) -> Option<Result<ClusterRecord, RegistryError>> {
         let snapshot = self.read();

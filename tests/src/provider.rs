@@ -32,6 +32,11 @@ impl SimProcess {
         sim
     }
 
+    /// The provider process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

@@ -87,6 +87,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+fn us(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e7).round() / 10.0
+}
+
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
@@ -176,6 +180,12 @@ struct Throughput {
     etcd_per_op: EtcdRequests,
     /// Each round's ops/s against its own goal, to show the spread.
     round_ratios: Vec<f64>,
+    /// CPU time etcd spent per raw CAS: steadier than rates on a machine
+    /// whose speed drifts.
+    etcd_cpu_per_raw_txn: Duration,
+    /// CPU time per Drover operation: etcd's, the three replicas' together,
+    /// the provider's.
+    cpu_per_op: CpuTimes,
 }
 
 /// One Drover round.
@@ -261,6 +271,7 @@ async fn throughput(
     clients: usize,
     length: Duration,
     rounds: usize,
+    processes: &Processes,
 ) -> Throughput {
     let mut setup = replicas[0].1.client().await;
     for i in 0..clients {
@@ -271,12 +282,18 @@ async fn throughput(
     }
     let mut stop_next = vec![true; clients];
     let (mut raws, mut drovers) = (Vec::new(), Vec::new());
+    let (mut raw_cpu, mut drover_cpu) = (CpuTimes::default(), CpuTimes::default());
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}: raw etcd CAS, {clients} clients, {length:?}...");
+        let before = processes.cpu();
         raws.push(raw_cas(etcd, clients, length).await);
+        raw_cpu.add(&processes.cpu().since(&before));
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
+        let before = processes.cpu();
         drovers.push(drover_round(etcd, replicas, length, &mut stop_next).await);
+        drover_cpu.add(&processes.cpu().since(&before));
     }
+    let raw_txns = raws.iter().sum::<f64>() * length.as_secs_f64();
     let seconds = length.as_secs_f64() * rounds as f64;
     let ops: f64 = drovers.iter().map(DroverRound::ops).sum();
     let revisions: i64 = drovers.iter().map(|r| r.revisions).sum();
@@ -304,6 +321,12 @@ async fn throughput(
         writes_per_op: revisions as f64 / ops.max(1.0),
         etcd_per_op: requests.per(ops),
         round_ratios,
+        etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
+        cpu_per_op: CpuTimes {
+            etcd: drover_cpu.etcd.div_f64(ops.max(1.0)),
+            replicas: drover_cpu.replicas.div_f64(ops.max(1.0)),
+            provider: drover_cpu.provider.div_f64(ops.max(1.0)),
+        },
     }
 }
 
@@ -477,6 +500,78 @@ async fn handoff(bench: &mut Bench) -> Duration {
     elapsed
 }
 
+/// CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    static TICKS_PER_SECOND: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks_per_second = *TICKS_PER_SECOND.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    // Fields after the parenthesised command name: utime and stime are the
+    // 12th and 13th (fields 14 and 15 of proc(5)).
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let fields: Vec<u64> = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|field| field.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
+/// The processes whose CPU time the throughput phases account for.
+struct Processes {
+    etcd: u32,
+    replicas: Vec<u32>,
+    provider: u32,
+}
+
+/// CPU time used so far, per role.
+#[derive(Default, Clone, Copy)]
+struct CpuTimes {
+    etcd: Duration,
+    replicas: Duration,
+    provider: Duration,
+}
+
+impl Processes {
+    fn cpu(&self) -> CpuTimes {
+        CpuTimes {
+            etcd: cpu_time(self.etcd),
+            replicas: self.replicas.iter().map(|pid| cpu_time(*pid)).sum(),
+            provider: cpu_time(self.provider),
+        }
+    }
+}
+
+impl CpuTimes {
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            etcd: self.etcd - before.etcd,
+            replicas: self.replicas - before.replicas,
+            provider: self.provider - before.provider,
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.etcd += other.etcd;
+        self.replicas += other.replicas;
+        self.provider += other.provider;
+    }
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -601,6 +696,11 @@ async fn main() {
         args.clients,
         length,
         args.rounds.max(1),
+        &Processes {
+            etcd: bench.etcd.pid().expect("etcd is running"),
+            replicas: bench.replicas.iter().map(|(_, r)| r.pid()).collect(),
+            provider: bench.sim.pid(),
+        },
     )
     .await;
     let raw = drover.raw_per_second;
@@ -612,6 +712,14 @@ async fn main() {
     let bulk = bulk(&mut bench, args.bulk_clusters, args.clients).await;
 
     let target = goal(raw, drover.writes_per_op);
+    // How many raw CAS worth of etcd CPU one Drover write costs (reads and
+    // watch deliveries included): 1 would mean no overhead at all.
+    let etcd_cost_per_write = (drover.cpu_per_op.etcd.as_secs_f64()
+        / drover.writes_per_op
+        / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9)
+        * 100.0)
+        .round()
+        / 100.0;
     let round_ratios: Vec<f64> = drover
         .round_ratios
         .iter()
@@ -634,6 +742,13 @@ async fn main() {
             "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
             "ratio_to_goal_per_round": round_ratios,
             "etcd_per_operation": drover.etcd_per_op.json(),
+            "cpu_us_per_operation": {
+                "etcd": us(drover.cpu_per_op.etcd),
+                "replicas": us(drover.cpu_per_op.replicas),
+                "provider": us(drover.cpu_per_op.provider),
+            },
+            "etcd_cpu_us_per_raw_cas": us(drover.etcd_cpu_per_raw_txn),
+            "etcd_cpu_per_write_in_raw_cas": etcd_cost_per_write,
         },
         "failover_ms": {
             "p50": ms(percentile(&failovers, 0.5)),
@@ -684,6 +799,24 @@ async fn main() {
         format!(
             "{:.2} / {:.2} / {:.2}",
             drover.etcd_per_op.txns, drover.etcd_per_op.ranges, drover.etcd_per_op.watch_events
+        ),
+        String::new(),
+    );
+    row(
+        "CPU us per op: etcd / replicas / provider",
+        format!(
+            "{:.0} / {:.0} / {:.0}",
+            us(drover.cpu_per_op.etcd),
+            us(drover.cpu_per_op.replicas),
+            us(drover.cpu_per_op.provider)
+        ),
+        String::new(),
+    );
+    row(
+        "etcd CPU us per raw CAS; per write, in CAS",
+        format!(
+            "{:.0}; {etcd_cost_per_write:.2}",
+            us(drover.etcd_cpu_per_raw_txn)
         ),
         String::new(),
     );

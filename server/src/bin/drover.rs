@@ -10,12 +10,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A replica allocates and frees small buffers for every request, watch
-/// event and record it handles; mimalloc spends a fraction of the CPU the
-/// system allocator does on that (measured with drover-bench, BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// etcd unreachable at start-up for this long is fatal (EX_UNAVAILABLE).
 const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 const EXIT_UNAVAILABLE: u8 = 69;

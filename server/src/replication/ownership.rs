@@ -9,8 +9,10 @@ use crate::store::{CmpOp, Compare, Op, RangeRequest, Txn};
 use std::collections::HashSet;
 use tokio::sync::{broadcast, watch};
 
-/// The least time between passes started by cluster creations.
-const CREATED_SPACING: Duration = Duration::from_millis(100);
+/// The least time between the starts of two passes. Passes read every
+/// owner key; while thousands of clusters change hands, each claim would
+/// otherwise start the peers' next pass at once, and the reads crowd etcd.
+const PASS_SPACING: Duration = Duration::from_millis(100);
 
 /// Owner keys claimed per transaction, under etcd's default limit of 128
 /// operations per transaction.
@@ -64,14 +66,17 @@ impl Replication {
                         }
                     }
                 }
-                // Clusters created in a burst are claimed together.
-                tokio::time::sleep_until(started + CREATED_SPACING).await;
             };
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = changed => {},
                 _ = created => {},
                 _ = tokio::time::sleep(period) => {},
+            }
+            // Changes that arrive in a burst are taken in one pass.
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
             }
         }
     }

@@ -345,6 +345,18 @@ pub async fn watch_from_now_skips_history(store: &dyn Store) {
     assert_eq!(next_event(&mut watch).await.kv.key, "/t/n/new");
 }
 
+/// The watch's first item is [`StoreError::Compacted`].
+async fn assert_reports_compaction(mut stale: WatchStream) {
+    let error = tokio::time::timeout(WATCH_DEADLINE, stale.next())
+        .await
+        .expect("the compaction is reported")
+        .expect("an item before the stream ends");
+    assert!(
+        matches!(error, Err(StoreError::Compacted { .. })),
+        "{error:?}"
+    );
+}
+
 /// A puts-only watch skips deletes, and still reports a compacted start.
 pub async fn watch_puts_skips_deletes(store: &dyn Store) {
     let first = put(store, "/t/p/a", "1").await;
@@ -362,15 +374,8 @@ pub async fn watch_puts_skips_deletes(store: &dyn Store) {
         (EventKind::Put, "/t/p/b", after)
     );
     store.compact(after).await.unwrap();
-    let mut stale = store.watch_puts("/t/p/", first).await.unwrap();
-    let error = tokio::time::timeout(WATCH_DEADLINE, stale.next())
-        .await
-        .expect("the compaction is reported")
-        .expect("an item before the stream ends");
-    assert!(
-        matches!(error, Err(StoreError::Compacted { .. })),
-        "{error:?}"
-    );
+    let stale = store.watch_puts("/t/p/", first).await.unwrap();
+    assert_reports_compaction(stale).await;
 }
 
 /// After compaction, a watch from an older revision reports Compacted; one
@@ -380,15 +385,8 @@ pub async fn watch_reports_compaction(store: &dyn Store) {
     put(store, "/t/cmp/a", "2").await;
     let head = put(store, "/t/cmp/a", "3").await;
     store.compact(head).await.unwrap();
-    let mut stale = store.watch("/t/cmp/", old).await.unwrap();
-    let error = tokio::time::timeout(WATCH_DEADLINE, stale.next())
-        .await
-        .expect("the compaction is reported")
-        .expect("an item before the stream ends");
-    assert!(
-        matches!(error, Err(StoreError::Compacted { .. })),
-        "{error:?}"
-    );
+    let stale = store.watch("/t/cmp/", old).await.unwrap();
+    assert_reports_compaction(stale).await;
     let mut fresh = store.watch("/t/cmp/", head).await.unwrap();
     assert_eq!(next_event(&mut fresh).await.kv.mod_revision, head);
 }

@@ -86,6 +86,22 @@ pub async fn range_by_prefix_start_and_limit(store: &dyn Store) {
     assert_eq!(keys(&started), ["/t/c/foo/3", "/t/c/foobar/1"]);
 }
 
+/// A count covers exactly the prefix (`foo/` never `foobar/`) and follows
+/// deletes.
+pub async fn count_by_prefix(store: &dyn Store) {
+    for key in ["/t/c/foo/1", "/t/c/foo/2", "/t/c/foobar/1", "/t/d"] {
+        put(store, key, "x").await;
+    }
+    assert_eq!(store.count("/t/c/foo/").await.unwrap(), 2);
+    assert_eq!(store.count("/t/c/").await.unwrap(), 3);
+    assert_eq!(store.count("/t/none/").await.unwrap(), 0);
+    store
+        .txn(Txn::new().and_then([Op::delete("/t/c/foo/1")]))
+        .await
+        .unwrap();
+    assert_eq!(store.count("/t/c/foo/").await.unwrap(), 1);
+}
+
 /// A prefix larger than any single response (the etcd store pages it)
 /// still comes back whole, in order, and limits still cut it exactly.
 pub async fn range_larger_than_a_page(store: &dyn Store) {
@@ -399,6 +415,7 @@ macro_rules! for_each_conformance_case {
             put_and_get_report_revisions,
             range_by_prefix_start_and_limit,
             range_larger_than_a_page,
+            count_by_prefix,
             txn_compares_on_revisions_and_version,
             txn_compares_on_value_and_missing_keys,
             txn_writes_share_one_revision_and_deletes_reset,

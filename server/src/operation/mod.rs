@@ -424,26 +424,24 @@ impl Operations {
     /// Deletes the oldest finished operations beyond the history limit
     /// (and their request-id index entries).
     pub async fn collect_garbage(&self, cluster: &str) -> Result<usize> {
-        let all = self
-            .store
-            .range(RangeRequest::prefix(self.keys.operations(cluster)))
-            .await?;
+        let prefix = self.keys.operations(cluster);
+        // Counting is answered from etcd's index; the records themselves
+        // are read only when a batch is due, and only the oldest ones
+        // (operation ids are time-ordered, so key order is age order).
+        let count = self.store.count(&prefix).await?;
         // Collect only once the history is a batch over the limit, so the
         // deletes cost one write per batch rather than one per operation.
-        if all.kvs.len() < self.history_limit + gc_slack(self.history_limit) {
+        if count < self.history_limit + gc_slack(self.history_limit) {
             return Ok(0);
         }
-        let excess = all
-            .kvs
-            .len()
-            .saturating_sub(self.history_limit)
-            .min(GC_BATCH);
+        let excess = count.saturating_sub(self.history_limit).min(GC_BATCH);
+        let oldest = self
+            .store
+            .range(RangeRequest::prefix(prefix).limit(excess as i64))
+            .await?;
         let mut ops = Vec::new();
         let mut deleted = 0;
-        for kv in &all.kvs {
-            if deleted == excess {
-                break;
-            }
+        for kv in &oldest.kvs {
             let record: OperationRecord = from_json(kv)?;
             if record.state.is_terminal() {
                 ops.push(Op::delete(kv.key.clone()));

@@ -372,6 +372,20 @@ impl Store for EtcdStore {
         }
     }
 
+    async fn count(&self, prefix: &str) -> Result<usize> {
+        let options = GetOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_count_only();
+        let response = self
+            .call(Retry::Idempotent, |mut client| {
+                let (prefix, options) = (prefix.to_string(), options.clone());
+                async move { client.get(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(into_store_error)?;
+        Ok(usize::try_from(response.count()).unwrap_or(0))
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         check_ops(&txn.success)?;
         check_ops(&txn.failure)?;

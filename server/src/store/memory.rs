@@ -294,6 +294,10 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn count(&self, prefix: &str) -> Result<usize> {
+        Ok(self.lock().in_range(&RangeRequest::prefix(prefix)).count())
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         let mut state = self.lock();
         let succeeded = txn.compares.iter().all(|c| state.compare(c));

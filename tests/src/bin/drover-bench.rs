@@ -180,6 +180,9 @@ struct Throughput {
     etcd_per_op: EtcdRequests,
     /// Each round's ops/s against its own goal, to show the spread.
     round_ratios: Vec<f64>,
+    /// etcd's write-ahead log in the raw and in the Drover rounds: fewer
+    /// writes per fsync mean more of etcd's per-batch work per write.
+    wal: [EtcdWal; 2],
     /// CPU time etcd spent per raw CAS: steadier than rates on a machine
     /// whose speed drifts.
     etcd_cpu_per_raw_txn: Duration,
@@ -263,6 +266,49 @@ impl EtcdRequests {
     }
 }
 
+/// etcd's write-ahead log over a phase: every write waits for an fsync, and
+/// etcd batches the writes that arrive meanwhile into one.
+#[derive(Default)]
+struct EtcdWal {
+    fsyncs: f64,
+    fsync_seconds: f64,
+    writes: f64,
+}
+
+impl EtcdWal {
+    async fn read(etcd: &EtcdProcess) -> Self {
+        let samples = scrape::metrics(&etcd.endpoint()).await;
+        let metric = |name: &str| scrape::sum(&samples, name, "");
+        Self {
+            fsyncs: metric("etcd_disk_wal_fsync_duration_seconds_count"),
+            fsync_seconds: metric("etcd_disk_wal_fsync_duration_seconds_sum"),
+            writes: metric("etcd_server_proposals_committed_total"),
+        }
+    }
+
+    fn add_since(&mut self, now: &Self, before: &Self) {
+        self.fsyncs += now.fsyncs - before.fsyncs;
+        self.fsync_seconds += now.fsync_seconds - before.fsync_seconds;
+        self.writes += now.writes - before.writes;
+    }
+
+    fn fsync_ms(&self) -> f64 {
+        self.fsync_seconds * 1000.0 / self.fsyncs.max(1.0)
+    }
+
+    fn writes_per_fsync(&self) -> f64 {
+        self.writes / self.fsyncs.max(1.0)
+    }
+
+    fn json(&self) -> Value {
+        let round = |x: f64| (x * 100.0).round() / 100.0;
+        json!({
+            "fsync_ms": round(self.fsync_ms()),
+            "writes_per_fsync": round(self.writes_per_fsync()),
+        })
+    }
+}
+
 /// Raw etcd and Drover in alternating rounds of `length` each, so a
 /// machine whose speed drifts affects both alike.
 async fn throughput(
@@ -283,15 +329,18 @@ async fn throughput(
     let mut stop_next = vec![true; clients];
     let (mut raws, mut drovers) = (Vec::new(), Vec::new());
     let (mut raw_cpu, mut drover_cpu) = (CpuTimes::default(), CpuTimes::default());
+    let (mut raw_wal, mut drover_wal) = (EtcdWal::default(), EtcdWal::default());
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}: raw etcd CAS, {clients} clients, {length:?}...");
-        let before = processes.cpu();
+        let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
         raws.push(raw_cas(etcd, clients, length).await);
         raw_cpu.add(&processes.cpu().since(&before));
+        raw_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
-        let before = processes.cpu();
+        let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
         drovers.push(drover_round(etcd, replicas, length, &mut stop_next).await);
         drover_cpu.add(&processes.cpu().since(&before));
+        drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
     }
     let raw_txns = raws.iter().sum::<f64>() * length.as_secs_f64();
     let seconds = length.as_secs_f64() * rounds as f64;
@@ -321,6 +370,7 @@ async fn throughput(
         writes_per_op: revisions as f64 / ops.max(1.0),
         etcd_per_op: requests.per(ops),
         round_ratios,
+        wal: [raw_wal, drover_wal],
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
         cpu_per_op: CpuTimes {
             etcd: drover_cpu.etcd.div_f64(ops.max(1.0)),
@@ -742,6 +792,7 @@ async fn main() {
             "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
             "ratio_to_goal_per_round": round_ratios,
             "etcd_per_operation": drover.etcd_per_op.json(),
+            "etcd_wal": {"raw": drover.wal[0].json(), "drover": drover.wal[1].json()},
             "cpu_us_per_operation": {
                 "etcd": us(drover.cpu_per_op.etcd),
                 "replicas": us(drover.cpu_per_op.replicas),
@@ -799,6 +850,17 @@ async fn main() {
         format!(
             "{:.2} / {:.2} / {:.2}",
             drover.etcd_per_op.txns, drover.etcd_per_op.ranges, drover.etcd_per_op.watch_events
+        ),
+        String::new(),
+    );
+    row(
+        "etcd fsync ms; writes per fsync: raw / drover",
+        format!(
+            "{:.2} / {:.2}; {:.1} / {:.1}",
+            drover.wal[0].fsync_ms(),
+            drover.wal[1].fsync_ms(),
+            drover.wal[0].writes_per_fsync(),
+            drover.wal[1].writes_per_fsync()
         ),
         String::new(),
     );

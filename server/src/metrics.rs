@@ -49,6 +49,7 @@ pub struct Metrics {
     pub operation_seconds: Family<KindLabels, Histogram, fn() -> Histogram>,
     pub transitions: Family<TransitionLabels, Counter>,
     pub etcd_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    pub provider_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
     pub clusters: Gauge,
@@ -89,6 +90,15 @@ impl Metrics {
             "etcd_request_duration_seconds",
             "Store request latency by request kind",
             etcd_request_seconds.clone(),
+        );
+        let provider_request_seconds =
+            Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                seconds_histogram,
+            );
+        registry.register(
+            "provider_request_duration_seconds",
+            "Provider call latency by call, answered or not",
+            provider_request_seconds.clone(),
         );
         let keepalive_failures = Counter::default();
         registry.register(
@@ -132,6 +142,7 @@ impl Metrics {
             operation_seconds,
             transitions,
             etcd_request_seconds,
+            provider_request_seconds,
             keepalive_failures,
             clusters_owned,
             clusters,

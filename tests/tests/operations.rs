@@ -726,6 +726,9 @@ async fn metrics_and_readiness_are_served_on_the_admin_port() {
         "drover_clusters 1",
         "drover_etcd_request_duration_seconds_count{request=\"txn\"}",
         "drover_operation_duration_seconds_count{kind=\"stop\"} 1",
+        "drover_provider_request_duration_seconds_count{request=\"CreateNodes\"} 1",
+        "drover_provider_request_duration_seconds_count{request=\"StopNodes\"} 1",
+        "drover_provider_request_duration_seconds_count{request=\"DescribeCluster\"}",
         "drover_orphan_recoveries_total 0",
         "drover_lease_keepalive_failures_total 0",
     ] {

@@ -124,6 +124,17 @@ impl Executor {
         false
     }
 
+    /// Records how long a provider call took, by call.
+    fn observe_provider(&self, call: &str, started: std::time::Instant) {
+        self.operations
+            .metrics()
+            .provider_request_seconds
+            .get_or_create(&crate::metrics::RequestLabels {
+                request: call.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
     /// Operations running on this replica now.
     pub fn in_flight(&self) -> usize {
         self.in_flight

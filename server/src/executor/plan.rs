@@ -44,6 +44,19 @@ impl Step {
         }
     }
 
+    /// The provider call the step makes: a metric label, so bounded.
+    pub fn provider_call(&self) -> &'static str {
+        match self {
+            Step::CreateNodes => "CreateNodes",
+            Step::StartNodes => "StartNodes",
+            Step::StopNodes => "StopNodes",
+            Step::Resize { .. } => "ResizeNodes",
+            Step::UpgradeNode { .. } => "UpgradeNode",
+            Step::DeleteNodes(_) => "DeleteNodes",
+            Step::HealthCheck => "DescribeCluster",
+        }
+    }
+
     /// Whether the step changes anything at the provider. Progress is
     /// persisted (and a cancel noticed) only before such steps: a read-only
     /// step needs neither.

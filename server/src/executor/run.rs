@@ -16,7 +16,7 @@ use crate::operation::{
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tonic::Code;
 
 /// How long the executor waits for the operation feed to deliver an
@@ -183,6 +183,7 @@ impl Holding<'_> {
         let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
         let token = self.token();
+        let started = Instant::now();
         let response = match step {
             Step::CreateNodes => {
                 provider
@@ -193,10 +194,10 @@ impl Holding<'_> {
                         offering: spec.node_offering.clone(),
                         version: spec.version.clone(),
                     })
-                    .await?
+                    .await
             }
-            Step::StartNodes => provider.start_nodes(pb::PowerRequest { token }).await?,
-            Step::StopNodes => provider.stop_nodes(pb::PowerRequest { token }).await?,
+            Step::StartNodes => provider.start_nodes(pb::PowerRequest { token }).await,
+            Step::StopNodes => provider.stop_nodes(pb::PowerRequest { token }).await,
             Step::Resize { workers, offering } => {
                 provider
                     .resize_nodes(pb::ResizeNodesRequest {
@@ -204,7 +205,7 @@ impl Holding<'_> {
                         worker_nodes: *workers,
                         offering: offering.clone(),
                     })
-                    .await?
+                    .await
             }
             Step::UpgradeNode { node_id, version } => {
                 provider
@@ -213,7 +214,7 @@ impl Holding<'_> {
                         node_id: node_id.clone(),
                         version: version.clone(),
                     })
-                    .await?
+                    .await
             }
             Step::DeleteNodes(ids) => {
                 provider
@@ -221,30 +222,36 @@ impl Holding<'_> {
                         token,
                         node_ids: ids.clone(),
                     })
-                    .await?
+                    .await
             }
-            Step::HealthCheck => {
-                let nodes = self.describe().await?;
-                let unhealthy: Vec<&str> = nodes
-                    .iter()
-                    .filter(|n| !n.healthy || n.power_state != "on")
-                    .map(|n| n.id.as_str())
-                    .collect();
-                if nodes.is_empty() {
-                    return Err(tonic::Status::failed_precondition(
-                        "the cluster has no nodes",
-                    ));
-                }
-                if !unhealthy.is_empty() {
-                    return Err(tonic::Status::failed_precondition(format!(
-                        "nodes not ready: {}",
-                        unhealthy.join(", ")
-                    )));
-                }
-                return Ok(());
-            }
+            Step::HealthCheck => return self.health_check().await,
         };
+        self.executor
+            .observe_provider(step.provider_call(), started);
+        let response = response?;
         self.nodes = response.into_inner().nodes;
+        Ok(())
+    }
+
+    /// Every node is on and ready (a read-only step: describe only).
+    async fn health_check(&mut self) -> Result<(), tonic::Status> {
+        let nodes = self.describe().await?;
+        let unhealthy: Vec<&str> = nodes
+            .iter()
+            .filter(|n| !n.healthy || n.power_state != "on")
+            .map(|n| n.id.as_str())
+            .collect();
+        if nodes.is_empty() {
+            return Err(tonic::Status::failed_precondition(
+                "the cluster has no nodes",
+            ));
+        }
+        if !unhealthy.is_empty() {
+            return Err(tonic::Status::failed_precondition(format!(
+                "nodes not ready: {}",
+                unhealthy.join(", ")
+            )));
+        }
         Ok(())
     }
 
@@ -255,14 +262,15 @@ impl Holding<'_> {
             cluster_uid: self.cluster.spec.uid.clone(),
             token: self.token(),
         };
-        let nodes = self
+        let started = Instant::now();
+        let response = self
             .executor
             .provider
             .clone()
             .describe_cluster(request)
-            .await?
-            .into_inner()
-            .nodes;
+            .await;
+        self.executor.observe_provider("DescribeCluster", started);
+        let nodes = response?.into_inner().nodes;
         self.nodes = nodes.clone();
         Ok(nodes)
     }

@@ -183,6 +183,8 @@ struct Throughput {
     /// etcd's write-ahead log in the raw and in the Drover rounds: fewer
     /// writes per fsync mean more of etcd's per-batch work per write.
     wal: [EtcdWal; 2],
+    /// Mean etcd transaction and provider call, as the replicas saw them.
+    waits: ReplicaWaits,
     /// CPU time etcd spent per raw CAS: steadier than rates on a machine
     /// whose speed drifts.
     etcd_cpu_per_raw_txn: Duration,
@@ -309,6 +311,52 @@ impl EtcdWal {
     }
 }
 
+/// What the replicas waited on over a phase, summed over every replica,
+/// from their own `/metrics`: the links of an operation's chain.
+#[derive(Default)]
+struct ReplicaWaits {
+    txns: f64,
+    txn_seconds: f64,
+    provider_calls: f64,
+    provider_seconds: f64,
+}
+
+impl ReplicaWaits {
+    async fn read(replicas: &[(String, ReplicaProcess)]) -> Self {
+        let mut waits = Self::default();
+        for (_, replica) in replicas {
+            let samples = scrape::metrics(&replica.admin_endpoint()).await;
+            let txn = "request=\"txn\"";
+            waits.txns += scrape::sum(&samples, "drover_etcd_request_duration_seconds_count", txn);
+            waits.txn_seconds +=
+                scrape::sum(&samples, "drover_etcd_request_duration_seconds_sum", txn);
+            waits.provider_calls += scrape::sum(
+                &samples,
+                "drover_provider_request_duration_seconds_count",
+                "",
+            );
+            waits.provider_seconds +=
+                scrape::sum(&samples, "drover_provider_request_duration_seconds_sum", "");
+        }
+        waits
+    }
+
+    fn add_since(&mut self, now: &Self, before: &Self) {
+        self.txns += now.txns - before.txns;
+        self.txn_seconds += now.txn_seconds - before.txn_seconds;
+        self.provider_calls += now.provider_calls - before.provider_calls;
+        self.provider_seconds += now.provider_seconds - before.provider_seconds;
+    }
+
+    fn txn_ms(&self) -> f64 {
+        self.txn_seconds * 1000.0 / self.txns.max(1.0)
+    }
+
+    fn provider_ms(&self) -> f64 {
+        self.provider_seconds * 1000.0 / self.provider_calls.max(1.0)
+    }
+}
+
 /// Raw etcd and Drover in alternating rounds of `length` each, so a
 /// machine whose speed drifts affects both alike.
 async fn throughput(
@@ -330,6 +378,7 @@ async fn throughput(
     let (mut raws, mut drovers) = (Vec::new(), Vec::new());
     let (mut raw_cpu, mut drover_cpu) = (CpuTimes::default(), CpuTimes::default());
     let (mut raw_wal, mut drover_wal) = (EtcdWal::default(), EtcdWal::default());
+    let mut waits = ReplicaWaits::default();
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}: raw etcd CAS, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
@@ -338,9 +387,11 @@ async fn throughput(
         raw_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
+        let waits_before = ReplicaWaits::read(replicas).await;
         drovers.push(drover_round(etcd, replicas, length, &mut stop_next).await);
         drover_cpu.add(&processes.cpu().since(&before));
         drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
+        waits.add_since(&ReplicaWaits::read(replicas).await, &waits_before);
     }
     let raw_txns = raws.iter().sum::<f64>() * length.as_secs_f64();
     let seconds = length.as_secs_f64() * rounds as f64;
@@ -371,6 +422,7 @@ async fn throughput(
         etcd_per_op: requests.per(ops),
         round_ratios,
         wal: [raw_wal, drover_wal],
+        waits,
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
         cpu_per_op: CpuTimes {
             etcd: drover_cpu.etcd.div_f64(ops.max(1.0)),
@@ -793,6 +845,10 @@ async fn main() {
             "ratio_to_goal_per_round": round_ratios,
             "etcd_per_operation": drover.etcd_per_op.json(),
             "etcd_wal": {"raw": drover.wal[0].json(), "drover": drover.wal[1].json()},
+            "replica_waits_ms": {
+                "etcd_txn": (drover.waits.txn_ms() * 100.0).round() / 100.0,
+                "provider_call": (drover.waits.provider_ms() * 100.0).round() / 100.0,
+            },
             "cpu_us_per_operation": {
                 "etcd": us(drover.cpu_per_op.etcd),
                 "replicas": us(drover.cpu_per_op.replicas),
@@ -861,6 +917,15 @@ async fn main() {
             drover.wal[1].fsync_ms(),
             drover.wal[0].writes_per_fsync(),
             drover.wal[1].writes_per_fsync()
+        ),
+        String::new(),
+    );
+    row(
+        "replicas' mean wait ms: etcd txn / provider",
+        format!(
+            "{:.2} / {:.2}",
+            drover.waits.txn_ms(),
+            drover.waits.provider_ms()
         ),
         String::new(),
     );

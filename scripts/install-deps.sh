@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Drover's build and tests need and a fresh Debian machine
-# lacks: etcd (server and etcdctl), protoc, and grpcio + grpcio-tools for
+# lacks: etcd (server and etcdctl), protoc, make and a C compiler (the
+# replicas' allocator, jemalloc, is built from source), and grpcio + grpcio-tools for
 # the Python client test. Does nothing when present.
 set -euo pipefail
 
@@ -13,6 +14,8 @@ missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 sudo=""

@@ -87,6 +87,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// `x` rounded to two decimals, for the JSON report.
+fn hundredths(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 fn us(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e7).round() / 10.0
 }
@@ -182,7 +187,8 @@ struct Throughput {
     round_ratios: Vec<f64>,
     /// etcd's write-ahead log in the raw and in the Drover rounds: fewer
     /// writes per fsync mean more of etcd's per-batch work per write.
-    wal: [EtcdWal; 2],
+    raw_wal: EtcdWal,
+    drover_wal: EtcdWal,
     /// Mean etcd transaction and provider call, as the replicas saw them.
     waits: ReplicaWaits,
     /// CPU time etcd spent per raw CAS: steadier than rates on a machine
@@ -259,11 +265,10 @@ impl EtcdRequests {
     }
 
     fn json(&self) -> Value {
-        let round = |x: f64| (x * 100.0).round() / 100.0;
         json!({
-            "txn_requests": round(self.txns),
-            "range_requests": round(self.ranges),
-            "watch_events_sent": round(self.watch_events),
+            "txn_requests": hundredths(self.txns),
+            "range_requests": hundredths(self.ranges),
+            "watch_events_sent": hundredths(self.watch_events),
         })
     }
 }
@@ -303,10 +308,9 @@ impl EtcdWal {
     }
 
     fn json(&self) -> Value {
-        let round = |x: f64| (x * 100.0).round() / 100.0;
         json!({
-            "fsync_ms": round(self.fsync_ms()),
-            "writes_per_fsync": round(self.writes_per_fsync()),
+            "fsync_ms": hundredths(self.fsync_ms()),
+            "writes_per_fsync": hundredths(self.writes_per_fsync()),
         })
     }
 }
@@ -421,7 +425,8 @@ async fn throughput(
         writes_per_op: revisions as f64 / ops.max(1.0),
         etcd_per_op: requests.per(ops),
         round_ratios,
-        wal: [raw_wal, drover_wal],
+        raw_wal,
+        drover_wal,
         waits,
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
         cpu_per_op: CpuTimes {
@@ -816,17 +821,12 @@ async fn main() {
     let target = goal(raw, drover.writes_per_op);
     // How many raw CAS worth of etcd CPU one Drover write costs (reads and
     // watch deliveries included): 1 would mean no overhead at all.
-    let etcd_cost_per_write = (drover.cpu_per_op.etcd.as_secs_f64()
-        / drover.writes_per_op
-        / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9)
-        * 100.0)
-        .round()
-        / 100.0;
-    let round_ratios: Vec<f64> = drover
-        .round_ratios
-        .iter()
-        .map(|r| (r * 100.0).round() / 100.0)
-        .collect();
+    let etcd_cost_per_write = hundredths(
+        drover.cpu_per_op.etcd.as_secs_f64()
+            / drover.writes_per_op
+            / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9),
+    );
+    let round_ratios: Vec<f64> = drover.round_ratios.iter().map(|r| hundredths(*r)).collect();
     let report: Value = json!({
         "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
         "clients": args.clients,
@@ -839,15 +839,15 @@ async fn main() {
             "operations_per_second": (drover.ops_per_second * 10.0).round() / 10.0,
             "latency_p50_ms": ms(drover.p50),
             "latency_p99_ms": ms(drover.p99),
-            "etcd_writes_per_operation": (drover.writes_per_op * 100.0).round() / 100.0,
+            "etcd_writes_per_operation": hundredths(drover.writes_per_op),
             "goal_operations_per_second": target.round(),
-            "ratio_to_goal": (drover.ops_per_second / target * 100.0).round() / 100.0,
+            "ratio_to_goal": hundredths(drover.ops_per_second / target),
             "ratio_to_goal_per_round": round_ratios,
             "etcd_per_operation": drover.etcd_per_op.json(),
-            "etcd_wal": {"raw": drover.wal[0].json(), "drover": drover.wal[1].json()},
+            "etcd_wal": {"raw": drover.raw_wal.json(), "drover": drover.drover_wal.json()},
             "replica_waits_ms": {
-                "etcd_txn": (drover.waits.txn_ms() * 100.0).round() / 100.0,
-                "provider_call": (drover.waits.provider_ms() * 100.0).round() / 100.0,
+                "etcd_txn": hundredths(drover.waits.txn_ms()),
+                "provider_call": hundredths(drover.waits.provider_ms()),
             },
             "cpu_us_per_operation": {
                 "etcd": us(drover.cpu_per_op.etcd),
@@ -913,10 +913,10 @@ async fn main() {
         "etcd fsync ms; writes per fsync: raw / drover",
         format!(
             "{:.2} / {:.2}; {:.1} / {:.1}",
-            drover.wal[0].fsync_ms(),
-            drover.wal[1].fsync_ms(),
-            drover.wal[0].writes_per_fsync(),
-            drover.wal[1].writes_per_fsync()
+            drover.raw_wal.fsync_ms(),
+            drover.drover_wal.fsync_ms(),
+            drover.raw_wal.writes_per_fsync(),
+            drover.drover_wal.writes_per_fsync()
         ),
         String::new(),
     );

@@ -222,6 +222,9 @@ struct EtcdRequests {
     txns: f64,
     ranges: f64,
     watch_events: f64,
+    /// Watch responses etcd sent: one message per watcher per transaction
+    /// that touched its range.
+    watch_responses: f64,
 }
 
 impl EtcdRequests {
@@ -238,6 +241,11 @@ impl EtcdRequests {
             txns: handled("Txn"),
             ranges: handled("Range"),
             watch_events: scrape::sum(&samples, "etcd_debugging_mvcc_events_total", ""),
+            watch_responses: scrape::sum(
+                &samples,
+                "grpc_server_msg_sent_total",
+                "grpc_method=\"Watch\"",
+            ),
         }
     }
 
@@ -246,6 +254,7 @@ impl EtcdRequests {
             txns: self.txns - before.txns,
             ranges: self.ranges - before.ranges,
             watch_events: self.watch_events - before.watch_events,
+            watch_responses: self.watch_responses - before.watch_responses,
         }
     }
 
@@ -253,6 +262,7 @@ impl EtcdRequests {
         self.txns += other.txns;
         self.ranges += other.ranges;
         self.watch_events += other.watch_events;
+        self.watch_responses += other.watch_responses;
     }
 
     fn per(&self, count: f64) -> Self {
@@ -261,6 +271,7 @@ impl EtcdRequests {
             txns: self.txns / count,
             ranges: self.ranges / count,
             watch_events: self.watch_events / count,
+            watch_responses: self.watch_responses / count,
         }
     }
 
@@ -269,6 +280,7 @@ impl EtcdRequests {
             "txn_requests": hundredths(self.txns),
             "range_requests": hundredths(self.ranges),
             "watch_events_sent": hundredths(self.watch_events),
+            "watch_responses_sent": hundredths(self.watch_responses),
         })
     }
 }
@@ -902,10 +914,13 @@ async fn main() {
         "<= 3 (1 step)".into(),
     );
     row(
-        "etcd txn / range / watch events per op",
+        "etcd per op: txn / range / watch events (responses)",
         format!(
-            "{:.2} / {:.2} / {:.2}",
-            drover.etcd_per_op.txns, drover.etcd_per_op.ranges, drover.etcd_per_op.watch_events
+            "{:.2} / {:.2} / {:.2} ({:.2})",
+            drover.etcd_per_op.txns,
+            drover.etcd_per_op.ranges,
+            drover.etcd_per_op.watch_events,
+            drover.etcd_per_op.watch_responses
         ),
         String::new(),
     );

@@ -2,7 +2,7 @@
 //! data directory, killed (by its pid, which we started) on drop.
 
 use crate::pki::{Issued, Pki};
-use crate::{free_port, wait_until, TempDir};
+use crate::{free_port, TempDir};
 use drover_server::store::{EtcdOptions, EtcdStore, Store};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -63,7 +63,21 @@ impl EtcdProcess {
             peer_port: free_port(),
             tls,
         };
-        etcd.spawn().await;
+        for attempt in 1.. {
+            match etcd.spawn().await {
+                Ok(()) => break,
+                Err(report) if attempt < START_ATTEMPTS => {
+                    // A port free a moment ago may have been taken since
+                    // (another test's connection): start over on new ones.
+                    eprintln!("etcd did not start ({report}); retrying on new ports");
+                    etcd.kill();
+                    etcd.data_dir = TempDir::new("etcd");
+                    etcd.client_port = free_port();
+                    etcd.peer_port = free_port();
+                }
+                Err(report) => panic!("etcd did not start: {report}"),
+            }
+        }
         etcd
     }
 
@@ -130,10 +144,13 @@ impl EtcdProcess {
     /// Starts etcd again on the same ports and data.
     pub async fn restart(&mut self) {
         self.kill();
-        self.spawn().await;
+        if let Err(report) = self.spawn().await {
+            panic!("etcd did not restart: {report}");
+        }
     }
 
-    async fn spawn(&mut self) {
+    /// Starts the process and waits until it answers; on failure, says why.
+    async fn spawn(&mut self) -> Result<(), String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.data_dir.path().join("etcd.log")).expect("etcd log");
         let mut command = Command::new("etcd");
@@ -162,16 +179,57 @@ impl EtcdProcess {
             .expect("etcd must be installed (apt-get install etcd-server)");
         self.child = Some(child);
         let options = self.options();
-        wait_until(Duration::from_secs(20), "etcd to answer", || {
-            let options = options.clone();
-            async move {
-                match EtcdStore::connect(&options).await {
-                    Ok(store) => store.get("/health-probe").await.is_ok(),
-                    Err(_) => false,
-                }
-            }
-        })
-        .await;
+        let mut processes = [("etcd", &mut self.child, self.data_dir.path())];
+        await_answer(&options, &mut processes).await
+    }
+}
+
+/// How many times a test etcd is started on fresh ports before giving up.
+const START_ATTEMPTS: u32 = 3;
+
+/// How long one start may take to answer.
+const START_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Waits until etcd answers at `options`. Fails at once when one of
+/// `processes` (name, child, data directory holding `etcd.log`) exits, or at
+/// the deadline, with each one's state and the end of its log.
+async fn await_answer(
+    options: &EtcdOptions,
+    processes: &mut [(&str, &mut Option<Child>, &std::path::Path)],
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + START_DEADLINE;
+    loop {
+        let answered = match EtcdStore::connect(options).await {
+            Ok(store) => store.get("/health-probe").await.is_ok(),
+            Err(_) => false,
+        };
+        // A cluster answers with a member down; the tests need all of them.
+        let exited = processes.iter_mut().any(|(_, child, _)| {
+            child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+        });
+        if answered && !exited {
+            return Ok(());
+        }
+        if exited || std::time::Instant::now() > deadline {
+            let reports: Vec<String> = processes
+                .iter_mut()
+                .map(|(name, child, dir)| {
+                    let state = match child.as_mut().map(Child::try_wait) {
+                        Some(Ok(Some(status))) => format!("exited ({status})"),
+                        Some(Ok(None)) => "running".to_string(),
+                        _ => "not started".to_string(),
+                    };
+                    let log = std::fs::read_to_string(dir.join("etcd.log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!("{name} {state}; log ends: {}", tail.join(" | "))
+                })
+                .collect();
+            return Err(reports.join("; "));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -214,6 +272,22 @@ impl Member {
 impl EtcdCluster {
     /// Starts `size` members and waits until the cluster answers.
     pub async fn start(size: usize) -> Self {
+        for attempt in 1.. {
+            let mut cluster = Self::spawn(size);
+            match cluster.await_answer().await {
+                Ok(()) => return cluster,
+                Err(report) if attempt < START_ATTEMPTS => {
+                    // A port free a moment ago may have been taken since
+                    // (another test's connection): start over on new ones.
+                    eprintln!("the etcd cluster did not start ({report}); retrying on new ports");
+                }
+                Err(report) => panic!("the etcd cluster did not start: {report}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn spawn(size: usize) -> Self {
         let mut members: Vec<Member> = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -247,23 +321,17 @@ impl EtcdCluster {
                 .expect("etcd must be installed (apt-get install etcd-server)");
             member.child = Some(child);
         }
-        let cluster = Self { members };
-        let endpoints = cluster.endpoints();
-        wait_until(
-            Duration::from_secs(30),
-            "the etcd cluster to answer",
-            || {
-                let endpoints = endpoints.clone();
-                async move {
-                    match EtcdStore::connect(&EtcdOptions::new(endpoints)).await {
-                        Ok(store) => store.get("/health-probe").await.is_ok(),
-                        Err(_) => false,
-                    }
-                }
-            },
-        )
-        .await;
-        cluster
+        Self { members }
+    }
+
+    async fn await_answer(&mut self) -> Result<(), String> {
+        let options = EtcdOptions::new(self.endpoints());
+        let mut processes: Vec<_> = self
+            .members
+            .iter_mut()
+            .map(|m| (m.name.as_str(), &mut m.child, m.data_dir.path()))
+            .collect();
+        await_answer(&options, &mut processes).await
     }
 
     /// Every member's client URL.

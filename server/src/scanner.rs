@@ -18,7 +18,7 @@ use crate::cluster::{ClusterFilter, ClusterRecord, ClusterState};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
-use crate::provider::Provider;
+use crate::provider::{node_ready, Provider};
 use crate::replication::Replication;
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
@@ -103,7 +103,7 @@ impl Scanner {
                 let nodes = self.describe(cluster).await?;
                 let faulty: Vec<&str> = nodes
                     .iter()
-                    .filter(|n| !ready(n))
+                    .filter(|n| !node_ready(n))
                     .map(|n| n.id.as_str())
                     .collect();
                 if !faulty.is_empty() {
@@ -119,7 +119,7 @@ impl Scanner {
                 if nodes.is_empty() {
                     return Ok(());
                 }
-                if nodes.iter().all(ready) {
+                if nodes.iter().all(node_ready) {
                     self.operations
                         .accept(name, request(OperationKind::Recover))
                         .await?;
@@ -155,8 +155,4 @@ impl Scanner {
             .map(|r| r.into_inner().nodes)
             .map_err(|status| LifecycleError::ProviderUnavailable(status.message().to_string()))
     }
-}
-
-fn ready(node: &pb::ProviderNode) -> bool {
-    node.healthy && node.power_state == "on"
 }

@@ -702,6 +702,52 @@ async fn operation_history_is_bounded_per_cluster() {
     f.check_history().await;
 }
 
+/// How many times the replica's executor described a cluster.
+async fn describes(f: &Fixture) -> f64 {
+    let samples = drover_tests::scrape::metrics(&f.replica.admin_endpoint()).await;
+    drover_tests::scrape::sum(
+        &samples,
+        "drover_provider_request_duration_seconds_count",
+        "request=\"DescribeCluster\"",
+    )
+}
+
+/// The final health check takes the answer of the start (or create) when it
+/// shows every node ready, and describes the cluster only otherwise; nodes
+/// that are not ready still fail the start into Alert.
+#[tokio::test]
+async fn the_health_check_describes_only_when_the_last_answer_is_not_all_ready() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("checked", 1, false).await;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("checked"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    assert_eq!(describes(&f).await, 0.0, "create's answer was all ready");
+    // Stopped: the scanner leaves it alone, so only the start looks.
+    f.sim.set_health(&cluster.uid, false).await;
+    let start = v1::StartClusterRequest {
+        name: "checked".into(),
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .start_cluster(start)
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_eq!(f.state("checked").await, S::Alert as i32);
+    assert_eq!(describes(&f).await, 1.0, "an unready answer is checked");
+    f.check_history().await;
+}
+
 #[tokio::test]
 async fn metrics_and_readiness_are_served_on_the_admin_port() {
     let mut f = Fixture::new(&[]).await;
@@ -728,7 +774,6 @@ async fn metrics_and_readiness_are_served_on_the_admin_port() {
         "drover_operation_duration_seconds_count{kind=\"stop\"} 1",
         "drover_provider_request_duration_seconds_count{request=\"CreateNodes\"} 1",
         "drover_provider_request_duration_seconds_count{request=\"StopNodes\"} 1",
-        "drover_provider_request_duration_seconds_count{request=\"DescribeCluster\"}",
         "drover_orphan_recoveries_total 0",
         "drover_lease_keepalive_failures_total 0",
     ] {

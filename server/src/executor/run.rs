@@ -13,6 +13,7 @@ use crate::operation::{
     ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
     OperationState, Progress, Seen, Versioned,
 };
+use crate::provider::node_ready;
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
@@ -40,6 +41,9 @@ pub(super) struct Holding<'e> {
     operation: OperationRecord,
     operation_revision: i64,
     nodes: Vec<pb::ProviderNode>,
+    /// `nodes` is the provider's latest answer in this execution, not a
+    /// view from before it (a resumed execution starts without one).
+    nodes_fresh: bool,
 }
 
 impl Holding<'_> {
@@ -230,15 +234,23 @@ impl Holding<'_> {
             .observe_provider(step.provider_call(), started);
         let response = response?;
         self.nodes = response.into_inner().nodes;
+        self.nodes_fresh = true;
         Ok(())
     }
 
-    /// Every node is on and ready (a read-only step: describe only).
+    /// Every node is on and ready (a read-only step). The provider's last
+    /// answer in this execution (the start, create, resize or upgrade just
+    /// run) lists the nodes as it left them: when it shows every node ready
+    /// there is nothing more to learn. Otherwise, or when this execution
+    /// resumed at the check, the cluster is described (fenced).
     async fn health_check(&mut self) -> Result<(), tonic::Status> {
+        if self.nodes_fresh && !self.nodes.is_empty() && self.nodes.iter().all(node_ready) {
+            return Ok(());
+        }
         let nodes = self.describe().await?;
         let unhealthy: Vec<&str> = nodes
             .iter()
-            .filter(|n| !n.healthy || n.power_state != "on")
+            .filter(|n| !node_ready(n))
             .map(|n| n.id.as_str())
             .collect();
         if nodes.is_empty() {
@@ -272,6 +284,7 @@ impl Holding<'_> {
         self.executor.observe_provider("DescribeCluster", started);
         let nodes = response?.into_inner().nodes;
         self.nodes = nodes.clone();
+        self.nodes_fresh = true;
         Ok(nodes)
     }
 
@@ -464,6 +477,7 @@ impl Executor {
             operation: record,
             operation_revision: revision,
             nodes: Vec::new(),
+            nodes_fresh: false,
         };
         match holding.operation.state {
             OperationState::Pending if holding.operation.cancel_requested => {
@@ -577,6 +591,7 @@ impl Executor {
             operation,
             operation_revision: accepted_at,
             nodes: Vec::new(),
+            nodes_fresh: false,
         };
         holding.operation_revision = holding.commit_checking(write, checks).await.ok()?;
         Some(holding)
@@ -594,6 +609,7 @@ impl Executor {
             operation: claimed.operation,
             operation_revision: claimed.operation_revision,
             nodes: Vec::new(),
+            nodes_fresh: false,
         };
         self.execute(holding, true).await
     }

@@ -4,6 +4,7 @@
 pub mod sim;
 
 use drover_proto::provider::v1::provider_client::ProviderClient;
+use drover_proto::provider::v1::ProviderNode;
 use tonic::transport::Channel;
 
 /// A client of a provider endpoint; cheap to clone.
@@ -14,4 +15,9 @@ pub fn connect_lazy(endpoint: &str) -> Result<Provider, tonic::codegen::http::ur
     Ok(ProviderClient::new(
         Channel::from_shared(endpoint.to_string())?.connect_lazy(),
     ))
+}
+
+/// A node that is powered on and reports healthy.
+pub fn node_ready(node: &ProviderNode) -> bool {
+    node.healthy && node.power_state == "on"
 }

@@ -122,8 +122,16 @@ impl KeyLayout {
 
     /// The cluster name and the rest of a key under `clusters/`.
     pub fn split_cluster_key<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        let (dir, leaf) = self.split_cluster_dir(key)?;
+        Some((&dir[..dir.len() - 1], leaf))
+    }
+
+    /// As [`Self::split_cluster_key`], the name with its trailing `/`
+    /// (`foo/`), as the cluster's keys share it.
+    pub fn split_cluster_dir<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix("clusters/")?;
-        rest.split_once('/')
+        let slash = rest.find('/')?;
+        Some((&rest[..=slash], &rest[slash + 1..]))
     }
 }
 
@@ -158,5 +166,9 @@ mod tests {
             Some(("foo", "state"))
         );
         assert_eq!(keys.split_cluster_key("/p/owners/foo"), None);
+        assert_eq!(
+            keys.split_cluster_dir("/p/clusters/foo/tasks/repair/a"),
+            Some(("foo/", "tasks/repair/a"))
+        );
     }
 }

@@ -60,6 +60,13 @@ impl Snapshot {
     }
 }
 
+/// Whether writing or deleting a cluster's `leaf` key can change whether
+/// the cluster has tasks: its spec (which declares them) and its task keys.
+/// State and status writes, most of the traffic, cannot.
+fn affects_tasks(leaf: &str) -> bool {
+    leaf == "spec" || leaf == "taskset" || leaf.starts_with("tasks/")
+}
+
 /// Whether a stored spec record lists tasks. The spec omits an empty task
 /// list, and no other field of it is named `tasks`.
 fn declares_tasks(spec_json: &[u8]) -> bool {
@@ -159,13 +166,23 @@ impl ClusterCache {
     }
 
     fn insert(&self, snapshot: &mut Snapshot, kv: KeyValue) {
-        if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
-            let (name, leaf) = (format!("{name}/"), leaf.to_string());
-            snapshot
-                .clusters
-                .entry(name.clone())
-                .or_default()
-                .insert(leaf, kv);
+        let Some((name, leaf)) = self.keys.split_cluster_dir(&kv.key) else {
+            return;
+        };
+        let tasks_changed = affects_tasks(leaf).then(|| name.to_string());
+        match snapshot
+            .clusters
+            .get_mut(name)
+            .and_then(|leaves| leaves.get_mut(leaf))
+        {
+            // Most changes rewrite a key the cache holds: no allocation.
+            Some(held) => *held = kv,
+            None => {
+                let (name, leaf) = (name.to_string(), leaf.to_string());
+                snapshot.clusters.entry(name).or_default().insert(leaf, kv);
+            }
+        }
+        if let Some(name) = tasks_changed {
             snapshot.update_tasks_flag(&name);
         }
     }
@@ -193,16 +210,19 @@ impl ClusterCache {
                 self.metrics.clusters.set(snapshot.clusters.len() as i64);
             }
             EventKind::Delete => {
-                if let Some((name, leaf)) = self.keys.split_cluster_key(&kv.key) {
-                    let name = format!("{name}/");
-                    if let Some(keys) = snapshot.clusters.get_mut(&name) {
+                if let Some((name, leaf)) = self.keys.split_cluster_dir(&kv.key) {
+                    let mut gone = false;
+                    if let Some(keys) = snapshot.clusters.get_mut(name) {
                         keys.remove(leaf);
                         if keys.is_empty() {
-                            snapshot.clusters.remove(&name);
+                            snapshot.clusters.remove(name);
                             self.metrics.clusters.set(snapshot.clusters.len() as i64);
+                            gone = true;
                         }
                     }
-                    snapshot.update_tasks_flag(&name);
+                    if gone || affects_tasks(leaf) {
+                        snapshot.update_tasks_flag(name);
+                    }
                 }
             }
         }
@@ -395,6 +415,70 @@ mod tests {
             matches!(cache.get("foo0"), Some(Err(RegistryError::NotFound(_))))
         })
         .await;
+        let _ = stop.send(true);
+    }
+
+    #[tokio::test]
+    async fn knows_which_clusters_have_tasks_through_every_kind_of_change() {
+        use crate::store::{Op, Txn};
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let write = |op: Op| {
+            let store = store.clone();
+            async move { store.txn(Txn::new().and_then([op])).await.unwrap() }
+        };
+        let with_tasks = || -> Vec<String> {
+            cache
+                .task_clusters()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        // Waits until the cache has applied everything written so far.
+        let mut marks = 0;
+        let mut settle = || {
+            marks += 1;
+            let (cache, mark) = (Arc::clone(&cache), marks.to_string());
+            let op = Op::put(keys.cluster_state("marker"), mark.clone());
+            let write = write(op);
+            async move {
+                write.await;
+                eventually("the marker", || {
+                    cache
+                        .states()
+                        .is_some_and(|states| states.iter().any(|kv| kv.value == mark.as_bytes()))
+                })
+                .await;
+            }
+        };
+        write(Op::put(keys.cluster_state("a"), "{}")).await;
+        write(Op::put(
+            keys.cluster_spec("a"),
+            r#"{"tasks":[{"name":"r"}]}"#,
+        ))
+        .await;
+        settle().await;
+        assert_eq!(with_tasks(), ["a"], "the spec declares tasks");
+        write(Op::put(keys.cluster_state("a"), "{ }")).await;
+        write(Op::put(keys.cluster_status("a"), "{}")).await;
+        settle().await;
+        assert_eq!(
+            with_tasks(),
+            ["a"],
+            "state and status writes change nothing"
+        );
+        write(Op::put(keys.cluster_spec("a"), "{}")).await;
+        settle().await;
+        assert!(with_tasks().is_empty(), "the spec no longer declares any");
+        write(Op::put(keys.task("a", "repair", "r"), "{}")).await;
+        settle().await;
+        assert_eq!(with_tasks(), ["a"], "a task record is left");
+        write(Op::delete(keys.task("a", "repair", "r"))).await;
+        settle().await;
+        assert!(with_tasks().is_empty(), "the task record is gone");
         let _ = stop.send(true);
     }
 }

@@ -730,14 +730,10 @@ async fn the_health_check_describes_only_when_the_last_answer_is_not_all_ready()
     assert_eq!(describes(&f).await, 0.0, "create's answer was all ready");
     // Stopped: the scanner leaves it alone, so only the start looks.
     f.sim.set_health(&cluster.uid, false).await;
-    let start = v1::StartClusterRequest {
-        name: "checked".into(),
-        request_id: String::new(),
-    };
     let op = f
         .client
         .clusters()
-        .start_cluster(start)
+        .start_cluster(start("checked"))
         .await
         .unwrap()
         .into_inner();

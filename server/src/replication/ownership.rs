@@ -12,6 +12,8 @@ use tokio::sync::{broadcast, watch};
 /// The least time between the starts of two passes. Passes read every
 /// owner key; while thousands of clusters change hands, each claim would
 /// otherwise start the peers' next pass at once, and the reads crowd etcd.
+/// A membership change (a replica joined or left; rare, and what a hand-off
+/// waits on) starts its pass at once.
 const PASS_SPACING: Duration = Duration::from_millis(100);
 
 /// Owner keys claimed per transaction, under etcd's default limit of 128
@@ -40,19 +42,16 @@ impl Replication {
                     0
                 }
             };
-            let changed = async {
-                // Either prefix changing is a reason to look again.
+            // Either prefix changing is a reason to look again; a member
+            // change is also a reason not to wait (see PASS_SPACING).
+            let watches = async {
                 let members = self.store.watch(&self.keys.members(), revision + 1).await;
                 let owners = self.store.watch(&self.keys.owners(), revision + 1).await;
-                match (members, owners) {
-                    (Ok(mut members), Ok(mut owners)) => {
-                        tokio::select! {
-                            _ = members.next() => {},
-                            _ = owners.next() => {},
-                        }
-                    }
-                    _ => std::future::pending::<()>().await,
-                }
+                (members.ok(), owners.ok())
+            };
+            let (mut members, mut owners) = tokio::select! {
+                _ = shutdown.changed() => return,
+                watches = watches => watches,
             };
             let created = async {
                 loop {
@@ -67,16 +66,22 @@ impl Replication {
                     }
                 }
             };
-            tokio::select! {
+            let membership_changed = tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = changed => {},
-                _ = created => {},
-                _ = tokio::time::sleep(period) => {},
-            }
-            // Changes that arrive in a burst are taken in one pass.
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
+                _ = next_change(&mut members) => true,
+                _ = next_change(&mut owners) => false,
+                _ = created => false,
+                _ = tokio::time::sleep(period) => false,
+            };
+            if !membership_changed {
+                // Changes that arrive in a burst are taken in one pass; a
+                // member joining or leaving meanwhile ends the wait (a
+                // leaving member's owner keys may be seen a moment first).
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
+                    _ = next_change(&mut members) => {},
+                }
             }
         }
     }
@@ -272,5 +277,16 @@ impl Replication {
             tracing::info!(cluster, "released cluster to its preferred member");
         }
         Ok(released)
+    }
+}
+
+/// The next event of `watch` (any: a failure is a reason to look again
+/// too), or never when there is no watch.
+async fn next_change(watch: &mut Option<crate::store::WatchStream>) {
+    match watch {
+        Some(watch) => {
+            watch.next().await;
+        }
+        None => std::future::pending().await,
     }
 }

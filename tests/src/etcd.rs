@@ -14,6 +14,8 @@ pub struct EtcdProcess {
     client_port: u16,
     peer_port: u16,
     tls: Option<EtcdTlsFiles>,
+    /// Serve Go's profiler at `/debug/pprof` on the client URL.
+    pprof: bool,
 }
 
 /// Certificates for an etcd that serves clients over TLS and requires
@@ -47,21 +49,27 @@ impl EtcdTlsFiles {
 impl EtcdProcess {
     /// Starts etcd and waits until it answers.
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, false).await
+    }
+
+    /// Starts etcd serving Go's profiler too (see [`Self::cpu_profile`]).
+    pub async fn start_profiled() -> Self {
+        Self::start_with(None, true).await
     }
 
     /// Starts etcd serving clients over TLS, client certificates required.
     pub async fn start_tls(files: EtcdTlsFiles) -> Self {
-        Self::start_with(Some(files)).await
+        Self::start_with(Some(files), false).await
     }
 
-    async fn start_with(tls: Option<EtcdTlsFiles>) -> Self {
+    async fn start_with(tls: Option<EtcdTlsFiles>, pprof: bool) -> Self {
         let mut etcd = Self {
             child: None,
             data_dir: TempDir::new("etcd"),
             client_port: free_port(),
             peer_port: free_port(),
             tls,
+            pprof,
         };
         for attempt in 1.. {
             match etcd.spawn().await {
@@ -96,6 +104,15 @@ impl EtcdProcess {
         let mut options = EtcdOptions::new(vec![self.endpoint()]);
         options.tls = self.tls.as_ref().map(EtcdTlsFiles::options);
         options
+    }
+
+    /// A CPU profile of etcd over the next `seconds` (gzipped pprof
+    /// protobuf: `go tool pprof -top -cum FILE`); needs
+    /// [`Self::start_profiled`].
+    pub async fn cpu_profile(&self, seconds: u64) -> Vec<u8> {
+        assert!(self.pprof, "etcd was started without --enable-pprof");
+        let path = format!("/debug/pprof/profile?seconds={seconds}");
+        crate::scrape::get(&self.endpoint(), &path).await
     }
 
     /// A store connected to this etcd.
@@ -163,6 +180,9 @@ impl EtcdProcess {
                 .arg("--trusted-ca-file")
                 .arg(&tls.ca)
                 .arg("--client-cert-auth");
+        }
+        if self.pprof {
+            command.arg("--enable-pprof");
         }
         let child = command
             .args(["--name", "test"])

@@ -1,5 +1,6 @@
-//! Reads a Prometheus text endpoint over plain HTTP/1.0, enough for the
-//! `/metrics` of a loopback etcd or replica without an HTTP client crate.
+//! Reads plain HTTP/1.0 endpoints, enough for the `/metrics` (and etcd's
+//! `/debug/pprof`) of a loopback etcd or replica without an HTTP client
+//! crate.
 
 use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -8,31 +9,47 @@ use tokio::net::TcpStream;
 /// Every sample of `http://host:port/metrics`, by its full series name
 /// (`name{labels}`).
 pub async fn metrics(base_url: &str) -> BTreeMap<String, f64> {
-    let authority = base_url
-        .strip_prefix("http://")
-        .expect("a plain http:// URL")
-        .trim_end_matches('/');
-    let mut stream = TcpStream::connect(authority)
-        .await
-        .expect("connect to /metrics");
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send the request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("read /metrics");
-    let (_, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-    body.lines()
+    let body = get(base_url, "/metrics").await;
+    String::from_utf8_lossy(&body)
+        .lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
             let (series, value) = line.rsplit_once(' ')?;
             Some((series.to_string(), value.parse().ok()?))
         })
         .collect()
+}
+
+/// The body of `http://host:port<path>`; panics unless it is a 200.
+pub async fn get(base_url: &str, path: &str) -> Vec<u8> {
+    let authority = base_url
+        .strip_prefix("http://")
+        .expect("a plain http:// URL")
+        .trim_end_matches('/');
+    let mut stream = TcpStream::connect(authority)
+        .await
+        .unwrap_or_else(|error| panic!("connect to {authority}: {error}"));
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .await
+        .unwrap_or_else(|error| panic!("read {path}: {error}"));
+    let head_end = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("an HTTP response");
+    let status = String::from_utf8_lossy(&response[..head_end]);
+    assert!(
+        status.starts_with("HTTP/1.0 200") || status.starts_with("HTTP/1.1 200"),
+        "GET {path}: {}",
+        status.lines().next().unwrap_or_default()
+    );
+    response.split_off(head_end + 4)
 }
 
 /// The sum of every series of `name` whose labels contain `label` (for

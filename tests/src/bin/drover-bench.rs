@@ -49,6 +49,12 @@ struct Args {
     /// compute in every phase instead of sharing it with Drover.
     #[arg(long)]
     etcd_cpu: Option<usize>,
+    /// Write a CPU profile of etcd during the first raw and the first Drover
+    /// round to this directory (`etcd-raw.pprof`, `etcd-drover.pprof`; read
+    /// them with `go tool pprof -top -cum FILE`). Profiling costs etcd CPU:
+    /// quote figures from runs without it.
+    #[arg(long)]
+    etcd_profiles: Option<std::path::PathBuf>,
 }
 
 /// Pins every thread of process `pid` to `cpus` (a taskset list).
@@ -375,6 +381,27 @@ impl ReplicaWaits {
 
 /// Raw etcd and Drover in alternating rounds of `length` each, so a
 /// machine whose speed drifts affects both alike.
+/// Runs `phase`; with `profiles`, profiles etcd's CPU meanwhile (for all
+/// but the last second of `length`) into `<profiles>/etcd-<name>.pprof`.
+async fn profiled<F: std::future::Future>(
+    etcd: &EtcdProcess,
+    profiles: Option<&std::path::Path>,
+    name: &str,
+    length: Duration,
+    phase: F,
+) -> F::Output {
+    let Some(dir) = profiles else {
+        return phase.await;
+    };
+    let seconds = length.as_secs().saturating_sub(1).max(1);
+    let (output, profile) = tokio::join!(phase, etcd.cpu_profile(seconds));
+    let path = dir.join(format!("etcd-{name}.pprof"));
+    std::fs::write(&path, profile)
+        .unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
+    eprintln!("etcd CPU profile of the {name} round: {}", path.display());
+    output
+}
+
 async fn throughput(
     etcd: &EtcdProcess,
     replicas: &[(String, ReplicaProcess)],
@@ -382,6 +409,7 @@ async fn throughput(
     length: Duration,
     rounds: usize,
     processes: &Processes,
+    profiles: Option<&std::path::Path>,
 ) -> Throughput {
     let mut setup = replicas[0].1.client().await;
     for i in 0..clients {
@@ -396,15 +424,19 @@ async fn throughput(
     let (mut raw_wal, mut drover_wal) = (EtcdWal::default(), EtcdWal::default());
     let mut waits = ReplicaWaits::default();
     for round in 1..=rounds {
+        // Only the first round is profiled: profiling costs etcd CPU.
+        let profiles = profiles.filter(|_| round == 1);
         eprintln!("round {round}/{rounds}: raw etcd CAS, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
-        raws.push(raw_cas(etcd, clients, length).await);
+        let raw = raw_cas(etcd, clients, length);
+        raws.push(profiled(etcd, profiles, "raw", length, raw).await);
         raw_cpu.add(&processes.cpu().since(&before));
         raw_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
         let waits_before = ReplicaWaits::read(replicas).await;
-        drovers.push(drover_round(etcd, replicas, length, &mut stop_next).await);
+        let drover = drover_round(etcd, replicas, length, &mut stop_next);
+        drovers.push(profiled(etcd, profiles, "drover", length, drover).await);
         drover_cpu.add(&processes.cpu().since(&before));
         drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
         waits.add_since(&ReplicaWaits::read(replicas).await, &waits_before);
@@ -441,11 +473,7 @@ async fn throughput(
         drover_wal,
         waits,
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
-        cpu_per_op: CpuTimes {
-            etcd: drover_cpu.etcd.div_f64(ops.max(1.0)),
-            replicas: drover_cpu.replicas.div_f64(ops.max(1.0)),
-            provider: drover_cpu.provider.div_f64(ops.max(1.0)),
-        },
+        cpu_per_op: drover_cpu.per(ops),
     }
 }
 
@@ -665,6 +693,9 @@ struct CpuTimes {
     etcd: Duration,
     replicas: Duration,
     provider: Duration,
+    /// This process: the benchmark's clients (API calls in the Drover
+    /// rounds, the CAS loop in the raw ones).
+    clients: Duration,
 }
 
 impl Processes {
@@ -673,6 +704,7 @@ impl Processes {
             etcd: cpu_time(self.etcd),
             replicas: self.replicas.iter().map(|pid| cpu_time(*pid)).sum(),
             provider: cpu_time(self.provider),
+            clients: cpu_time(std::process::id()),
         }
     }
 }
@@ -683,6 +715,7 @@ impl CpuTimes {
             etcd: self.etcd - before.etcd,
             replicas: self.replicas - before.replicas,
             provider: self.provider - before.provider,
+            clients: self.clients - before.clients,
         }
     }
 
@@ -690,6 +723,17 @@ impl CpuTimes {
         self.etcd += other.etcd;
         self.replicas += other.replicas;
         self.provider += other.provider;
+        self.clients += other.clients;
+    }
+
+    fn per(&self, count: f64) -> Self {
+        let count = count.max(1.0);
+        Self {
+            etcd: self.etcd.div_f64(count),
+            replicas: self.replicas.div_f64(count),
+            provider: self.provider.div_f64(count),
+            clients: self.clients.div_f64(count),
+        }
     }
 }
 
@@ -797,7 +841,14 @@ async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
 async fn main() {
     let args = Args::parse();
     let length = Duration::from_secs(args.seconds);
-    let etcd = EtcdProcess::start().await;
+    let etcd = match &args.etcd_profiles {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .unwrap_or_else(|error| panic!("create {}: {error}", dir.display()));
+            EtcdProcess::start_profiled().await
+        }
+        None => EtcdProcess::start().await,
+    };
     let pinned = args.etcd_cpu.map(|cpu| split_cpus(&etcd, cpu));
     let sim = SimProcess::start().await;
     let mut bench = Bench {
@@ -822,6 +873,7 @@ async fn main() {
             replicas: bench.replicas.iter().map(|(_, r)| r.pid()).collect(),
             provider: bench.sim.pid(),
         },
+        args.etcd_profiles.as_deref(),
     )
     .await;
     let raw = drover.raw_per_second;
@@ -867,6 +919,7 @@ async fn main() {
                 "etcd": us(drover.cpu_per_op.etcd),
                 "replicas": us(drover.cpu_per_op.replicas),
                 "provider": us(drover.cpu_per_op.provider),
+                "benchmark_clients": us(drover.cpu_per_op.clients),
             },
             "etcd_cpu_us_per_raw_cas": us(drover.etcd_cpu_per_raw_txn),
             "etcd_cpu_per_write_in_raw_cas": etcd_cost_per_write,
@@ -947,12 +1000,13 @@ async fn main() {
         String::new(),
     );
     row(
-        "CPU us per op: etcd / replicas / provider",
+        "CPU us per op: etcd / replicas / provider / clients",
         format!(
-            "{:.0} / {:.0} / {:.0}",
+            "{:.0} / {:.0} / {:.0} / {:.0}",
             us(drover.cpu_per_op.etcd),
             us(drover.cpu_per_op.replicas),
-            us(drover.cpu_per_op.provider)
+            us(drover.cpu_per_op.provider),
+            us(drover.cpu_per_op.clients)
         ),
         String::new(),
     );

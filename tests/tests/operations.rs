@@ -902,3 +902,52 @@ async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
     assert_eq!(after - before, 2, "accept+claim, then completion");
     f.check_history().await;
 }
+
+/// A client that waits for an operation and then reads the cluster from the
+/// same replica's cache must find it as the operation left it. The owner
+/// hands the finished record to its waiters before any watch delivers the
+/// completion to the cache; under a concurrent load, without the wait for
+/// the cache, some of these reads showed the operation still in progress.
+#[tokio::test]
+async fn after_wait_operation_the_cached_cluster_shows_the_finished_operation() {
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 10;
+    let mut f = Fixture::new(&[]).await;
+    for i in 0..CLIENTS {
+        f.create(&format!("fresh-{i}"), 1, false).await;
+    }
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let mut client = f.replica.client().await;
+        let name = format!("fresh-{i}");
+        clients.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                for expected in [S::Stopped, S::Running] {
+                    let clusters = client.clusters();
+                    let op = match expected {
+                        S::Stopped => clusters.stop_cluster(stop(&name)).await,
+                        _ => clusters.start_cluster(start(&name)).await,
+                    };
+                    let op = op.expect("accepted").into_inner();
+                    let done = client.wait_operation(&op, WAIT).await.expect("wait");
+                    assert_eq!(done.state, O::Succeeded as i32, "{name} {round}: {done:?}");
+                    let request = v1::GetClusterRequest {
+                        name: name.clone(),
+                        linearizable: false,
+                    };
+                    let cached = client.clusters().get_cluster(request).await;
+                    let status = cached.expect("get").into_inner().status.expect("status");
+                    assert_eq!(
+                        (status.state, status.current_operation.as_deref()),
+                        (Some(expected as i32), None),
+                        "{name} round {round}: the cache shows {status:?} after {done:?}"
+                    );
+                }
+            }
+        }));
+    }
+    for client in clients {
+        client.await.expect("a client");
+    }
+    f.check_history().await;
+}

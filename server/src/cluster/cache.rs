@@ -11,7 +11,8 @@
 //!
 //! # Caveats
 //! - Reads may lag etcd by the watch delay (milliseconds). Callers that must
-//!   see their own writes ask for a linearizable read, served from etcd.
+//!   see their own writes ask for a linearizable read, served from etcd, or
+//!   wait for the cache to show them ([`ClusterCache::show`]).
 //! - The records of one transaction arrive one event at a time, so for an
 //!   instant a cluster's spec and state may come from adjacent revisions.
 
@@ -94,6 +95,8 @@ pub struct ClusterCache {
     keys: KeyLayout,
     registry: Registry,
     snapshot: RwLock<Snapshot>,
+    /// The revision of the newest change applied (or of the last list).
+    applied: watch::Sender<i64>,
 }
 
 impl ClusterCache {
@@ -105,6 +108,7 @@ impl ClusterCache {
             store,
             keys,
             snapshot: RwLock::new(Snapshot::default()),
+            applied: watch::channel(0).0,
         })
     }
 
@@ -138,6 +142,7 @@ impl ClusterCache {
                 snapshot.ready = true;
                 self.metrics.clusters.set(snapshot.clusters.len() as i64);
             }
+            self.applied.send_replace(listed.revision);
             let _ = self.changes.send(CacheChange::Relisted);
             loop {
                 tokio::select! {
@@ -196,7 +201,9 @@ impl ClusterCache {
         // Followers hear of a state change once the cache shows it.
         let changed_state =
             (kind == EventKind::Put && kv.key.ends_with("/state")).then(|| kv.clone());
+        let revision = kv.mod_revision;
         self.apply_to_snapshot(kind, kv);
+        self.applied.send_replace(revision);
         if let Some(kv) = changed_state {
             let _ = self.changes.send(CacheChange::State(kv));
         }
@@ -257,6 +264,21 @@ impl ClusterCache {
                 .filter_map(|leaves| leaves.get("state").cloned())
                 .collect(),
         )
+    }
+
+    /// Waits, for at most `limit`, until the cache has applied the changes
+    /// up to `revision`. Returns at once when the cache is not ready: reads
+    /// then go to etcd anyway.
+    ///
+    /// A caller that learnt of a write from elsewhere (the operation feed)
+    /// calls it before answering, so that its client's next request to this
+    /// replica sees the clusters as that write left them. (A transaction's
+    /// keys arrive one event at a time: its first cluster key is then
+    /// shown, and the rest follow in microseconds.)
+    pub async fn show(&self, revision: i64, limit: Duration) {
+        let mut applied = self.applied.subscribe();
+        let shown = |applied: &i64| *applied >= revision || !self.read().ready;
+        let _ = tokio::time::timeout(limit, applied.wait_for(shown)).await;
     }
 
     /// One cluster from the cache; `None` when the cache is not ready.

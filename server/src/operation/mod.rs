@@ -325,6 +325,14 @@ impl Operations {
                 },
             }
         }
+        if let (true, Some(cache)) = (latest.state.is_terminal(), &self.cache) {
+            // The feed can be ahead of the cluster cache (a record this
+            // replica wrote reaches it before any watch does): a client
+            // that asks this replica for the cluster, or for its next
+            // operation, next must find the cluster as the operation left
+            // it, not still busy.
+            cache.show(revision, CACHE_CATCH_UP).await;
+        }
         Ok(latest)
     }
 
@@ -463,6 +471,11 @@ impl Operations {
 fn gc_slack(limit: usize) -> usize {
     (limit / 4).clamp(1, GC_BATCH)
 }
+
+/// How long WaitOperation waits for the cluster cache to show a finished
+/// operation's last write: normally milliseconds; past it, the answer
+/// goes out anyway.
+const CACHE_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Records deleted per garbage-collection transaction (two ops each, well
 /// under etcd's 128 operations per transaction).

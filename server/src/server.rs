@@ -175,6 +175,7 @@ pub async fn serve(
                 operations.clone(),
                 provider,
                 Arc::clone(&replication),
+                Arc::clone(&cache),
                 config.scan_interval,
             );
             tokio::spawn(scanner.run(work_stopped));

@@ -20,6 +20,7 @@
 //!   take up to twice the TTL.
 
 mod membership;
+mod owners_view;
 mod ownership;
 mod rendezvous;
 
@@ -30,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -101,6 +103,9 @@ pub struct Replication {
     held: Mutex<HashMap<String, usize>>,
     adopted: mpsc::UnboundedSender<String>,
     metrics: Arc<Metrics>,
+    /// The revision of this replica's newest owner-key write (a claim or a
+    /// release).
+    owner_writes: AtomicI64,
 }
 
 impl Replication {
@@ -122,6 +127,7 @@ impl Replication {
             held: Mutex::new(HashMap::new()),
             adopted,
             metrics,
+            owner_writes: AtomicI64::new(0),
         });
         (replication, adoptions)
     }
@@ -150,6 +156,13 @@ impl Replication {
 
     fn is_held(&self, cluster: &str) -> bool {
         lock(&self.held).contains_key(cluster)
+    }
+
+    /// The names of the clusters this replica owns now, in name order.
+    pub fn owned_clusters(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.owned).keys().cloned().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Clusters this replica owns now.

@@ -3,15 +3,16 @@
 //! can claim it; a busy one (an operation, or a task run held with
 //! [`Replication::hold`]) is released after that ends.
 
+use super::owners_view::OwnersView;
 use super::*;
 use crate::cluster::{from_json, to_json, CacheChange, ClusterCache, StateRecord, SCHEMA_VERSION};
 use crate::store::{CmpOp, Compare, Op, RangeRequest, Txn};
 use std::collections::HashSet;
 use tokio::sync::{broadcast, watch};
 
-/// The least time between the starts of two passes. Passes read every
-/// owner key; while thousands of clusters change hands, each claim would
-/// otherwise start the peers' next pass at once, and the reads crowd etcd.
+/// The least time between the starts of two passes. Passes go over every
+/// cluster; while thousands of clusters change hands, each claim would
+/// otherwise start the peers' next pass at once.
 /// A membership change (a replica joined or left; rare, and what a hand-off
 /// waits on) starts its pass at once.
 const PASS_SPACING: Duration = Duration::from_millis(100);
@@ -33,25 +34,23 @@ impl Replication {
     ) {
         let period = self.config.lease_ttl / 3;
         let mut changes = cache.subscribe();
+        let mut owners = OwnersView::default();
         loop {
             let started = tokio::time::Instant::now();
-            let revision = match self.reconcile(&cache).await {
+            let revision = match self.reconcile(&cache, &mut owners).await {
                 Ok(revision) => revision,
                 Err(error) => {
                     tracing::warn!(%error, "ownership reconcile failed");
                     0
                 }
             };
-            // Either prefix changing is a reason to look again; a member
-            // change is also a reason not to wait (see PASS_SPACING).
-            let watches = async {
-                let members = self.store.watch(&self.keys.members(), revision + 1).await;
-                let owners = self.store.watch(&self.keys.owners(), revision + 1).await;
-                (members.ok(), owners.ok())
-            };
-            let (mut members, mut owners) = tokio::select! {
+            // Either prefix changing is a reason to look again (the owners
+            // view follows its own watch); a member change is also a reason
+            // not to wait (see PASS_SPACING).
+            let members = async { self.store.watch(&self.keys.members(), revision + 1).await };
+            let mut members = tokio::select! {
                 _ = shutdown.changed() => return,
-                watches = watches => watches,
+                members = members => members.ok(),
             };
             let created = async {
                 loop {
@@ -69,7 +68,7 @@ impl Replication {
             let membership_changed = tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = next_change(&mut members) => true,
-                _ = next_change(&mut owners) => false,
+                _ = owners.next_change(&self.keys) => false,
                 _ = created => false,
                 _ = tokio::time::sleep(period) => false,
             };
@@ -86,8 +85,12 @@ impl Replication {
         }
     }
 
-    /// One pass: returns the store revision it read at.
-    async fn reconcile(&self, cache: &ClusterCache) -> crate::store::Result<i64> {
+    /// One pass: returns the store revision it read the members at.
+    async fn reconcile(
+        &self,
+        cache: &ClusterCache,
+        owners: &mut OwnersView,
+    ) -> crate::store::Result<i64> {
         let members = self
             .store
             .range(RangeRequest::prefix(self.keys.members()))
@@ -105,10 +108,11 @@ impl Replication {
             // Not (yet) visible as a member: claim nothing.
             return Ok(members.revision);
         }
-        let owners = self
-            .store
-            .range(RangeRequest::prefix(self.keys.owners()))
+        let own_writes = self.owner_writes.load(std::sync::atomic::Ordering::SeqCst);
+        owners
+            .catch_up(self.store.as_ref(), &self.keys, own_writes)
             .await?;
+        let owner_of = owners.owners();
         let states = match cache.states() {
             Some(states) => states,
             None => self
@@ -120,15 +124,6 @@ impl Replication {
                 .filter(|kv| kv.key.ends_with("/state"))
                 .collect(),
         };
-        let mut owner_of: HashMap<String, (OwnerRecord, i64)> = HashMap::new();
-        for kv in &owners.kvs {
-            if let (Some(cluster), Ok(owner)) = (
-                kv.key.strip_prefix(&self.keys.owners()),
-                from_json::<OwnerRecord>(kv),
-            ) {
-                owner_of.insert(cluster.to_string(), (owner, kv.create_revision));
-            }
-        }
         let mut owned: HashMap<String, Claim> = owner_of
             .iter()
             .filter(|(_, (owner, _))| owner.lease == lease)
@@ -211,6 +206,7 @@ impl Replication {
             );
         let result = self.store.txn(txn).await?;
         if result.succeeded {
+            self.wrote_owners(result.revision);
             tracing::info!(
                 clusters = clusters.len(),
                 epoch = result.revision,
@@ -249,6 +245,7 @@ impl Replication {
         if !result.succeeded {
             return Ok(None);
         }
+        self.wrote_owners(result.revision);
         tracing::info!(cluster, epoch = result.revision, "claimed cluster");
         Ok(Some(Claim {
             lease,
@@ -272,11 +269,19 @@ impl Replication {
             .when(claim.fence(&self.keys, cluster))
             .when(idle)
             .and_then([Op::delete(self.keys.owner(cluster))]);
-        let released = self.store.txn(txn).await?.succeeded;
-        if released {
+        let result = self.store.txn(txn).await?;
+        if result.succeeded {
+            self.wrote_owners(result.revision);
             tracing::info!(cluster, "released cluster to its preferred member");
         }
-        Ok(released)
+        Ok(result.succeeded)
+    }
+
+    /// Notes an owner write of this replica, which the next pass's view of
+    /// the owner keys must include.
+    fn wrote_owners(&self, revision: i64) {
+        self.owner_writes
+            .fetch_max(revision, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -264,6 +264,18 @@ impl WatchStream {
         self.events.recv().await
     }
 
+    /// The next change if one has arrived, without waiting; `None` when
+    /// none has yet. A watch that ended reads as an error.
+    pub fn try_next(&mut self) -> Option<Result<WatchEvent>> {
+        match self.events.try_recv() {
+            Ok(event) => Some(event),
+            Err(mpsc::error::TryRecvError::Empty) => None,
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                Some(Err(StoreError::Unavailable("the watch ended".to_string())))
+            }
+        }
+    }
+
     /// The same stream without its deletes.
     pub(super) fn puts_only(mut self) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();

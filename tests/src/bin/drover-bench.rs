@@ -49,9 +49,10 @@ struct Args {
     /// compute in every phase instead of sharing it with Drover.
     #[arg(long)]
     etcd_cpu: Option<usize>,
-    /// Write a CPU profile of etcd during the first raw and the first Drover
-    /// round to this directory (`etcd-raw.pprof`, `etcd-drover.pprof`; read
-    /// them with `go tool pprof -top -cum FILE`). Profiling costs etcd CPU:
+    /// Write CPU profiles of etcd during the first raw and the first Drover
+    /// round, and at rest with the bulk clusters, to this directory
+    /// (`etcd-raw.pprof`, `etcd-drover.pprof`, `etcd-rest.pprof`; read them
+    /// with `go tool pprof -top -cum FILE`). Profiling costs etcd CPU:
     /// quote figures from runs without it.
     #[arg(long)]
     etcd_profiles: Option<std::path::PathBuf>,
@@ -753,11 +754,22 @@ struct Bulk {
     recovery: Duration,
     slowest_request: Duration,
     rss_mib: Vec<f64>,
+    /// CPU used at rest with every cluster owned, as a share of one CPU:
+    /// etcd's and the three replicas' together.
+    rest_cpu: (f64, f64),
 }
+
+/// How long the CPU at rest is sampled.
+const REST_SAMPLE: Duration = Duration::from_secs(5);
 
 /// Many clusters over the replicas; kill one and time until every cluster
 /// is owned by a live replica again, probing etcd latency meanwhile.
-async fn bulk(bench: &mut Bench, clusters: usize, clients: usize) -> Bulk {
+async fn bulk(
+    bench: &mut Bench,
+    clusters: usize,
+    clients: usize,
+    profiles: Option<&std::path::Path>,
+) -> Bulk {
     let store = Arc::new(bench.etcd.store().await);
     let per_client = clusters.div_ceil(clients);
     let mut tasks = Vec::new();
@@ -786,6 +798,27 @@ async fn bulk(bench: &mut Bench, clusters: usize, clients: usize) -> Bulk {
         .iter()
         .map(|(_, r)| rss_kib(r.pid()) as f64 / 1024.0)
         .collect();
+    // Nothing runs now; what is left is lease renewals, ownership passes
+    // and the watches: the standing cost of this many clusters.
+    let etcd_pid = bench.etcd.pid().expect("etcd is running");
+    let replica_pids: Vec<u32> = bench.replicas.iter().map(|(_, r)| r.pid()).collect();
+    let cpu_now = || {
+        let replicas: Duration = replica_pids.iter().map(|pid| cpu_time(*pid)).sum();
+        (cpu_time(etcd_pid), replicas)
+    };
+    let before = cpu_now();
+    let rest = tokio::time::sleep(REST_SAMPLE);
+    profiled(
+        &bench.etcd,
+        profiles,
+        "rest",
+        REST_SAMPLE + Duration::from_secs(1),
+        rest,
+    )
+    .await;
+    let after = cpu_now();
+    let share = |used: Duration| hundredths(used.as_secs_f64() / REST_SAMPLE.as_secs_f64());
+    let rest_cpu = (share(after.0 - before.0), share(after.1 - before.1));
 
     let victim = bench.replicas[0].0.clone();
     let mut replica = bench.remove(&victim);
@@ -820,6 +853,7 @@ async fn bulk(bench: &mut Bench, clusters: usize, clients: usize) -> Bulk {
         recovery,
         slowest_request,
         rss_mib,
+        rest_cpu,
     }
 }
 
@@ -882,7 +916,8 @@ async fn main() {
     eprintln!("SIGTERM hand-off...");
     let handoff = handoff(&mut bench).await;
     eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
-    let bulk = bulk(&mut bench, args.bulk_clusters, args.clients).await;
+    let profiles = args.etcd_profiles.as_deref();
+    let bulk = bulk(&mut bench, args.bulk_clusters, args.clients, profiles).await;
 
     let target = goal(raw, drover.writes_per_op);
     // How many raw CAS worth of etcd CPU one Drover write costs (reads and
@@ -935,6 +970,7 @@ async fn main() {
             "recovery_ms": ms(bulk.recovery),
             "slowest_etcd_request_ms": ms(bulk.slowest_request),
             "replica_rss_mib": bulk.rss_mib,
+            "cpu_at_rest": {"etcd": bulk.rest_cpu.0, "replicas": bulk.rest_cpu.1},
         },
     });
     std::fs::write(&args.json, serde_json::to_string_pretty(&report).unwrap())
@@ -1047,6 +1083,11 @@ async fn main() {
         "replica RSS at bulk size (MiB)",
         rss.join(" / "),
         "<= 64".into(),
+    );
+    row(
+        "CPU at rest, bulk size (cores): etcd / replicas",
+        format!("{:.2} / {:.2}", bulk.rest_cpu.0, bulk.rest_cpu.1),
+        String::new(),
     );
     println!("JSON: {}", args.json.display());
 }

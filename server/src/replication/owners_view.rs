@@ -1,0 +1,197 @@
+//! Every owner key as a watch delivers them, for the ownership passes.
+//!
+//! A pass used to range every owner key: with ten thousand clusters, three
+//! replicas' passes (each at least every TTL/3) kept etcd busy at rest. The
+//! view lists the keys once, then follows a watch.
+//!
+//! # Guarantees
+//! - [`OwnersView::catch_up`] returns a view that includes every owner write
+//!   up to the revision asked for (this replica's own claims and releases),
+//!   so a pass never forgets a cluster it has just claimed.
+//!
+//! # Caveats
+//! - Like the range it replaces, the view may miss a change made after it
+//!   was brought up to date: every owner write compares what it relies on,
+//!   so such a view only loses a compare-and-swap.
+
+use super::OwnerRecord;
+use crate::cluster::from_json;
+use crate::keys::KeyLayout;
+use crate::store::{EventKind, RangeRequest, Store, WatchEvent, WatchStream};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long a pass waits for the watch to deliver this replica's own owner
+/// writes before it lists the owner keys again instead.
+const CATCH_UP: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+pub(super) struct OwnersView {
+    /// Cluster name → its owner record and the key's create revision (the
+    /// owner's epoch).
+    owners: HashMap<String, (OwnerRecord, i64)>,
+    /// The view holds every change up to this revision.
+    revision: i64,
+    /// `None` until listed, and after the watch failed.
+    watch: Option<WatchStream>,
+}
+
+impl OwnersView {
+    pub(super) fn owners(&self) -> &HashMap<String, (OwnerRecord, i64)> {
+        &self.owners
+    }
+
+    /// Brings the view up to `revision` at least: applies what the watch has
+    /// delivered, waits up to [`CATCH_UP`] for the rest, and lists the owner
+    /// keys again when there is no watch or it lags.
+    pub(super) async fn catch_up(
+        &mut self,
+        store: &dyn Store,
+        keys: &KeyLayout,
+        revision: i64,
+    ) -> crate::store::Result<()> {
+        while let Some(watch) = &mut self.watch {
+            match watch.try_next() {
+                Some(event) => self.apply(keys, Some(event)),
+                None => break,
+            }
+        }
+        if self.watch.is_some() && self.revision < revision {
+            let _ = tokio::time::timeout(CATCH_UP, async {
+                while self.watch.is_some() && self.revision < revision {
+                    self.next_change(keys).await;
+                }
+            })
+            .await;
+        }
+        if self.watch.is_none() || self.revision < revision {
+            self.list(store, keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next change and applies it; never returns while there
+    /// is no watch.
+    pub(super) async fn next_change(&mut self, keys: &KeyLayout) {
+        let Some(watch) = &mut self.watch else {
+            return std::future::pending().await;
+        };
+        let event = watch.next().await;
+        self.apply(keys, event);
+    }
+
+    async fn list(&mut self, store: &dyn Store, keys: &KeyLayout) -> crate::store::Result<()> {
+        self.watch = None;
+        let listed = store.range(RangeRequest::prefix(keys.owners())).await?;
+        self.owners = listed
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let cluster = kv.key.strip_prefix(&keys.owners())?;
+                let owner = from_json::<OwnerRecord>(kv).ok()?;
+                Some((cluster.to_string(), (owner, kv.create_revision)))
+            })
+            .collect();
+        self.revision = listed.revision;
+        self.watch = Some(store.watch(&keys.owners(), listed.revision + 1).await?);
+        Ok(())
+    }
+
+    /// Applies one watch delivery; a failed or ended watch is dropped, so
+    /// the next [`Self::catch_up`] lists again.
+    fn apply(&mut self, keys: &KeyLayout, event: Option<crate::store::Result<WatchEvent>>) {
+        let Some(Ok(WatchEvent { kind, kv })) = event else {
+            self.watch = None;
+            return;
+        };
+        self.revision = self.revision.max(kv.mod_revision);
+        let Some(cluster) = kv.key.strip_prefix(&keys.owners()) else {
+            return;
+        };
+        match kind {
+            EventKind::Put => match from_json::<OwnerRecord>(&kv) {
+                Ok(owner) => {
+                    self.owners
+                        .insert(cluster.to_string(), (owner, kv.create_revision));
+                }
+                // As the list does: an unreadable record counts as no owner
+                // (a claim of it then only loses its compare-and-swap).
+                Err(error) => {
+                    tracing::warn!(%error, "unreadable owner key ignored");
+                    self.owners.remove(cluster);
+                }
+            },
+            EventKind::Delete => {
+                self.owners.remove(cluster);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::to_json;
+    use crate::store::{MemoryStore, Op, Txn};
+
+    fn record(replica: &str) -> Vec<u8> {
+        to_json(&OwnerRecord {
+            schema: crate::cluster::SCHEMA_VERSION,
+            replica: replica.into(),
+            lease: 7,
+        })
+    }
+
+    async fn write(store: &MemoryStore, op: Op) -> i64 {
+        store.txn(Txn::new().and_then([op])).await.unwrap().revision
+    }
+
+    fn owner_of<'a>(view: &'a OwnersView, cluster: &str) -> Option<&'a str> {
+        view.owners().get(cluster).map(|(o, _)| o.replica.as_str())
+    }
+
+    #[tokio::test]
+    async fn lists_once_then_includes_every_write_up_to_the_revision_asked_for() {
+        let store = MemoryStore::new();
+        let keys = KeyLayout::new("/t/");
+        let first = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
+        let mut view = OwnersView::default();
+        view.catch_up(&store, &keys, 0).await.unwrap();
+        assert_eq!(owner_of(&view, "a"), Some("r1"));
+        assert_eq!(
+            view.owners()["a"].1,
+            first,
+            "the epoch is the create revision"
+        );
+
+        let claimed = write(&store, Op::put(keys.owner("b"), record("r2"))).await;
+        let released = write(&store, Op::delete(keys.owner("a"))).await;
+        assert!(claimed < released);
+        view.catch_up(&store, &keys, released).await.unwrap();
+        assert_eq!(owner_of(&view, "b"), Some("r2"));
+        assert_eq!(owner_of(&view, "a"), None, "the delete arrived");
+        assert!(
+            view.watch.is_some(),
+            "followed the watch, did not list again"
+        );
+
+        // Another key's change wakes a waiting pass and is applied.
+        write(&store, Op::put(keys.owner("c"), record("r3"))).await;
+        view.next_change(&keys).await;
+        assert_eq!(owner_of(&view, "c"), Some("r3"));
+    }
+
+    #[tokio::test]
+    async fn lists_again_when_the_watch_failed() {
+        let store = MemoryStore::new();
+        let keys = KeyLayout::new("/t/");
+        let mut view = OwnersView::default();
+        view.catch_up(&store, &keys, 0).await.unwrap();
+        view.apply(&keys, None);
+        assert!(view.watch.is_none());
+        let claimed = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
+        view.catch_up(&store, &keys, claimed).await.unwrap();
+        assert_eq!(owner_of(&view, "a"), Some("r1"));
+        assert!(view.watch.is_some());
+    }
+}

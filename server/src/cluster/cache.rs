@@ -251,19 +251,20 @@ impl ClusterCache {
             .collect()
     }
 
-    /// Every cluster's state key; `None` when the cache is not ready.
-    pub fn states(&self) -> Option<Vec<KeyValue>> {
+    /// Calls `visit` with each cluster's name and state key, in name order,
+    /// under the cache's read lock (so `visit` must be quick: nothing is
+    /// copied); `false` when the cache is not ready.
+    pub fn visit_states(&self, mut visit: impl FnMut(&str, &KeyValue)) -> bool {
         let snapshot = self.read();
         if !snapshot.ready {
-            return None;
+            return false;
         }
-        Some(
-            snapshot
-                .clusters
-                .values()
-                .filter_map(|leaves| leaves.get("state").cloned())
-                .collect(),
-        )
+        for (name, leaves) in &snapshot.clusters {
+            if let Some(state) = leaves.get("state") {
+                visit(name.trim_end_matches('/'), state);
+            }
+        }
+        true
     }
 
     /// Waits, for at most `limit`, until the cache has applied the changes
@@ -469,9 +470,9 @@ mod tests {
             async move {
                 write.await;
                 eventually("the marker", || {
-                    cache
-                        .states()
-                        .is_some_and(|states| states.iter().any(|kv| kv.value == mark.as_bytes()))
+                    let mut marked = false;
+                    cache.visit_states(|_, kv| marked |= kv.value == mark.as_bytes());
+                    marked
                 })
                 .await;
             }

@@ -23,6 +23,7 @@ mod membership;
 mod owners_view;
 mod ownership;
 mod rendezvous;
+mod state_memo;
 
 pub use rendezvous::preferred;
 

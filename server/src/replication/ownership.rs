@@ -4,10 +4,10 @@
 //! [`Replication::hold`]) is released after that ends.
 
 use super::owners_view::OwnersView;
+use super::state_memo::StateMemo;
 use super::*;
-use crate::cluster::{from_json, to_json, CacheChange, ClusterCache, StateRecord, SCHEMA_VERSION};
-use crate::store::{CmpOp, Compare, Op, RangeRequest, Txn};
-use std::collections::HashSet;
+use crate::cluster::{from_json, to_json, CacheChange, ClusterCache, SCHEMA_VERSION};
+use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
 use tokio::sync::{broadcast, watch};
 
 /// The least time between the starts of two passes. Passes go over every
@@ -35,9 +35,10 @@ impl Replication {
         let period = self.config.lease_ttl / 3;
         let mut changes = cache.subscribe();
         let mut owners = OwnersView::default();
+        let mut memo = StateMemo::default();
         loop {
             let started = tokio::time::Instant::now();
-            let revision = match self.reconcile(&cache, &mut owners).await {
+            let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
                     tracing::warn!(%error, "ownership reconcile failed");
@@ -90,6 +91,7 @@ impl Replication {
         &self,
         cache: &ClusterCache,
         owners: &mut OwnersView,
+        memo: &mut StateMemo,
     ) -> crate::store::Result<i64> {
         let members = self
             .store
@@ -113,17 +115,6 @@ impl Replication {
             .catch_up(self.store.as_ref(), &self.keys, own_writes)
             .await?;
         let owner_of = owners.owners();
-        let states = match cache.states() {
-            Some(states) => states,
-            None => self
-                .store
-                .range(RangeRequest::prefix(self.keys.clusters()))
-                .await?
-                .kvs
-                .into_iter()
-                .filter(|kv| kv.key.ends_with("/state"))
-                .collect(),
-        };
         let mut owned: HashMap<String, Claim> = owner_of
             .iter()
             .filter(|(_, (owner, _))| owner.lease == lease)
@@ -137,33 +128,41 @@ impl Replication {
                 )
             })
             .collect();
-        let mut existing = HashSet::new();
-        let mut to_claim = Vec::new();
-        for kv in &states {
-            let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) else {
-                continue;
-            };
-            let Ok(state) = from_json::<StateRecord>(kv) else {
-                continue;
-            };
-            if state.schema > SCHEMA_VERSION {
-                // Left to replicas that understand it (a rolling upgrade).
-                continue;
+        let (mut to_claim, mut to_release) = (Vec::new(), Vec::new());
+        memo.begin_pass(&live);
+        let replica_id = self.config.replica_id.as_str();
+        let mut decide = |cluster: &str, kv: &KeyValue| {
+            let (state, mine) = memo.note(cluster, kv, |cluster, live| {
+                preferred(cluster, live.iter().map(String::as_str)) == Some(replica_id)
+            });
+            if !state.understood {
+                return;
             }
-            existing.insert(cluster.to_string());
-            let preferred = preferred(cluster, live.iter().map(String::as_str));
-            let mine = preferred == Some(self.config.replica_id.as_str());
             match owned.get(cluster).copied() {
                 None if mine && !owner_of.contains_key(cluster) => {
                     to_claim.push(cluster.to_string());
                 }
-                Some(claim) if !mine && state.operation.is_none() && !self.is_held(cluster) => {
-                    let released = self.release(cluster, claim, Some(kv.mod_revision)).await?;
-                    if released {
-                        owned.remove(cluster);
-                    }
+                Some(claim) if !mine && state.idle && !self.is_held(cluster) => {
+                    to_release.push((cluster.to_string(), claim, state.revision));
                 }
                 _ => {}
+            }
+        };
+        if !cache.visit_states(&mut decide) {
+            let listed = self
+                .store
+                .range(RangeRequest::prefix(self.keys.clusters()))
+                .await?;
+            for kv in listed.kvs.iter().filter(|kv| kv.key.ends_with("/state")) {
+                if let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) {
+                    decide(cluster, kv);
+                }
+            }
+        }
+        memo.end_pass();
+        for (cluster, claim, idle_at) in to_release {
+            if self.release(&cluster, claim, Some(idle_at)).await? {
+                owned.remove(&cluster);
             }
         }
         for batch in to_claim.chunks(CLAIM_BATCH) {
@@ -172,9 +171,15 @@ impl Replication {
                 let _ = self.adopted.send(cluster);
             }
         }
-        // Owner keys of clusters that no longer exist.
-        for (cluster, claim) in owned.clone() {
-            if !existing.contains(&cluster) && self.release(&cluster, claim, None).await? {
+        // Owner keys of clusters that no longer exist (or that only newer
+        // replicas understand).
+        let gone: Vec<(String, Claim)> = owned
+            .iter()
+            .filter(|(cluster, _)| !memo.understood(cluster))
+            .map(|(cluster, claim)| (cluster.clone(), *claim))
+            .collect();
+        for (cluster, claim) in gone {
+            if self.release(&cluster, claim, None).await? {
                 owned.remove(&cluster);
             }
         }

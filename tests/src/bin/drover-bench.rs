@@ -549,14 +549,7 @@ impl Bench {
         self.next_id += 1;
         let id = format!("b{}", self.next_id);
         let (provider, ttl) = (self.sim.endpoint(), self.ttl.to_string());
-        let args = [
-            "--provider",
-            provider.as_str(),
-            "--lease-ttl",
-            ttl.as_str(),
-            "--scan-interval",
-            "1",
-        ];
+        let args = ["--provider", provider.as_str(), "--lease-ttl", ttl.as_str()];
         let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), &id, &args).await;
         self.replicas.push((id, replica));
     }

@@ -17,8 +17,8 @@
 use super::OwnerRecord;
 use crate::cluster::from_json;
 use crate::keys::KeyLayout;
-use crate::store::{EventKind, RangeRequest, Store, WatchEvent, WatchStream};
-use std::collections::HashMap;
+use crate::store::{EventKind, LeaseId, RangeRequest, Store, WatchEvent, WatchStream};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// How long a pass waits for the watch to deliver this replica's own owner
@@ -65,6 +65,33 @@ impl OwnersView {
             .await;
         }
         if self.watch.is_none() || self.revision < revision {
+            self.list(store, keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits, up to [`CATCH_UP`], until the view holds no owner key bound to
+    /// a lease outside `live_leases`: such keys belong to a member that
+    /// left, and etcd deletes them with its lease. Lists the owner keys
+    /// again if some are still there.
+    pub(super) async fn await_departed(
+        &mut self,
+        store: &dyn Store,
+        keys: &KeyLayout,
+        live_leases: &HashSet<LeaseId>,
+    ) -> crate::store::Result<()> {
+        let departed = |view: &Self| {
+            view.owners
+                .values()
+                .any(|(owner, _)| !live_leases.contains(&owner.lease))
+        };
+        let _ = tokio::time::timeout(CATCH_UP, async {
+            while self.watch.is_some() && departed(self) {
+                self.next_change(keys).await;
+            }
+        })
+        .await;
+        if departed(self) {
             self.list(store, keys).await?;
         }
         Ok(())

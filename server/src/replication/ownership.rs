@@ -8,6 +8,7 @@ use super::state_memo::StateMemo;
 use super::*;
 use crate::cluster::{from_json, to_json, CacheChange, ClusterCache, SCHEMA_VERSION};
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
+use std::collections::HashSet;
 use tokio::sync::{broadcast, watch};
 
 /// The least time between the starts of two passes. Passes go over every
@@ -36,9 +37,11 @@ impl Replication {
         let mut changes = cache.subscribe();
         let mut owners = OwnersView::default();
         let mut memo = StateMemo::default();
+        let mut members_changed = false;
         loop {
             let started = tokio::time::Instant::now();
-            let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
+            let pass = self.reconcile(&cache, &mut owners, &mut memo, members_changed);
+            let revision = match pass.await {
                 Ok(revision) => revision,
                 Err(error) => {
                     tracing::warn!(%error, "ownership reconcile failed");
@@ -66,22 +69,22 @@ impl Replication {
                     }
                 }
             };
-            let membership_changed = tokio::select! {
+            members_changed = tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = next_change(&mut members) => true,
                 _ = owners.next_change(&self.keys) => false,
                 _ = created => false,
                 _ = tokio::time::sleep(period) => false,
             };
-            if !membership_changed {
+            if !members_changed {
                 // Changes that arrive in a burst are taken in one pass; a
                 // member joining or leaving meanwhile ends the wait (a
                 // leaving member's owner keys may be seen a moment first).
-                tokio::select! {
+                members_changed = tokio::select! {
                     _ = shutdown.changed() => return,
-                    _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
-                    _ = next_change(&mut members) => {},
-                }
+                    _ = tokio::time::sleep_until(started + PASS_SPACING) => false,
+                    _ = next_change(&mut members) => true,
+                };
             }
         }
     }
@@ -92,6 +95,7 @@ impl Replication {
         cache: &ClusterCache,
         owners: &mut OwnersView,
         memo: &mut StateMemo,
+        members_changed: bool,
     ) -> crate::store::Result<i64> {
         let members = self
             .store
@@ -100,20 +104,28 @@ impl Replication {
         let Some(lease) = self.live_lease() else {
             return Ok(members.revision);
         };
-        let live: Vec<String> = members
+        let (live, live_leases): (Vec<String>, HashSet<LeaseId>) = members
             .kvs
             .iter()
             .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
-            .map(|m| m.id)
-            .collect();
+            .map(|m| (m.id, m.lease))
+            .unzip();
         if !live.iter().any(|id| id == &self.config.replica_id) {
             // Not (yet) visible as a member: claim nothing.
             return Ok(members.revision);
         }
         let own_writes = self.owner_writes.load(std::sync::atomic::Ordering::SeqCst);
-        owners
-            .catch_up(self.store.as_ref(), &self.keys, own_writes)
-            .await?;
+        let store = self.store.as_ref();
+        owners.catch_up(store, &self.keys, own_writes).await?;
+        if members_changed {
+            // A member that left took its owner keys with its lease, in the
+            // same revision as its member key; the view's watch may not
+            // have delivered those deletes yet (a hand-off would then wait
+            // for the next pass).
+            owners
+                .await_departed(store, &self.keys, &live_leases)
+                .await?;
+        }
         let owner_of = owners.owners();
         let mut owned: HashMap<String, Claim> = owner_of
             .iter()

@@ -29,7 +29,8 @@ pub use plan::{needs_nodes, plan, Step};
 
 use crate::cluster::{from_json, CacheChange, ClusterCache, Spec, StateRecord};
 use crate::operation::{
-    ClaimedOperation, LocalRunner, OperationKind, OperationRecord, Operations, Progress,
+    ClaimedOperation, LifecycleError, LocalRunner, OperationKind, OperationRecord, Operations,
+    Progress,
 };
 use crate::provider::Provider;
 use crate::replication::{Claim, Replication};
@@ -41,11 +42,6 @@ use tokio::sync::{mpsc, watch};
 
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 const RETRY_DELAY: Duration = Duration::from_secs(1);
-/// A cluster's operation history is collected after every this many of its
-/// operations (and after the first one this replica runs), so the read it
-/// takes is not paid on every operation. The history stays within the
-/// limit plus the GC slack plus this.
-const GC_EVERY: u32 = 8;
 
 /// Per-kind operation timeouts.
 #[derive(Debug, Clone)]
@@ -88,7 +84,11 @@ pub struct Executor {
     in_flight: Mutex<HashSet<String>>,
     /// Operations finished per cluster since its history was last
     /// collected here.
-    since_gc: Mutex<HashMap<String, u32>>,
+    /// Each owned cluster's history size as this replica last counted it,
+    /// plus the operations it finished since: history collection counts
+    /// the records only when this says a batch is due (or the cluster was
+    /// just adopted).
+    history: Mutex<HashMap<String, usize>>,
 }
 
 impl Executor {
@@ -107,21 +107,42 @@ impl Executor {
             cache,
             timeouts,
             in_flight: Mutex::new(HashSet::new()),
-            since_gc: Mutex::new(HashMap::new()),
+            history: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Whether the operation that just finished on `cluster` should collect
-    /// its history.
+    /// Notes an operation finished on `cluster`; whether its history should
+    /// be collected now. The estimate misses records other replicas wrote
+    /// (an edit-only request accepted elsewhere), so the history may run
+    /// over the limit plus the GC slack by those until the next count.
     fn gc_due(&self, cluster: &str) -> bool {
-        let mut since = self.since_gc.lock().unwrap_or_else(|p| p.into_inner());
-        let count = since.entry(cluster.to_string()).or_insert(GC_EVERY - 1);
-        *count += 1;
-        if *count >= GC_EVERY {
-            *count = 0;
-            return true;
+        let mut history = self.history();
+        match history.get_mut(cluster) {
+            Some(size) => {
+                *size += 1;
+                *size >= self.operations.gc_threshold()
+            }
+            // Not counted since this replica adopted the cluster.
+            None => true,
         }
-        false
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Collects `cluster`'s history and notes its size after.
+    async fn collect_history(&self, cluster: &str) -> Result<(), LifecycleError> {
+        match self.operations.collect_garbage(cluster).await {
+            Ok(left) => {
+                self.history().insert(cluster.to_string(), left);
+                Ok(())
+            }
+            Err(error) => {
+                self.history().remove(cluster);
+                Err(error)
+            }
+        }
     }
 
     /// Records how long a provider call took, by call.
@@ -206,6 +227,8 @@ impl Executor {
     /// Looks at a cluster this replica just became the owner of: its
     /// operation may be one a lost owner left behind.
     async fn adopt(self: &Arc<Self>, cluster: &str) {
+        // Other owners may have added to its history meanwhile.
+        self.history().remove(cluster);
         let key = self.operations.keys().cluster_state(cluster);
         // The cache is at most moments behind etcd, and a slot filled after
         // its view arrives as a change: no read per adopted cluster (a

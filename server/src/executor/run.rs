@@ -698,7 +698,7 @@ impl Executor {
             .await?;
         let cluster = &holding.cluster.spec.name;
         if self.gc_due(cluster) {
-            self.operations.collect_garbage(cluster).await?;
+            self.collect_history(cluster).await?;
         }
         Ok(())
     }

@@ -429,8 +429,14 @@ impl Operations {
         }
     }
 
+    /// The history size at which a cluster's history is collected: the
+    /// limit plus the GC slack.
+    pub fn gc_threshold(&self) -> usize {
+        self.history_limit + gc_slack(self.history_limit)
+    }
+
     /// Deletes the oldest finished operations beyond the history limit
-    /// (and their request-id index entries).
+    /// (and their request-id index entries); returns the history size left.
     pub async fn collect_garbage(&self, cluster: &str) -> Result<usize> {
         let prefix = self.keys.operations(cluster);
         // Counting is answered from etcd's index; the records themselves
@@ -439,8 +445,8 @@ impl Operations {
         let count = self.store.count(&prefix).await?;
         // Collect only once the history is a batch over the limit, so the
         // deletes cost one write per batch rather than one per operation.
-        if count < self.history_limit + gc_slack(self.history_limit) {
-            return Ok(0);
+        if count < self.gc_threshold() {
+            return Ok(count);
         }
         let excess = count.saturating_sub(self.history_limit).min(GC_BATCH);
         let oldest = self
@@ -463,7 +469,7 @@ impl Operations {
             // Deleting a finished record is safe whatever happened since.
             self.store.txn(Txn::new().and_then(ops)).await?;
         }
-        Ok(deleted)
+        Ok(count - deleted)
     }
 }
 

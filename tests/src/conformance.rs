@@ -79,27 +79,34 @@ pub async fn range_by_prefix_start_and_limit(store: &dyn Store) {
         .unwrap();
     assert_eq!(keys(&limited), ["/t/c/foo/1", "/t/c/foo/2"]);
     assert!(limited.more);
+    assert_eq!(limited.count, 4, "the count ignores the limit");
+    assert_eq!(all.count, 3);
     let started = store
         .range(RangeRequest::prefix("/t/c/").starting_at("/t/c/foo/3"))
         .await
         .unwrap();
     assert_eq!(keys(&started), ["/t/c/foo/3", "/t/c/foobar/1"]);
+    assert_eq!(started.count, 2, "the count starts where the range does");
 }
 
-/// A count covers exactly the prefix (`foo/` never `foobar/`) and follows
-/// deletes.
+/// A range's count covers exactly the prefix (`foo/` never `foobar/`),
+/// whatever the limit, and follows deletes.
 pub async fn count_by_prefix(store: &dyn Store) {
     for key in ["/t/c/foo/1", "/t/c/foo/2", "/t/c/foobar/1", "/t/d"] {
         put(store, key, "x").await;
     }
-    assert_eq!(store.count("/t/c/foo/").await.unwrap(), 2);
-    assert_eq!(store.count("/t/c/").await.unwrap(), 3);
-    assert_eq!(store.count("/t/none/").await.unwrap(), 0);
+    let count = |prefix: &'static str| async move {
+        let one = RangeRequest::prefix(prefix).limit(1);
+        store.range(one).await.unwrap().count
+    };
+    assert_eq!(count("/t/c/foo/").await, 2);
+    assert_eq!(count("/t/c/").await, 3);
+    assert_eq!(count("/t/none/").await, 0);
     store
         .txn(Txn::new().and_then([Op::delete("/t/c/foo/1")]))
         .await
         .unwrap();
-    assert_eq!(store.count("/t/c/foo/").await.unwrap(), 1);
+    assert_eq!(count("/t/c/foo/").await, 1);
 }
 
 /// A prefix larger than any single response (the etcd store pages it)
@@ -120,6 +127,7 @@ pub async fn range_larger_than_a_page(store: &dyn Store) {
     assert_eq!(limited.kvs.len(), 1500);
     assert!(limited.more);
     assert_eq!(limited.kvs.last().unwrap().key, "/t/big/01499");
+    assert_eq!((all.count, limited.count), (2500, 2500));
 }
 
 /// Compares on mod revision, create revision and version pick the branch;

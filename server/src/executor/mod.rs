@@ -111,19 +111,19 @@ impl Executor {
         })
     }
 
-    /// Notes an operation finished on `cluster`; whether its history should
-    /// be collected now. The estimate misses records other replicas wrote
-    /// (an edit-only request accepted elsewhere), so the history may run
-    /// over the limit plus the GC slack by those until the next count.
-    fn gc_due(&self, cluster: &str) -> bool {
+    /// Notes an operation finished on `cluster`; when its history should be
+    /// collected now, the size expected (0: not counted since this replica
+    /// adopted the cluster). The estimate misses records other replicas
+    /// wrote (an edit-only request accepted elsewhere), so the history may
+    /// run over the limit plus the GC slack by those until the next count.
+    fn gc_due(&self, cluster: &str) -> Option<usize> {
         let mut history = self.history();
         match history.get_mut(cluster) {
             Some(size) => {
                 *size += 1;
-                *size >= self.operations.gc_threshold()
+                (*size >= self.operations.gc_threshold()).then_some(*size)
             }
-            // Not counted since this replica adopted the cluster.
-            None => true,
+            None => Some(0),
         }
     }
 
@@ -132,8 +132,8 @@ impl Executor {
     }
 
     /// Collects `cluster`'s history and notes its size after.
-    async fn collect_history(&self, cluster: &str) -> Result<(), LifecycleError> {
-        match self.operations.collect_garbage(cluster).await {
+    async fn collect_history(&self, cluster: &str, expected: usize) -> Result<(), LifecycleError> {
+        match self.operations.collect_garbage(cluster, expected).await {
             Ok(left) => {
                 self.history().insert(cluster.to_string(), left);
                 Ok(())

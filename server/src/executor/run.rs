@@ -697,8 +697,8 @@ impl Executor {
             .finish(OperationState::Succeeded, Event::OperationSucceeded, None)
             .await?;
         let cluster = &holding.cluster.spec.name;
-        if self.gc_due(cluster) {
-            self.collect_history(cluster).await?;
+        if let Some(expected) = self.gc_due(cluster) {
+            self.collect_history(cluster, expected).await?;
         }
         Ok(())
     }

@@ -437,25 +437,30 @@ impl Operations {
 
     /// Deletes the oldest finished operations beyond the history limit
     /// (and their request-id index entries); returns the history size left.
-    pub async fn collect_garbage(&self, cluster: &str) -> Result<usize> {
+    /// `expected` is the history size the caller counted on (0: unknown):
+    /// the oldest records over the limit are read in the request that
+    /// counts the history.
+    pub async fn collect_garbage(&self, cluster: &str, expected: usize) -> Result<usize> {
         let prefix = self.keys.operations(cluster);
-        // Counting is answered from etcd's index; the records themselves
-        // are read only when a batch is due, and only the oldest ones
-        // (operation ids are time-ordered, so key order is age order).
-        let count = self.store.count(&prefix).await?;
+        // Operation ids are time-ordered, so key order is age order; etcd
+        // counts the whole range along with the few records returned.
+        let guess = expected
+            .saturating_sub(self.history_limit)
+            .clamp(1, GC_BATCH);
+        let oldest = self
+            .store
+            .range(RangeRequest::prefix(prefix).limit(guess as i64))
+            .await?;
+        let count = oldest.count;
         // Collect only once the history is a batch over the limit, so the
         // deletes cost one write per batch rather than one per operation.
         if count < self.gc_threshold() {
             return Ok(count);
         }
-        let excess = count.saturating_sub(self.history_limit).min(GC_BATCH);
-        let oldest = self
-            .store
-            .range(RangeRequest::prefix(prefix).limit(excess as i64))
-            .await?;
+        let excess = count - self.history_limit;
         let mut ops = Vec::new();
         let mut deleted = 0;
-        for kv in &oldest.kvs {
+        for kv in oldest.kvs.iter().take(excess) {
             let record: OperationRecord = from_json(kv)?;
             if record.state.is_terminal() {
                 ops.push(Op::delete(kv.key.clone()));

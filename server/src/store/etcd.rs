@@ -334,6 +334,7 @@ impl Store for EtcdStore {
             kvs: response.kvs().iter().map(from_etcd_kv).collect(),
             revision: header_revision(response.header()),
             more: response.more(),
+            count: usize::try_from(response.count()).unwrap_or(0),
         })
     }
 
@@ -367,7 +368,10 @@ impl Store for EtcdStore {
             .await
             .map_err(into_store_error)?;
             if result.revision == 0 {
+                // The first page counts the whole range; later pages start
+                // further in.
                 result.revision = header_revision(response.header());
+                result.count = usize::try_from(response.count()).unwrap_or(0);
             }
             result.kvs.extend(response.kvs().iter().map(from_etcd_kv));
             let full = wanted > 0 && result.kvs.len() >= wanted;
@@ -381,19 +385,6 @@ impl Store for EtcdStore {
             start = last.key().to_vec();
             start.push(0);
         }
-    }
-
-    async fn count(&self, prefix: &str) -> Result<usize> {
-        let options = GetOptions::new()
-            .with_range(prefix_end(prefix))
-            .with_count_only();
-        let response = call(&self.kv, Retry::Idempotent, |mut client| {
-            let (prefix, options) = (prefix.to_string(), options.clone());
-            async move { client.get(prefix, Some(options)).await }
-        })
-        .await
-        .map_err(into_store_error)?;
-        Ok(usize::try_from(response.count()).unwrap_or(0))
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {

@@ -272,8 +272,10 @@ impl State {
 impl Store for MemoryStore {
     async fn get(&self, key: &str) -> Result<GetResult> {
         let state = self.lock();
+        let kvs: Vec<KeyValue> = state.kvs.get(key).cloned().into_iter().collect();
         Ok(GetResult {
-            kvs: state.kvs.get(key).cloned().into_iter().collect(),
+            count: kvs.len(),
+            kvs,
             revision: state.revision,
             more: false,
         })
@@ -282,6 +284,7 @@ impl Store for MemoryStore {
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
         let state = self.lock();
         let mut kvs: Vec<KeyValue> = state.in_range(&request).cloned().collect();
+        let count = kvs.len();
         let limit = usize::try_from(request.limit).unwrap_or(0);
         let more = limit > 0 && kvs.len() > limit;
         if more {
@@ -291,11 +294,8 @@ impl Store for MemoryStore {
             kvs,
             revision: state.revision,
             more,
+            count,
         })
-    }
-
-    async fn count(&self, prefix: &str) -> Result<usize> {
-        Ok(self.lock().in_range(&RangeRequest::prefix(prefix)).count())
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {

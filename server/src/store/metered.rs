@@ -42,13 +42,6 @@ impl Store for MeteredStore {
         result
     }
 
-    async fn count(&self, prefix: &str) -> Result<usize> {
-        let started = Instant::now();
-        let result = self.inner.count(prefix).await;
-        self.observe("count", started);
-        result
-    }
-
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         let started = Instant::now();
         let result = self.inner.txn(txn).await;

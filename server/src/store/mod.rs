@@ -78,10 +78,6 @@ pub trait Store: Send + Sync + 'static {
     /// Reads keys under a prefix in key order.
     async fn range(&self, request: RangeRequest) -> Result<GetResult>;
 
-    /// How many keys start with `prefix`. etcd answers from its index
-    /// without reading a value, so this is far cheaper than a range.
-    async fn count(&self, prefix: &str) -> Result<usize>;
-
     /// Runs a transaction: if every compare holds, the success ops run,
     /// otherwise the failure ops; atomically, at one revision.
     async fn txn(&self, txn: Txn) -> Result<TxnResult>;

@@ -29,6 +29,8 @@ pub struct GetResult {
     pub revision: i64,
     /// Whether a limit cut the result short.
     pub more: bool,
+    /// How many keys the range holds from its start, the limit aside.
+    pub count: usize,
 }
 
 impl GetResult {

@@ -34,6 +34,9 @@ pub(super) struct OwnersView {
     revision: i64,
     /// `None` until listed, and after the watch failed.
     watch: Option<WatchStream>,
+    /// Leases no member holds whose owner keys were still in etcd after a
+    /// wait for their deletes.
+    lingering: HashSet<LeaseId>,
 }
 
 impl OwnersView {
@@ -73,27 +76,34 @@ impl OwnersView {
     /// Waits, up to [`CATCH_UP`], until the view holds no owner key bound to
     /// a lease outside `live_leases`: such keys belong to a member that
     /// left, and etcd deletes them with its lease. Lists the owner keys
-    /// again if some are still there.
+    /// again if some are still there, and does not wait for those again
+    /// (whatever keeps them, a pass must not stall on it every time).
     pub(super) async fn await_departed(
         &mut self,
         store: &dyn Store,
         keys: &KeyLayout,
         live_leases: &HashSet<LeaseId>,
     ) -> crate::store::Result<()> {
-        let departed = |view: &Self| {
+        let departed = |view: &Self| -> HashSet<LeaseId> {
             view.owners
                 .values()
-                .any(|(owner, _)| !live_leases.contains(&owner.lease))
+                .map(|(owner, _)| owner.lease)
+                .filter(|lease| !live_leases.contains(lease))
+                .collect()
         };
+        if departed(self).is_subset(&self.lingering) {
+            return Ok(());
+        }
         let _ = tokio::time::timeout(CATCH_UP, async {
-            while self.watch.is_some() && departed(self) {
+            while self.watch.is_some() && !departed(self).is_subset(&self.lingering) {
                 self.next_change(keys).await;
             }
         })
         .await;
-        if departed(self) {
+        if !departed(self).is_subset(&self.lingering) {
             self.list(store, keys).await?;
         }
+        self.lingering = departed(self);
         Ok(())
     }
 
@@ -206,6 +216,39 @@ mod tests {
         write(&store, Op::put(keys.owner("c"), record("r3"))).await;
         view.next_change(&keys).await;
         assert_eq!(owner_of(&view, "c"), Some("r3"));
+    }
+
+    #[tokio::test]
+    async fn waits_for_a_departed_members_keys_but_not_twice_for_lingering_ones() {
+        let store = MemoryStore::new();
+        let keys = KeyLayout::new("/t/");
+        write(&store, Op::put(keys.owner("a"), record("gone"))).await;
+        let mut view = OwnersView::default();
+        view.catch_up(&store, &keys, 0).await.unwrap();
+        // Lease 7 is no member's: its key is deleted (as with the lease)
+        // and the wait ends once the view has the delete.
+        let no_members = HashSet::new();
+        let expiry = store.txn(Txn::new().and_then([Op::delete(keys.owner("a"))]));
+        let (expired, waited) =
+            tokio::join!(expiry, view.await_departed(&store, &keys, &no_members));
+        expired.unwrap();
+        waited.unwrap();
+        assert_eq!(owner_of(&view, "a"), None);
+        assert!(view.lingering.is_empty());
+
+        // A key that stays is waited for once, then known to linger.
+        let stuck = write(&store, Op::put(keys.owner("b"), record("stuck"))).await;
+        view.catch_up(&store, &keys, stuck).await.unwrap();
+        view.await_departed(&store, &keys, &no_members)
+            .await
+            .unwrap();
+        assert_eq!(owner_of(&view, "b"), Some("stuck"));
+        assert_eq!(view.lingering, HashSet::from([7]));
+        let again = std::time::Instant::now();
+        view.await_departed(&store, &keys, &no_members)
+            .await
+            .unwrap();
+        assert!(again.elapsed() < CATCH_UP, "no second wait");
     }
 
     #[tokio::test]

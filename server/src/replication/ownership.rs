@@ -37,11 +37,9 @@ impl Replication {
         let mut changes = cache.subscribe();
         let mut owners = OwnersView::default();
         let mut memo = StateMemo::default();
-        let mut members_changed = false;
         loop {
             let started = tokio::time::Instant::now();
-            let pass = self.reconcile(&cache, &mut owners, &mut memo, members_changed);
-            let revision = match pass.await {
+            let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
                     tracing::warn!(%error, "ownership reconcile failed");
@@ -69,7 +67,7 @@ impl Replication {
                     }
                 }
             };
-            members_changed = tokio::select! {
+            let members_changed = tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = next_change(&mut members) => true,
                 _ = owners.next_change(&self.keys) => false,
@@ -80,11 +78,11 @@ impl Replication {
                 // Changes that arrive in a burst are taken in one pass; a
                 // member joining or leaving meanwhile ends the wait (a
                 // leaving member's owner keys may be seen a moment first).
-                members_changed = tokio::select! {
+                tokio::select! {
                     _ = shutdown.changed() => return,
-                    _ = tokio::time::sleep_until(started + PASS_SPACING) => false,
-                    _ = next_change(&mut members) => true,
-                };
+                    _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
+                    _ = next_change(&mut members) => {},
+                }
             }
         }
     }
@@ -95,7 +93,6 @@ impl Replication {
         cache: &ClusterCache,
         owners: &mut OwnersView,
         memo: &mut StateMemo,
-        members_changed: bool,
     ) -> crate::store::Result<i64> {
         let members = self
             .store
@@ -117,15 +114,13 @@ impl Replication {
         let own_writes = self.owner_writes.load(std::sync::atomic::Ordering::SeqCst);
         let store = self.store.as_ref();
         owners.catch_up(store, &self.keys, own_writes).await?;
-        if members_changed {
-            // A member that left took its owner keys with its lease, in the
-            // same revision as its member key; the view's watch may not
-            // have delivered those deletes yet (a hand-off would then wait
-            // for the next pass).
-            owners
-                .await_departed(store, &self.keys, &live_leases)
-                .await?;
-        }
+        // A member that left took its owner keys with its lease, in the
+        // same revision as its member key, which this pass has seen; the
+        // view's watch may not have delivered those deletes yet (a hand-off
+        // would then wait for the next pass).
+        owners
+            .await_departed(store, &self.keys, &live_leases)
+            .await?;
         let owner_of = owners.owners();
         let mut owned: HashMap<String, Claim> = owner_of
             .iter()

@@ -7,6 +7,8 @@
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
 //! - [`operation`]: accepting, reading, waiting for and cancelling operations.
+//! - [`replication`]: membership, cluster ownership (owner keys claimed by
+//!   rendezvous hashing, passes over a watched view of them) and fencing.
 //! - [`executor`]: runs accepted operations step by step through the provider.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
 //! - [`provider`]: the provider client and the simulated provider.

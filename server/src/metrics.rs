@@ -52,6 +52,7 @@ pub struct Metrics {
     pub provider_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
+    pub ownership_passes: Counter,
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
     pub newer_schema_skipped: Counter,
@@ -112,6 +113,12 @@ impl Metrics {
             "Clusters this replica owns",
             clusters_owned.clone(),
         );
+        let ownership_passes = Counter::default();
+        registry.register(
+            "ownership_passes",
+            "Ownership passes run (each goes over every cluster in the cache)",
+            ownership_passes.clone(),
+        );
         let clusters = Gauge::default();
         registry.register(
             "clusters",
@@ -145,6 +152,7 @@ impl Metrics {
             provider_request_seconds,
             keepalive_failures,
             clusters_owned,
+            ownership_passes,
             clusters,
             orphan_recoveries,
             newer_schema_skipped,

@@ -39,6 +39,11 @@ impl Replication {
         let mut memo = StateMemo::default();
         loop {
             let started = tokio::time::Instant::now();
+            // The pass reads the cache as it is now, which already shows
+            // every change queued so far: drop them, so that a burst of new
+            // clusters costs one pass and not one pass each (10,000 of them
+            // kept every replica busy for minutes).
+            while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = changes.try_recv() {}
             let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
@@ -136,6 +141,7 @@ impl Replication {
             })
             .collect();
         let (mut to_claim, mut to_release) = (Vec::new(), Vec::new());
+        self.metrics.ownership_passes.inc();
         memo.begin_pass(&live);
         let replica_id = self.config.replica_id.as_str();
         let mut decide = |cluster: &str, kv: &KeyValue| {

@@ -272,6 +272,12 @@ async fn sigterm_hands_clusters_off_faster_than_the_ttl() {
     );
 }
 
+/// How many ownership passes `replica` has run.
+async fn ownership_passes(replica: &ReplicaProcess) -> f64 {
+    let samples = drover_tests::scrape::metrics(&replica.admin_endpoint()).await;
+    drover_tests::scrape::sum(&samples, "drover_ownership_passes_total", "")
+}
+
 async fn owners(
     admin: &mut AdminClient<tonic::transport::Channel>,
     names: &[String],
@@ -326,6 +332,29 @@ async fn two_hundred_clusters_spread_and_respread_over_membership_changes() {
     }
     let admin = c.admin_avoiding("r3").await;
     wait_spread(&admin, &names, &["r1", "r2", "r3"]).await;
+    // The 200 creations queued 200 changes on every replica. A pass takes
+    // all that are queued, so the passes settle at the periodic rate (about
+    // 1.5 a second at this TTL) as soon as the clusters are spread; taking
+    // one change per pass, they ran 10 a second for 20 s more.
+    for (id, replica) in &c.replicas {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut before = ownership_passes(replica).await;
+        assert!(before > 0.0, "{id} reports no ownership passes");
+        loop {
+            // A window to count passes in, not a wait for an event.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = ownership_passes(replica).await;
+            if now - before <= 3.0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} still runs {} ownership passes a second",
+                now - before
+            );
+            before = now;
+        }
+    }
     let members = admin
         .clone()
         .list_members(v1::ListMembersRequest {})

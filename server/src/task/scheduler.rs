@@ -149,7 +149,8 @@ impl TaskScheduler {
     }
 
     /// One look at a cluster: reconcile, then abort, start or note waiting
-    /// runs. Returns the revision it saw and when to look again.
+    /// runs. Returns the revision up to which it reconciled the spec, and
+    /// when to look again.
     async fn process(
         self: &Arc<Self>,
         name: &str,
@@ -164,6 +165,11 @@ impl TaskScheduler {
             return Ok((read.revision, None));
         }
         let spec = read.cluster.spec.clone();
+        // Only what was reconciled counts as seen. The read again after a
+        // reconcile may show a spec written since the first read: its
+        // cluster must stay due (the cache shows this reconcile's own writes
+        // past the first read, so the next look reconciles it).
+        let reconciled_up_to = read.revision;
         if let ReconcileOutcome::Applied { .. } = self.reconcile_read(&spec, claim, &read).await? {
             match self.tasks.read(name).await? {
                 Some(again) => read = again,
@@ -180,7 +186,7 @@ impl TaskScheduler {
                 (a, b) => a.or(b),
             };
         }
-        Ok((read.revision, wake))
+        Ok((reconciled_up_to, wake))
     }
 
     /// Reconciles `spec`'s tasks against the task records in the store, as

@@ -2,6 +2,8 @@
 //!
 //! - [`etcd`]: a real etcd process per test.
 //! - [`replica`]: a real `drover` replica process.
+//! - [`in_process`]: a replica in the test's process, over a store that
+//!   injects faults at exact points.
 //! - [`provider`]: the simulated provider process and its control client.
 //! - [`history`]: replays state-key history and checks it against the table.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
@@ -12,6 +14,7 @@
 pub mod conformance;
 pub mod etcd;
 pub mod history;
+pub mod in_process;
 pub mod pki;
 pub mod provider;
 pub mod replica;

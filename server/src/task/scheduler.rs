@@ -77,6 +77,10 @@ pub struct TaskScheduler {
     run_timeout: Duration,
     /// Runs this replica is waiting on the provider for.
     in_flight: Mutex<HashSet<String>>,
+    /// Clusters to look at on the next tick whatever their revision: a run
+    /// ended whose end could not be recorded (the failed write changed
+    /// nothing the cache would show).
+    look_again: Mutex<HashSet<String>>,
 }
 
 impl TaskScheduler {
@@ -96,6 +100,7 @@ impl TaskScheduler {
             metrics,
             run_timeout,
             in_flight: Mutex::new(HashSet::new()),
+            look_again: Mutex::new(HashSet::new()),
         })
     }
 
@@ -111,6 +116,7 @@ impl TaskScheduler {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {}
             }
+            let look_again = std::mem::take(&mut *lock(&self.look_again));
             let candidates = self.cache.task_clusters();
             let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
             seen.retain(|name, _| names.contains(name.as_str()));
@@ -120,9 +126,10 @@ impl TaskScheduler {
                     continue;
                 }
                 let now = Instant::now();
-                let due = seen.get(name).is_none_or(|s| {
-                    *revision > s.revision || s.wake.is_some_and(|wake| wake <= now)
-                });
+                let due = look_again.contains(name)
+                    || seen.get(name).is_none_or(|s| {
+                        *revision > s.revision || s.wake.is_some_and(|wake| wake <= now)
+                    });
                 if !due {
                     continue;
                 }
@@ -489,6 +496,11 @@ impl TaskScheduler {
                     .await
                 {
                     tracing::warn!(cluster, run = %run.id, %error, "could not record the end of a task run; the next look retries");
+                    // Once it is no longer in flight, the next look asks the
+                    // provider again (RunTask is idempotent per run id).
+                    lock(&this.in_flight).remove(&run.id);
+                    lock(&this.look_again).insert(cluster);
+                    return;
                 }
             }
             lock(&this.in_flight).remove(&run.id);

@@ -1,0 +1,201 @@
+//! A replica in the test's own process, over a real etcd seen through a
+//! store the test can inject faults into at exact points: after a chosen
+//! transaction commits, or instead of it. A replica process can only be
+//! raced; this one can be stopped between two of its own steps.
+
+use crate::etcd::EtcdProcess;
+use crate::free_port;
+use async_trait::async_trait;
+use drover_client::Client;
+use drover_server::config::{Config, ServeArgs, Settings};
+use drover_server::server::ServeError;
+use drover_server::store::{
+    EtcdStore, GetResult, LeaseId, Op, RangeRequest, Result, Store, StoreError, Txn, TxnResult,
+    WatchStream,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What happens to the transaction a rule picks.
+pub enum Injection {
+    /// Once it has committed, this runs before the replica sees the result.
+    After(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// It is not sent; the replica gets "etcd unavailable".
+    Fail,
+}
+
+type Picks = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
+
+/// etcd, with rules that each fire once, on the first transaction they pick.
+pub struct InjectingStore {
+    etcd: EtcdStore,
+    rules: Mutex<Vec<(Picks, Injection)>>,
+}
+
+impl InjectingStore {
+    /// Adds a rule: `injection` applies to the first transaction `picks`
+    /// accepts (for [`Injection::After`], the first one that commits).
+    pub fn inject(
+        &self,
+        picks: impl Fn(&Txn) -> bool + Send + Sync + 'static,
+        injection: Injection,
+    ) {
+        lock(&self.rules).push((Box::new(picks), injection));
+    }
+
+    /// Rules that have not fired yet.
+    pub fn pending(&self) -> usize {
+        lock(&self.rules).len()
+    }
+
+    fn take(&self, txn: &Txn) -> Option<(Picks, Injection)> {
+        let mut rules = lock(&self.rules);
+        let index = rules.iter().position(|(picks, _)| picks(txn))?;
+        Some(rules.remove(index))
+    }
+}
+
+/// Whether `txn` writes a key for which `key` holds (and, if the value is
+/// given, a value containing it).
+pub fn writes(txn: &Txn, key: impl Fn(&str) -> bool, value: Option<&str>) -> bool {
+    txn.success.iter().any(|op| match op {
+        Op::Put {
+            key: k, value: v, ..
+        } => key(k) && value.is_none_or(|value| String::from_utf8_lossy(v).contains(value)),
+        _ => false,
+    })
+}
+
+#[async_trait]
+impl Store for InjectingStore {
+    async fn get(&self, key: &str) -> Result<GetResult> {
+        self.etcd.get(key).await
+    }
+    async fn range(&self, request: RangeRequest) -> Result<GetResult> {
+        self.etcd.range(request).await
+    }
+    async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+        let Some((picks, injection)) = self.take(&txn) else {
+            return self.etcd.txn(txn).await;
+        };
+        match injection {
+            Injection::Fail => Err(StoreError::Unavailable("injected by the test".into())),
+            Injection::After(then) => {
+                let result = self.etcd.txn(txn).await?;
+                if result.succeeded {
+                    then.await;
+                } else {
+                    lock(&self.rules).push((picks, Injection::After(then)));
+                }
+                Ok(result)
+            }
+        }
+    }
+    async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
+        self.etcd.grant_lease(ttl_seconds).await
+    }
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+        self.etcd.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        self.etcd.revoke_lease(lease).await
+    }
+    async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
+        self.etcd.lease_time_to_live(lease).await
+    }
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.etcd.watch(prefix, from_revision).await
+    }
+    async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.etcd.watch_puts(prefix, from_revision).await
+    }
+    async fn compact(&self, revision: i64) -> Result<()> {
+        self.etcd.compact(revision).await
+    }
+}
+
+/// `drover serve` as a task of this process.
+pub struct InProcessReplica {
+    pub store: Arc<InjectingStore>,
+    endpoint: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<std::result::Result<(), ServeError>>,
+}
+
+impl InProcessReplica {
+    /// Serves on free loopback ports with the provider at `provider`, and
+    /// returns once the gRPC port answers.
+    pub async fn serve(etcd: &EtcdProcess, replica_id: &str, provider: &str, ttl: i64) -> Self {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let settings = Settings {
+            listen: Some(listen.clone()),
+            admin_listen: Some(format!("127.0.0.1:{}", free_port())),
+            etcd_endpoints: Some(vec![etcd.endpoint()]),
+            replica_id: Some(replica_id.into()),
+            provider: Some(provider.into()),
+            lease_ttl: Some(ttl),
+            ..Default::default()
+        };
+        let config = Config::from_serve_args(ServeArgs {
+            config: None,
+            settings,
+        })
+        .expect("a valid config");
+        let store = Arc::new(InjectingStore {
+            etcd: etcd.store().await,
+            rules: Mutex::new(Vec::new()),
+        });
+        let provider = drover_server::provider::connect_lazy(provider).expect("provider URL");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shared = Arc::clone(&store) as Arc<dyn Store>;
+        let served = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            drover_server::server::serve(&config, shared, Some(provider), shutdown).await
+        });
+        let replica = Self {
+            store,
+            endpoint: format!("http://{listen}"),
+            stop: Some(stop),
+            served,
+        };
+        replica.client().await;
+        replica
+    }
+
+    /// A client of this replica; retries until it answers (30 s).
+    pub async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Client::connect(&self.endpoint).await {
+                Ok(client) => return client,
+                Err(error) => assert!(
+                    Instant::now() < deadline,
+                    "in-process replica at {}: {error}",
+                    self.endpoint
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops it as SIGTERM would, and checks that it stopped cleanly.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.served)
+            .await
+            .expect("the replica task")
+            .expect("the replica stops cleanly");
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,158 @@
+//! Faults injected between a replica's own steps. The replica runs in this
+//! process over etcd seen through [`InjectingStore`], so a change can land,
+//! or a write fail, at the exact point a replica process could only be
+//! raced into (real etcd, the simulated provider process).
+
+use drover_client::v1::{self, TaskRunStatus as R, TaskType as T};
+use drover_client::Client;
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::in_process::{writes, InProcessReplica, Injection};
+use drover_tests::provider::SimProcess;
+use drover_tests::{create_running, wait_until};
+use std::time::Duration;
+
+/// Long enough for several scheduler ticks (250 ms) and retries (1 s).
+const WAIT: Duration = Duration::from_secs(10);
+
+fn task(task_type: T, name: &str, schedule: v1::TaskSchedule) -> v1::TaskSpec {
+    let properties = match task_type {
+        T::Backup => v1::task_spec::Properties::Backup(v1::BackupProperties {
+            location: vec!["dc1:s3:drover-backups".into()],
+            ..Default::default()
+        }),
+        _ => v1::task_spec::Properties::Repair(v1::RepairProperties {
+            intensity: "0.5".into(),
+            ..Default::default()
+        }),
+    };
+    v1::TaskSpec {
+        r#type: task_type as i32,
+        name: name.into(),
+        schedule: Some(schedule),
+        properties: Some(properties),
+    }
+}
+
+/// A repair at 03:00 every day: reconciling it starts no run, so nothing
+/// else touches the cluster's keys afterwards.
+fn nightly(name: &str) -> v1::TaskSpec {
+    let schedule = v1::TaskSchedule {
+        cron: "0 3 * * *".into(),
+        ..Default::default()
+    };
+    task(T::Repair, name, schedule)
+}
+
+async fn put_task(client: &mut Client, task: v1::TaskSpec) {
+    let request = v1::PutTaskRequest {
+        cluster: "db".into(),
+        task: Some(task),
+    };
+    client.tasks().put_task(request).await.expect("put task");
+}
+
+async fn task_status(client: &Client, task_type: T, name: &str) -> Option<v1::TaskStatus> {
+    let request = v1::GetTaskRequest {
+        cluster: "db".into(),
+        r#type: task_type as i32,
+        name: name.into(),
+    };
+    let mut client = client.clone();
+    let task = client.tasks().get_task(request).await.ok()?.into_inner();
+    task.status
+}
+
+struct Fixture {
+    replica: InProcessReplica,
+    client: Client,
+    sim: SimProcess,
+    _etcd: EtcdProcess,
+}
+
+impl Fixture {
+    /// One in-process replica owning a running cluster `db`.
+    async fn new() -> Self {
+        let etcd = EtcdProcess::start().await;
+        let sim = SimProcess::start().await;
+        let replica = InProcessReplica::serve(&etcd, "r1", &sim.endpoint(), 2).await;
+        let mut client = replica.client().await;
+        create_running(&mut client, "db", 1).await;
+        Self {
+            replica,
+            client,
+            sim,
+            _etcd: etcd,
+        }
+    }
+
+    async fn stop(self) {
+        self.replica.stop().await;
+    }
+}
+
+/// The owner's read after its reconcile shows a spec written since its
+/// first read. It used to count that read as reconciled, so the new task
+/// waited for the cluster's next unrelated change.
+#[tokio::test]
+async fn a_task_put_while_the_owner_reconciles_the_previous_one_is_reconciled() {
+    let mut f = Fixture::new().await;
+    let mut concurrent = f.client.clone();
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.ends_with("/taskset"), None),
+        Injection::After(Box::pin(async move {
+            put_task(&mut concurrent, nightly("second")).await;
+        })),
+    );
+    put_task(&mut f.client, nightly("first")).await;
+    let client = &f.client;
+    wait_until(WAIT, "the second task to be reconciled", || async move {
+        task_status(client, T::Repair, "second")
+            .await
+            .is_some_and(|status| status.id.is_some())
+    })
+    .await;
+    assert_eq!(
+        f.replica.store.pending(),
+        0,
+        "the second put came mid-reconcile"
+    );
+    let first = task_status(client, T::Repair, "first").await.unwrap();
+    assert!(first.id.is_some(), "{first:?}");
+    f.stop().await;
+}
+
+/// The provider finished a run, and recording its end failed. The failed
+/// write changed nothing the owner's cache would show, so the owner used
+/// to leave the run RUNNING until the cluster's next unrelated change.
+#[tokio::test]
+async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look() {
+    let mut f = Fixture::new().await;
+    // Longer than a scheduler tick: the owner looks at the cluster (for the
+    // run's start) while the run is still in flight.
+    f.sim.set_task_latency(Duration::from_secs(1)).await;
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.contains("/runs/"), Some("\"DONE\"")),
+        Injection::Fail,
+    );
+    let now = v1::TaskSchedule {
+        start_date: "now".into(),
+        ..Default::default()
+    };
+    put_task(&mut f.client, task(T::Backup, "once", now)).await;
+    let client = &f.client;
+    wait_until(WAIT, "the run's end to be recorded", || async move {
+        task_status(client, T::Backup, "once")
+            .await
+            .and_then(|status| status.last_run)
+            .is_some_and(|run| run.status == R::Done as i32)
+    })
+    .await;
+    assert_eq!(
+        f.replica.store.pending(),
+        0,
+        "the first record of the end failed"
+    );
+    let status = task_status(client, T::Backup, "once").await.unwrap();
+    assert_eq!(status.success_count, Some(1), "{status:?}");
+    f.stop().await;
+}

@@ -3,13 +3,15 @@
 //! or a write fail, at the exact point a replica process could only be
 //! raced into (real etcd, the simulated provider process).
 
-use drover_client::v1::{self, TaskRunStatus as R, TaskType as T};
+use drover_client::v1::{self, OperationState as O, TaskRunStatus as R, TaskType as T};
 use drover_client::Client;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
 use drover_tests::provider::SimProcess;
-use drover_tests::{create_running, wait_until};
-use std::time::Duration;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::{create_running, wait_running, wait_until};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Long enough for several scheduler ticks (250 ms) and retries (1 s).
 const WAIT: Duration = Duration::from_secs(10);
@@ -155,4 +157,75 @@ async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look
     let status = task_status(client, T::Backup, "once").await.unwrap();
     assert_eq!(status.success_count, Some(1), "{status:?}");
     f.stop().await;
+}
+
+/// A replica adopting a dead peer's clusters claims them 100 per
+/// transaction. It used to announce each batch's adoptions to its executor
+/// before the pass ended and published its claims, so the executor, not
+/// yet seeing the cluster owned, dropped the adoption of an orphaned
+/// operation: it was recovered by the executor's rescan, 30 s later. Here
+/// the second batch is slow (etcd answering after 1 s) and the orphan is
+/// in the first.
+#[tokio::test]
+async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "2"];
+    let mut lost = ReplicaProcess::serve_with(&etcd.endpoint(), "lost", &args).await;
+    let mut client = lost.client().await;
+    // First in name order, so in the first batch.
+    create_running(&mut client, "a-orphan", 1).await;
+    for i in 0..120 {
+        let request = v1::CreateClusterRequest {
+            name: format!("idle-{i:03}"),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "m".into(),
+                ..Default::default()
+            }),
+            create_only: true,
+            request_id: String::new(),
+        };
+        client.clusters().create_cluster(request).await.unwrap();
+    }
+    sim.set_latency(Duration::from_secs(60)).await;
+    let request = v1::StopClusterRequest {
+        name: "a-orphan".into(),
+        request_id: String::new(),
+    };
+    let orphan = client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    wait_running(&client, "a-orphan", &orphan.id, WAIT).await;
+    lost.kill9();
+    sim.set_latency(Duration::ZERO).await;
+
+    let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
+    let claims = AtomicUsize::new(0);
+    adopter.store.inject(
+        move |txn| {
+            writes(txn, |key| key.contains("/owners/"), None)
+                && claims.fetch_add(1, Ordering::SeqCst) == 1
+        },
+        Injection::After(Box::pin(tokio::time::sleep(Duration::from_secs(1)))),
+    );
+    let client = adopter.client().await;
+    // Well under the executor's 30 s rescan; the lease expires in 2 s.
+    let deadline = Instant::now() + WAIT;
+    let mut waiting = client.clone();
+    let done = waiting
+        .wait_operation(&orphan, deadline - Instant::now())
+        .await
+        .expect("wait");
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_eq!(
+        adopter.store.pending(),
+        0,
+        "the second claim batch was slow"
+    );
+    adopter.stop().await;
 }

@@ -179,7 +179,17 @@ impl Replication {
             }
         }
         for batch in to_claim.chunks(CLAIM_BATCH) {
-            for (cluster, claim) in self.claim_batch(batch, lease).await? {
+            let claimed = self.claim_batch(batch, lease).await?;
+            // Published before they are announced: the executor acts on an
+            // adoption only while `claim` shows the cluster owned, and the
+            // rest of this pass (more batches, releases) may take a while.
+            if self.live_lease() == Some(lease) {
+                let mut published = lock(&self.owned);
+                for (cluster, claim) in &claimed {
+                    published.insert(cluster.clone(), *claim);
+                }
+            }
+            for (cluster, claim) in claimed {
                 owned.insert(cluster.clone(), claim);
                 let _ = self.adopted.send(cluster);
             }

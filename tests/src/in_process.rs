@@ -24,6 +24,9 @@ pub enum Injection {
     After(Pin<Box<dyn Future<Output = ()> + Send>>),
     /// It is not sent; the replica gets "etcd unavailable".
     Fail,
+    /// It commits, this runs, and the replica gets "etcd unavailable": a
+    /// reply lost on its way back, so the outcome is unknown to the replica.
+    Lose(Pin<Box<dyn Future<Output = ()> + Send>>),
 }
 
 type Picks = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
@@ -82,6 +85,11 @@ impl Store for InjectingStore {
         };
         match injection {
             Injection::Fail => Err(StoreError::Unavailable("injected by the test".into())),
+            Injection::Lose(then) => {
+                self.etcd.txn(txn).await?;
+                then.await;
+                Err(StoreError::Unavailable("reply lost by the test".into()))
+            }
             Injection::After(then) => {
                 let result = self.etcd.txn(txn).await?;
                 if result.succeeded {

@@ -229,3 +229,34 @@ async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at
     );
     adopter.stop().await;
 }
+
+/// The owner accepts an operation and claims it in one transaction, marking
+/// it as running here first so that no watch event starts it again. When
+/// etcd's reply to that transaction is lost, the replica cannot know that
+/// it committed; it used to drop the mark and nothing else, so the state
+/// change it had skipped for the mark left the committed operation to the
+/// executor's rescan, 30 s later.
+#[tokio::test]
+async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
+    let mut f = Fixture::new().await;
+    // The cache sees the commit before the replica hears back.
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.contains("/operations/db/"), Some("\"Stop\"")),
+        Injection::Lose(Box::pin(tokio::time::sleep(Duration::from_millis(500)))),
+    );
+    let request = v1::StopClusterRequest {
+        name: "db".into(),
+        request_id: String::new(),
+    };
+    let refused = f.client.clusters().stop_cluster(request).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(f.replica.store.pending(), 0);
+    let client = &f.client;
+    wait_until(WAIT, "the committed stop to run", || async move {
+        let mut client = client.clone();
+        let cluster = client.get_cluster("db").await.expect("get cluster");
+        cluster.status.and_then(|s| s.state) == Some(v1::ClusterState::Stopped as i32)
+    })
+    .await;
+    f.stop().await;
+}

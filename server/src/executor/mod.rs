@@ -229,6 +229,12 @@ impl Executor {
     async fn adopt(self: &Arc<Self>, cluster: &str) {
         // Other owners may have added to its history meanwhile.
         self.history().remove(cluster);
+        self.look_at(cluster).await;
+    }
+
+    /// Starts the operation in the cluster's slot, if any and not running
+    /// here yet.
+    async fn look_at(self: &Arc<Self>, cluster: &str) {
         let key = self.operations.keys().cluster_state(cluster);
         // The cache is at most moments behind etcd, and a slot filled after
         // its view arrives as a change: no read per adopted cluster (a
@@ -246,7 +252,7 @@ impl Executor {
                 }
             }
             Err(error) => {
-                tracing::warn!(cluster, %error, "cannot read an adopted cluster; the next scan retries")
+                tracing::warn!(cluster, %error, "cannot read the state of a cluster to look at; the next scan retries")
             }
         }
     }
@@ -304,6 +310,13 @@ impl Executor {
         });
         Some(claim)
     }
+
+    fn release(&self, operation: &str) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(operation);
+    }
 }
 
 impl LocalRunner for Executor {
@@ -323,11 +336,13 @@ impl LocalRunner for Executor {
         claim
     }
 
-    fn release(&self, operation: &str) {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(operation);
+    fn abandon(&self, cluster: &str, operation: &str) {
+        self.release(operation);
+        let Some(this) = self.me.upgrade() else {
+            return;
+        };
+        let cluster = cluster.to_string();
+        tokio::spawn(async move { this.look_at(&cluster).await });
     }
 
     fn run_claimed(&self, claimed: ClaimedOperation) {

@@ -314,7 +314,10 @@ impl Operations {
                             claimed.operation_revision = result.revision;
                             runner.run_claimed(claimed);
                         }
-                        Err(_) => runner.release(&claimed.operation.id),
+                        Err(_) => {
+                            let (cluster, id) = (&claimed.cluster.spec.name, &claimed.operation.id);
+                            runner.abandon(cluster, id);
+                        }
                     }
                     committed
                 })

@@ -25,8 +25,11 @@ pub trait LocalRunner: Send + Sync {
     /// replica and epoch, the first step. Returns the claim to fence the
     /// accept with; `None` leaves the operation to the usual path.
     fn claim_at_accept(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim>;
-    /// The accept did not commit: forget the mark.
-    fn release(&self, operation: &str);
+    /// The accept failed, so it may or may not have committed (etcd's reply
+    /// can be lost after the commit): forget the mark, and look at the
+    /// cluster's slot again, since a state change that arrived while the
+    /// mark stood was skipped for it.
+    fn abandon(&self, cluster: &str, operation: &str);
     /// The accept committed: run it.
     fn run_claimed(&self, claimed: ClaimedOperation);
 }

@@ -5,12 +5,14 @@
 
 use drover_client::v1::{self, OperationState as O, TaskRunStatus as R, TaskType as T};
 use drover_client::Client;
+use drover_server::replication::preferred;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, wait_running, wait_until};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Long enough for several scheduler ticks (250 ms) and retries (1 s).
@@ -67,8 +69,10 @@ async fn task_status(client: &Client, task_type: T, name: &str) -> Option<v1::Ta
 struct Fixture {
     replica: InProcessReplica,
     client: Client,
+    /// The uid of the cluster `db`.
+    uid: String,
     sim: SimProcess,
-    _etcd: EtcdProcess,
+    etcd: EtcdProcess,
 }
 
 impl Fixture {
@@ -78,12 +82,13 @@ impl Fixture {
         let sim = SimProcess::start().await;
         let replica = InProcessReplica::serve(&etcd, "r1", &sim.endpoint(), 2).await;
         let mut client = replica.client().await;
-        create_running(&mut client, "db", 1).await;
+        let uid = create_running(&mut client, "db", 1).await.uid;
         Self {
             replica,
             client,
+            uid,
             sim,
-            _etcd: etcd,
+            etcd,
         }
     }
 
@@ -258,5 +263,57 @@ async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
         cluster.status.and_then(|s| s.state) == Some(v1::ClusterState::Stopped as i32)
     })
     .await;
+    f.stop().await;
+}
+
+/// The owner starts a task run, and etcd's reply comes late (lost after the
+/// commit) while a member the cluster prefers joins. The owner used to hold
+/// the cluster only once the run was under way, so its ownership pass could
+/// hand the idle cluster over meanwhile, and the new owner aborted a run
+/// nobody had asked the provider for. Held from before the run exists, the
+/// run ends DONE here; only then does the cluster move.
+#[tokio::test]
+async fn a_run_whose_start_reply_was_lost_while_a_member_joined_still_runs() {
+    let mut f = Fixture::new().await;
+    let peer_id = (2..)
+        .map(|i| format!("r{i}"))
+        .find(|id| preferred("db", ["r1", id.as_str()]) == Some(id.as_str()))
+        .unwrap();
+    let joined: Arc<Mutex<Option<ReplicaProcess>>> = Arc::default();
+    let (etcd, sim) = (f.etcd.endpoint(), f.sim.endpoint());
+    let peer = Arc::clone(&joined);
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.contains("/runs/"), Some("\"RUNNING\"")),
+        Injection::Lose(Box::pin(async move {
+            let args = ["--provider", sim.as_str(), "--lease-ttl", "2"];
+            let replica = ReplicaProcess::serve_with(&etcd, &peer_id, &args).await;
+            *peer.lock().unwrap() = Some(replica);
+            // A fault, not a wait for an event: the reply arrives 2 s late,
+            // time for several ownership passes (every TTL/3, and at once
+            // when a member joins).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        })),
+    );
+    let now = v1::TaskSchedule {
+        start_date: "now".into(),
+        ..Default::default()
+    };
+    put_task(&mut f.client, task(T::Backup, "once", now)).await;
+    let client = &f.client;
+    wait_until(WAIT, "the run to end", || async move {
+        task_status(client, T::Backup, "once")
+            .await
+            .and_then(|status| status.last_run)
+            .is_some_and(|run| run.status != R::Running as i32)
+    })
+    .await;
+    assert_eq!(f.replica.store.pending(), 0, "the reply was lost");
+    let status = task_status(client, T::Backup, "once").await.unwrap();
+    let run = status.last_run.clone().unwrap();
+    assert_eq!(run.status, R::Done as i32, "{status:?}");
+    assert_eq!(status.error_count, Some(0), "{status:?}");
+    let audit = f.sim.audit(&f.uid).await;
+    assert!(!audit.iter().any(|e| e.method == "StopTask"), "{audit:#?}");
+    drop(joined.lock().unwrap().take());
     f.stop().await;
 }

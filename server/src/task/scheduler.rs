@@ -31,7 +31,7 @@ use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::{Metrics, TaskRunLabels};
 use crate::provider::Provider;
-use crate::replication::{Claim, Replication};
+use crate::replication::{Claim, Hold, Replication};
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
@@ -312,7 +312,8 @@ impl TaskScheduler {
             if !self.is_in_flight(&run.id) {
                 // Ours, but nobody waits on it (its end could not be
                 // recorded): ask again; RunTask is idempotent per run id.
-                self.dispatch(read, record, run.clone(), claim);
+                let hold = self.replication.hold(&read.cluster.spec.name);
+                self.dispatch(read, record, run.clone(), claim, hold);
             }
             return Ok(None);
         }
@@ -405,12 +406,29 @@ impl TaskScheduler {
                 Compare::absent(&run_key),
             ])
             .and_then([
-                Op::put(run_key, to_json(&run)),
+                Op::put(&run_key, to_json(&run)),
                 Op::put(task_key, to_json(&started)),
             ]);
-        self.tasks.store().cas(txn).await?;
+        // Held from before the run exists: handed over in between, the
+        // cluster's next owner would abort a run nobody had asked for.
+        let hold = self.replication.hold(name);
+        match self.tasks.store().cas(txn).await {
+            Ok(_) => {}
+            // etcd may have committed it and the reply been lost: the run
+            // key says which.
+            Err(StoreError::Unavailable(error)) => {
+                let written = self.tasks.store().get(&run_key).await?.into_single();
+                let ours = written
+                    .and_then(|kv| crate::cluster::from_json::<TaskRun>(&kv).ok())
+                    .is_some_and(|written| written.id == run.id && written.epoch == claim.epoch);
+                if !ours {
+                    return Err(StoreError::Unavailable(error).into());
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
         tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, run = %run.id, attempt = run.attempt, "task run started");
-        self.dispatch(read, record, run, claim);
+        self.dispatch(read, record, run, claim, hold);
         Ok(())
     }
 
@@ -421,6 +439,7 @@ impl TaskScheduler {
         record: &TaskRecord,
         run: TaskRun,
         claim: Claim,
+        hold: Hold,
     ) {
         if !lock(&self.in_flight).insert(run.id.clone()) {
             return;
@@ -435,7 +454,6 @@ impl TaskScheduler {
             task_name: record.name.clone(),
             run_id: run.id.clone(),
         };
-        let hold = self.replication.hold(&cluster);
         tokio::spawn(async move {
             let _hold = hold;
             let ended = if this.replication.claim(&cluster) == Some(claim) {

@@ -19,7 +19,7 @@ use crate::cluster::{ClusterCache, ClusterFilter, ClusterRecord, ClusterState};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
-use crate::provider::{node_ready, Provider};
+use crate::provider::{node_ready, Provider, DESCRIBE_TIMEOUT};
 use crate::replication::Replication;
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
@@ -173,10 +173,15 @@ impl Scanner {
             cluster_uid: cluster.spec.uid.clone(),
             token: None,
         };
-        self.provider
-            .clone()
-            .describe_cluster(request)
+        let mut provider = self.provider.clone();
+        let described = tokio::time::timeout(DESCRIBE_TIMEOUT, provider.describe_cluster(request))
             .await
+            .map_err(|_| {
+                LifecycleError::ProviderUnavailable(format!(
+                    "no answer to DescribeCluster within {DESCRIBE_TIMEOUT:?}"
+                ))
+            })?;
+        described
             .map(|r| r.into_inner().nodes)
             .map_err(|status| LifecycleError::ProviderUnavailable(status.message().to_string()))
     }

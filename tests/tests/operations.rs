@@ -651,6 +651,59 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
     }
 }
 
+/// The look at the nodes before the first step (a start of a cluster in
+/// Error describes it; the scanner leaves Error clusters alone) counts
+/// against the operation's deadline. On a hung provider it used to wait for
+/// ever: the operation stayed PENDING and the cluster busy.
+#[tokio::test]
+async fn a_hung_look_before_the_first_step_times_out_the_operation() {
+    let mut f = Fixture::new(&["--operation-timeout", "start=2"]).await;
+    f.sim.fault("CreateNodes", 1, false).await;
+    let request = v1::CreateClusterRequest {
+        name: "broken".into(),
+        spec: Some(v1::ClusterSpec {
+            version: "1.29.0".into(),
+            control_nodes: 1,
+            node_offering: "m".into(),
+            ..Default::default()
+        }),
+        create_only: false,
+        request_id: String::new(),
+    };
+    let created = f.client.clusters().create_cluster(request).await.unwrap();
+    let first_start = created.into_inner().operation.unwrap();
+    assert_eq!(f.finish(first_start).await.state, O::Failed as i32);
+    assert_eq!(f.state("broken").await, S::Error as i32);
+    f.sim.fault("DescribeCluster", 1, true).await;
+    let op = f
+        .client
+        .clusters()
+        .start_cluster(start("broken"))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let error = done.error.unwrap();
+    assert_eq!(error.code, "DeadlineExceeded");
+    assert!(error.message.contains("describing"), "{}", error.message);
+    f.check_history().await;
+}
+
+/// The status scan's look at a cluster is bounded: a provider that hangs
+/// on one DescribeCluster used to stall the scan of every cluster of the
+/// replica for ever.
+#[tokio::test]
+async fn a_hung_look_does_not_stall_the_scanner() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("watched", 1, false).await;
+    // The next look is the scanner's (every second here).
+    f.sim.fault("DescribeCluster", 1, true).await;
+    f.sim.set_health(&cluster.uid, false).await;
+    wait_for_state(&f.client, "watched", S::Alert, WAIT).await;
+    f.check_history().await;
+}
+
 #[tokio::test]
 async fn operation_history_is_bounded_per_cluster() {
     let mut f = Fixture::new(&["--operation-history", "2"]).await;

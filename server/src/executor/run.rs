@@ -13,7 +13,7 @@ use crate::operation::{
     ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
     OperationState, Progress, Seen, Versioned,
 };
-use crate::provider::node_ready;
+use crate::provider::{node_ready, DESCRIBE_TIMEOUT};
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
@@ -503,8 +503,14 @@ impl Executor {
                 // Announce this owner's epoch before failing the orphan, so
                 // the lost replica (if it is only paused) can change nothing
                 // more; the nodes are as it left them.
-                if let Err(status) = holding.describe().await {
-                    tracing::warn!(cluster, operation = id, %status, "cannot fence the provider; the orphan is failed anyway");
+                match tokio::time::timeout(DESCRIBE_TIMEOUT, holding.describe()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => {
+                        tracing::warn!(cluster, operation = id, %status, "cannot fence the provider; the orphan is failed anyway");
+                    }
+                    Err(_) => {
+                        tracing::warn!(cluster, operation = id, timeout = ?DESCRIBE_TIMEOUT, "the provider did not answer the fencing look; the orphan is failed anyway");
+                    }
                 }
                 tracing::warn!(cluster, operation = id, %message, "recovering an orphaned operation");
                 holding
@@ -619,7 +625,19 @@ impl Executor {
     async fn execute(&self, mut holding: Holding<'_>, claimed: bool) -> Result<(), LifecycleError> {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
         let nodes = if needs_nodes(&holding.operation) {
-            holding.describe().await.unwrap_or_default()
+            match tokio::time::timeout_at(deadline, holding.describe()).await {
+                Ok(described) => described.unwrap_or_default(),
+                Err(_) => {
+                    let message = "timed out describing the cluster's nodes before the first step";
+                    return holding
+                        .finish(
+                            OperationState::Failed,
+                            Event::OperationFailed,
+                            error(Code::DeadlineExceeded, message.to_string()),
+                        )
+                        .await;
+                }
+            }
         } else {
             Vec::new()
         };

@@ -7,6 +7,11 @@ use drover_proto::provider::v1::provider_client::ProviderClient;
 use drover_proto::provider::v1::ProviderNode;
 use tonic::transport::Channel;
 
+/// How long a look at a cluster's nodes (DescribeCluster) may take outside
+/// an operation's own deadline: the status scan, and the fencing look of an
+/// orphan's recovery. A provider that hangs must not stall either.
+pub const DESCRIBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A client of a provider endpoint; cheap to clone.
 pub type Provider = ProviderClient<Channel>;
 

@@ -304,6 +304,15 @@ impl Provider for SimProvider {
         request: Request<pb::DescribeClusterRequest>,
     ) -> Reply<pb::NodesResponse> {
         let request = request.into_inner();
+        match self.take_fault("DescribeCluster") {
+            Some(FaultAction::Hang) => std::future::pending::<()>().await,
+            Some(FaultAction::Fail(message)) => {
+                return Err(Status::internal(format!(
+                    "injected fault in DescribeCluster: {message}"
+                )))
+            }
+            None => {}
+        }
         let mut state = self.lock();
         if let Some(token) = &request.token {
             Self::fence(&mut state, token)?;

@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, wait_for_state, wait_running};
+use drover_tests::{create_running, wait_for_state, wait_running, wait_until};
 use std::time::Duration;
 use tonic::Code;
 
@@ -832,6 +832,44 @@ async fn metrics_and_readiness_are_served_on_the_admin_port() {
     assert_eq!(drover_tests::http_get(&admin, "/healthz").0, 200);
     assert_eq!(drover_tests::http_get(&admin, "/readyz").0, 200);
     assert_eq!(drover_tests::http_get(&admin, "/nothing").0, 404);
+}
+
+/// etcd's watchers, from its own metrics.
+async fn etcd_watchers(etcd: &EtcdProcess) -> f64 {
+    let samples = drover_tests::scrape::metrics(&etcd.endpoint()).await;
+    drover_tests::scrape::sum(&samples, "etcd_debugging_mvcc_watcher_total", "")
+}
+
+/// A WatchClusters stream whose client went away ends its etcd watch at
+/// once. It used to end only at the cluster's next change, so watches of a
+/// quiet cluster piled up in the replica and in etcd.
+#[tokio::test]
+async fn a_cluster_watch_ends_when_its_client_goes_away() {
+    let mut f = Fixture::new(&[]).await;
+    f.create("quiet", 1, true).await;
+    let before = etcd_watchers(&f.etcd).await;
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let request = v1::WatchClustersRequest {
+            from_revision: 0,
+            name: "quiet".into(),
+        };
+        let stream = f.client.clusters().watch_clusters(request).await.unwrap();
+        streams.push(stream.into_inner());
+    }
+    let etcd = &f.etcd;
+    // The replica's ownership passes open and close a watch of their own
+    // now and then: a margin of 2.
+    wait_until(WAIT, "etcd to count the 20 watches", || async move {
+        etcd_watchers(etcd).await >= before + 20.0
+    })
+    .await;
+    drop(streams);
+    wait_until(WAIT, "the 20 watches to end", || async move {
+        etcd_watchers(etcd).await <= before + 2.0
+    })
+    .await;
+    f.check_history().await;
 }
 
 #[tokio::test]

@@ -269,7 +269,16 @@ impl ClustersService {
         tokio::spawn(async move {
             // The records of one transaction share a revision: one event.
             let mut last: Option<(String, i64)> = None;
-            while let Some(event) = watch.next().await {
+            loop {
+                // A client that went away ends the etcd watch at once, not
+                // at the next change (a quiet cluster may have none).
+                let event = tokio::select! {
+                    _ = sender.closed() => return,
+                    event = watch.next() => match event {
+                        Some(event) => event,
+                        None => return,
+                    },
+                };
                 let event = match event {
                     Ok(event) => event,
                     Err(error) => {

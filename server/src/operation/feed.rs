@@ -128,8 +128,8 @@ pub struct OperationFeed {
 pub struct Follower {
     feed: Arc<OperationFeed>,
     key: String,
-    /// Shared by every follower of the key.
-    sender: Arc<watch::Sender<Seen>>,
+    /// Shared by every follower of the key; `None` once dropped.
+    sender: Option<Arc<watch::Sender<Seen>>>,
     receiver: watch::Receiver<Seen>,
     /// The newest record the feed knew when following began.
     pub known: Option<Arc<KeyValue>>,
@@ -146,9 +146,15 @@ impl Follower {
 impl Drop for Follower {
     fn drop(&mut self) {
         // Under the lock no follower can be added meanwhile; the last one
-        // out removes the key.
+        // out removes the key. The share is let go under the lock too: of
+        // two followers leaving at once, the second must see the first gone.
         let mut memory = self.feed.memory();
-        if Arc::strong_count(&self.sender) == 1 {
+        drop(self.sender.take());
+        let last = memory
+            .followers
+            .get(&self.key)
+            .is_some_and(|sender| sender.strong_count() == 0);
+        if last {
             memory.followers.remove(&self.key);
         }
     }
@@ -190,7 +196,7 @@ impl OperationFeed {
             known: memory.records.get(key).map(|(_, kv)| Arc::clone(kv)),
             feed: Arc::clone(self),
             key: key.to_string(),
-            sender,
+            sender: Some(sender),
             receiver,
         }
     }
@@ -328,5 +334,27 @@ mod tests {
         assert!(feed.memory().followers.contains_key("a"));
         drop(second);
         assert!(feed.memory().followers.is_empty());
+    }
+
+    #[test]
+    fn followers_leaving_at_once_remove_the_key() {
+        let feed = live(1);
+        for round in 0..2_000 {
+            let key = format!("k{round}");
+            let (first, second) = (feed.follow(&key), feed.follow(&key));
+            let start = Arc::new(std::sync::Barrier::new(2));
+            let leave = |follower: Follower| {
+                let start = Arc::clone(&start);
+                std::thread::spawn(move || {
+                    start.wait();
+                    drop(follower);
+                })
+            };
+            let (a, b) = (leave(first), leave(second));
+            a.join().unwrap();
+            b.join().unwrap();
+        }
+        let left = feed.memory().followers.len();
+        assert_eq!(left, 0, "keys left behind by followers that all left");
     }
 }

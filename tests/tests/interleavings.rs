@@ -13,7 +13,7 @@ use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, wait_running, wait_until};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Long enough for several scheduler ticks (250 ms) and retries (1 s).
 const WAIT: Duration = Duration::from_secs(10);
@@ -164,23 +164,18 @@ async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look
     f.stop().await;
 }
 
-/// A replica adopting a dead peer's clusters claims them 100 per
-/// transaction. It used to announce each batch's adoptions to its executor
-/// before the pass ended and published its claims, so the executor, not
-/// yet seeing the cluster owned, dropped the adoption of an orphaned
-/// operation: it was recovered by the executor's rescan, 30 s later. Here
-/// the second batch is slow (etcd answering after 1 s) and the orphan is
-/// in the first.
-#[tokio::test]
-async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at_once() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+/// A replica that owned `a-orphan` (first in name order), with a stop in
+/// flight, and `idle` more clusters, killed -9: returns the orphaned stop.
+async fn orphan_of_a_killed_replica(
+    etcd: &EtcdProcess,
+    sim: &SimProcess,
+    idle: usize,
+) -> v1::Operation {
     let args = ["--provider", &sim.endpoint(), "--lease-ttl", "2"];
     let mut lost = ReplicaProcess::serve_with(&etcd.endpoint(), "lost", &args).await;
     let mut client = lost.client().await;
-    // First in name order, so in the first batch.
     create_running(&mut client, "a-orphan", 1).await;
-    for i in 0..120 {
+    for i in 0..idle {
         let request = v1::CreateClusterRequest {
             name: format!("idle-{i:03}"),
             spec: Some(v1::ClusterSpec {
@@ -208,7 +203,32 @@ async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at
     wait_running(&client, "a-orphan", &orphan.id, WAIT).await;
     lost.kill9();
     sim.set_latency(Duration::ZERO).await;
+    orphan
+}
 
+/// Waits (well under the executor's 30 s rescan; the lost lease expires
+/// in 2 s) for the orphan to be failed by its new owner.
+async fn assert_recovered(client: &Client, orphan: &v1::Operation) {
+    let done = client
+        .clone()
+        .wait_operation(orphan, WAIT)
+        .await
+        .expect("wait");
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+}
+
+/// A replica adopting a dead peer's clusters claims them 100 per
+/// transaction. It used to announce each batch's adoptions to its executor
+/// before the pass ended and published its claims, so the executor, not
+/// yet seeing the cluster owned, dropped the adoption of an orphaned
+/// operation: it was recovered by the executor's rescan, 30 s later. Here
+/// the second batch is slow (etcd answering after 1 s) and the orphan is
+/// in the first.
+#[tokio::test]
+async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let orphan = orphan_of_a_killed_replica(&etcd, &sim, 120).await;
     let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
     let claims = AtomicUsize::new(0);
     adopter.store.inject(
@@ -218,20 +238,31 @@ async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at
         },
         Injection::After(Box::pin(tokio::time::sleep(Duration::from_secs(1)))),
     );
-    let client = adopter.client().await;
-    // Well under the executor's 30 s rescan; the lease expires in 2 s.
-    let deadline = Instant::now() + WAIT;
-    let mut waiting = client.clone();
-    let done = waiting
-        .wait_operation(&orphan, deadline - Instant::now())
-        .await
-        .expect("wait");
-    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_recovered(&adopter.client().await, &orphan).await;
     assert_eq!(
         adopter.store.pending(),
         0,
         "the second claim batch was slow"
     );
+    adopter.stop().await;
+}
+
+/// The claim of a dead peer's clusters commits and its reply is lost: the
+/// pass fails, and the next one finds the clusters owned by this replica in
+/// the owner view. They used to be taken as owned without being announced
+/// as adopted, so the orphan waited for the executor's 30 s rescan.
+#[tokio::test]
+async fn an_orphan_whose_claim_reply_was_lost_is_recovered_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let orphan = orphan_of_a_killed_replica(&etcd, &sim, 0).await;
+    let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
+    adopter.store.inject(
+        |txn| writes(txn, |key| key.ends_with("/owners/a-orphan"), None),
+        Injection::Lose(Box::pin(async {})),
+    );
+    assert_recovered(&adopter.client().await, &orphan).await;
+    assert_eq!(adopter.store.pending(), 0, "the claim's reply was lost");
     adopter.stop().await;
 }
 

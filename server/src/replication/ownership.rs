@@ -180,19 +180,10 @@ impl Replication {
         }
         for batch in to_claim.chunks(CLAIM_BATCH) {
             let claimed = self.claim_batch(batch, lease).await?;
-            // Published before they are announced: the executor acts on an
-            // adoption only while `claim` shows the cluster owned, and the
-            // rest of this pass (more batches, releases) may take a while.
-            if self.live_lease() == Some(lease) {
-                let mut published = lock(&self.owned);
-                for (cluster, claim) in &claimed {
-                    published.insert(cluster.clone(), *claim);
-                }
-            }
-            for (cluster, claim) in claimed {
-                owned.insert(cluster.clone(), claim);
-                let _ = self.adopted.send(cluster);
-            }
+            // Published (and announced) batch by batch: the rest of this
+            // pass (more batches, releases) may take a while.
+            self.publish(lease, claimed.iter().cloned());
+            owned.extend(claimed);
         }
         // Owner keys of clusters that no longer exist (or that only newer
         // replicas understand).
@@ -208,9 +199,38 @@ impl Replication {
         }
         if self.live_lease() == Some(lease) {
             self.metrics.clusters_owned.set(owned.len() as i64);
-            *lock(&self.owned) = owned;
+            // Released clusters go; any owned cluster not yet published is
+            // announced too: one whose claim committed in an earlier pass
+            // that failed before publishing it (its reply lost, say) shows
+            // up in the owner view with this replica's lease.
+            let kept: Vec<(String, Claim)> =
+                owned.iter().map(|(c, claim)| (c.clone(), *claim)).collect();
+            lock(&self.owned).retain(|cluster, _| owned.contains_key(cluster));
+            self.publish(lease, kept);
         }
         Ok(members.revision)
+    }
+
+    /// Publishes `claims` as this replica's (when `lease` is still its live
+    /// lease), then announces the clusters it did not own before: the
+    /// executor acts on an adoption only while `claim` shows the cluster
+    /// owned.
+    fn publish(&self, lease: LeaseId, claims: impl IntoIterator<Item = (String, Claim)>) {
+        if self.live_lease() != Some(lease) {
+            return;
+        }
+        let mut adopted = Vec::new();
+        {
+            let mut published = lock(&self.owned);
+            for (cluster, claim) in claims {
+                if published.insert(cluster.clone(), claim) != Some(claim) {
+                    adopted.push(cluster);
+                }
+            }
+        }
+        for cluster in adopted {
+            let _ = self.adopted.send(cluster);
+        }
     }
 
     /// Claims free clusters in one transaction (each owner key must still

@@ -182,7 +182,7 @@ impl Replication {
             let claimed = self.claim_batch(batch, lease).await?;
             // Published (and announced) batch by batch: the rest of this
             // pass (more batches, releases) may take a while.
-            self.publish(lease, claimed.iter().cloned());
+            self.publish_claimed(lease, &claimed);
             owned.extend(claimed);
         }
         // Owner keys of clusters that no longer exist (or that only newer
@@ -197,37 +197,56 @@ impl Replication {
                 owned.remove(&cluster);
             }
         }
-        if self.live_lease() == Some(lease) {
-            self.metrics.clusters_owned.set(owned.len() as i64);
-            // Released clusters go; any owned cluster not yet published is
-            // announced too: one whose claim committed in an earlier pass
-            // that failed before publishing it (its reply lost, say) shows
-            // up in the owner view with this replica's lease.
-            let kept: Vec<(String, Claim)> =
-                owned.iter().map(|(c, claim)| (c.clone(), *claim)).collect();
-            lock(&self.owned).retain(|cluster, _| owned.contains_key(cluster));
-            self.publish(lease, kept);
-        }
+        // Any owned cluster not yet published is announced too: one whose
+        // claim committed in an earlier pass that failed before publishing
+        // it (its reply lost, say) shows up in the owner view with this
+        // replica's lease.
+        self.publish_owned(lease, owned);
         Ok(members.revision)
     }
 
-    /// Publishes `claims` as this replica's (when `lease` is still its live
-    /// lease), then announces the clusters it did not own before: the
-    /// executor acts on an adoption only while `claim` shows the cluster
-    /// owned.
-    fn publish(&self, lease: LeaseId, claims: impl IntoIterator<Item = (String, Claim)>) {
+    /// Adds `claimed` to this replica's published claims (while `lease` is
+    /// its live lease) and announces them.
+    fn publish_claimed(&self, lease: LeaseId, claimed: &[(String, Claim)]) {
         if self.live_lease() != Some(lease) {
             return;
         }
-        let mut adopted = Vec::new();
-        {
+        let adopted = {
             let mut published = lock(&self.owned);
-            for (cluster, claim) in claims {
-                if published.insert(cluster.clone(), claim) != Some(claim) {
-                    adopted.push(cluster);
-                }
-            }
+            claimed
+                .iter()
+                .filter(|(cluster, claim)| {
+                    published.insert(cluster.clone(), *claim) != Some(*claim)
+                })
+                .map(|(cluster, _)| cluster.clone())
+                .collect()
+        };
+        self.announce(adopted);
+    }
+
+    /// Publishes `owned` as this replica's claims (while `lease` is its live
+    /// lease) and announces those it did not show before.
+    fn publish_owned(&self, lease: LeaseId, owned: HashMap<String, Claim>) {
+        if self.live_lease() != Some(lease) {
+            return;
         }
+        self.metrics.clusters_owned.set(owned.len() as i64);
+        let adopted = {
+            let mut published = lock(&self.owned);
+            let adopted = owned
+                .iter()
+                .filter(|(cluster, claim)| published.get(*cluster) != Some(*claim))
+                .map(|(cluster, _)| cluster.clone())
+                .collect();
+            *published = owned;
+            adopted
+        };
+        self.announce(adopted);
+    }
+
+    /// Tells the executor about clusters `claim` now shows owned under a new
+    /// claim: their operations may be orphans to recover.
+    fn announce(&self, adopted: Vec<String>) {
         for cluster in adopted {
             let _ = self.adopted.send(cluster);
         }

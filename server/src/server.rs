@@ -202,7 +202,18 @@ pub async fn serve(
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
+        health
+            .set_not_serving::<ClustersServer<ClustersService>>()
+            .await;
+        health
+            .set_not_serving::<OperationsServer<OperationsService>>()
+            .await;
+        health.set_not_serving::<TasksServer<TasksService>>().await;
+        health.set_not_serving::<AdminServer<AdminService>>().await;
         ready.store(false, Ordering::SeqCst);
+        if let Some((_, executor)) = &workers {
+            executor.stop_taking_work();
+        }
         let _ = stop_work.send(true);
         if let Some((replication, executor)) = workers {
             let deadline = tokio::time::Instant::now() + HANDOFF_GRACE;

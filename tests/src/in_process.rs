@@ -190,11 +190,21 @@ impl InProcessReplica {
         }
     }
 
-    /// Stops it as SIGTERM would, and checks that it stopped cleanly.
-    pub async fn stop(mut self) {
+    /// The address of its gRPC API.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Starts a shutdown as SIGTERM would, without waiting for it.
+    pub fn begin_stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+
+    /// Stops it as SIGTERM would, and checks that it stopped cleanly.
+    pub async fn stop(mut self) {
+        self.begin_stop();
         (&mut self.served)
             .await
             .expect("the replica task")

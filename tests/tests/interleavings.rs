@@ -9,11 +9,12 @@ use drover_server::replication::preferred;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
 use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::replica::{health, ReplicaProcess};
 use drover_tests::{create_running, wait_running, wait_until};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Long enough for several scheduler ticks (250 ms) and retries (1 s).
 const WAIT: Duration = Duration::from_secs(10);
@@ -346,5 +347,60 @@ async fn a_run_whose_start_reply_was_lost_while_a_member_joined_still_runs() {
     let audit = f.sim.audit(&f.uid).await;
     assert!(!audit.iter().any(|e| e.method == "StopTask"), "{audit:#?}");
     drop(joined.lock().unwrap().take());
+    f.stop().await;
+}
+
+/// A lifecycle request reaching the owner while it shuts down (SIGTERM; a
+/// load balancer may route to it until its probes notice) is accepted
+/// PENDING for the cluster's next owner. The owner used to fold its claim
+/// into the accept and start the operation, which the hand-off then cut
+/// short: the next owner failed it as an orphan.
+#[tokio::test]
+async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
+    let mut f = Fixture::new().await;
+    let mut client = f.client.clone();
+    create_running(&mut client, "busy", 1).await;
+    // An operation that keeps the shutdown in its hand-off wait.
+    f.sim.set_latency(Duration::from_secs(3)).await;
+    let request = v1::StopClusterRequest {
+        name: "busy".into(),
+        request_id: String::new(),
+    };
+    let running = client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(running.state, O::Running as i32, "claimed at the accept");
+    f.replica.begin_stop();
+    let endpoint = f.replica.endpoint().to_string();
+    wait_until(WAIT, "the replica to report NOT_SERVING", || {
+        let endpoint = endpoint.clone();
+        async move { health(&endpoint).await == Some(ServingStatus::NotServing) }
+    })
+    .await;
+    let request = v1::StopClusterRequest {
+        name: "db".into(),
+        request_id: String::new(),
+    };
+    let accepted = client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(accepted.state, O::Pending as i32, "{accepted:?}");
+    f.sim.set_latency(Duration::ZERO).await;
+    let args = ["--provider", &f.sim.endpoint(), "--lease-ttl", "2"];
+    let next = ReplicaProcess::serve_with(&f.etcd.endpoint(), "next", &args).await;
+    let done = next
+        .client()
+        .await
+        .wait_operation(&accepted, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    assert_eq!(done.replica.as_deref(), Some("next"), "{done:?}");
     f.stop().await;
 }

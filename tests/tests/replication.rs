@@ -272,6 +272,42 @@ async fn sigterm_hands_clusters_off_faster_than_the_ttl() {
     );
 }
 
+/// SIGTERM lets a running operation finish when it needs less than the
+/// hand-off grace (5 s), even past the lease TTL: the replica keeps its
+/// lease alive until it resigns. Keep-alives used to stop at the signal, so
+/// with a 2 s TTL the lease expired mid-operation, its completion was
+/// fenced out and a peer failed it as an orphan.
+#[tokio::test]
+async fn sigterm_lets_an_operation_longer_than_the_ttl_finish() {
+    let mut c = Cluster3::start(2, 2).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "busy", 1).await;
+    let mut admin = c.admin_avoiding("").await;
+    let owner_id = owner(&mut admin, "busy").await.expect("an owner").replica;
+    let mut peer = c.client_avoiding(&owner_id).await;
+    // Longer than the TTL, shorter than the hand-off grace.
+    c.sim.set_latency(Duration::from_secs(3)).await;
+    let request = v1::StopClusterRequest {
+        name: "busy".into(),
+        request_id: String::new(),
+    };
+    let op = peer
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    wait_running(&peer, "busy", &op.id, Duration::from_secs(10)).await;
+    let status = c.replica_mut(&owner_id).terminate().await;
+    assert!(status.success(), "{status:?}");
+    let done = peer
+        .wait_operation(&op, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    assert_eq!(done.replica.as_deref(), Some(owner_id.as_str()), "{done:?}");
+}
+
 /// How many ownership passes `replica` has run.
 async fn ownership_passes(replica: &ReplicaProcess) -> f64 {
     let samples = drover_tests::scrape::metrics(&replica.admin_endpoint()).await;

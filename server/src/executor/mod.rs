@@ -36,6 +36,7 @@ use crate::provider::Provider;
 use crate::replication::{Claim, Replication};
 use crate::store::RangeRequest;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -82,8 +83,10 @@ pub struct Executor {
     cache: Arc<ClusterCache>,
     timeouts: Timeouts,
     in_flight: Mutex<HashSet<String>>,
-    /// Operations finished per cluster since its history was last
-    /// collected here.
+    /// Set once the replica shuts down: operations not started by then are
+    /// left PENDING for the clusters' next owners, which run them (started
+    /// here, one that outlasted the hand-off would be failed as an orphan).
+    stopping: AtomicBool,
     /// Each owned cluster's history size as this replica last counted it,
     /// plus the operations it finished since: history collection counts
     /// the records only when this says a batch is due (or the cluster was
@@ -107,8 +110,18 @@ impl Executor {
             cache,
             timeouts,
             in_flight: Mutex::new(HashSet::new()),
+            stopping: AtomicBool::new(false),
             history: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Starts no operation from now on (the replica is shutting down).
+    pub fn stop_taking_work(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     /// Notes an operation finished on `cluster`; when its history should be
@@ -259,6 +272,9 @@ impl Executor {
 
     fn start_slot(self: &Arc<Self>, state_key: &str, state: &StateRecord) {
         let Some(slot) = &state.operation else { return };
+        if self.is_stopping() {
+            return;
+        }
         let Some((cluster, _)) = self.operations.keys().split_cluster_key(state_key) else {
             return;
         };
@@ -321,6 +337,9 @@ impl Executor {
 
 impl LocalRunner for Executor {
     fn claim_at_accept(&self, operation: &mut OperationRecord, spec: &Spec) -> Option<Claim> {
+        if self.is_stopping() {
+            return None;
+        }
         let in_flight_here = !self
             .in_flight
             .lock()

@@ -10,7 +10,9 @@ use tokio::sync::watch;
 const REJOIN_DELAY: Duration = Duration::from_millis(500);
 
 impl Replication {
-    /// Keeps this replica a member until `shutdown` turns true.
+    /// Keeps this replica a member: joins (again) until `shutdown` turns
+    /// true, and renews the lease it holds until it resigns, so that the
+    /// running operations a shutdown waits for still own their clusters.
     pub async fn run_membership(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let renew_every = self.config.lease_ttl / 3;
         while !*shutdown.borrow() {
@@ -25,9 +27,10 @@ impl Replication {
                 }
             };
             loop {
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = tokio::time::sleep(renew_every) => {}
+                tokio::time::sleep(renew_every).await;
+                let resigned = lock(&self.session).as_ref().map(|s| s.lease) != Some(lease);
+                if resigned {
+                    break;
                 }
                 let sent = Instant::now();
                 match self.store.keep_alive(lease).await {
@@ -91,13 +94,19 @@ impl Replication {
         lock(&self.owned).clear();
         self.metrics.clusters_owned.set(0);
         if let Some(session) = session {
-            match self.store.revoke_lease(session.lease).await {
-                Ok(()) => {
+            // An unreachable etcd must not hold the shutdown for longer than
+            // the lease would live anyway.
+            let revoke = self.store.revoke_lease(session.lease);
+            match tokio::time::timeout(self.config.lease_ttl, revoke).await {
+                Ok(Ok(())) => {
                     tracing::info!(lease = session.lease, "lease revoked: clusters handed off")
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     tracing::warn!(%error, "lease revoke failed; peers take over after the TTL")
                 }
+                Err(_) => tracing::warn!(
+                    "no answer to the lease revoke within the TTL; peers take over after it"
+                ),
             }
         }
     }

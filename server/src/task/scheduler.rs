@@ -121,6 +121,11 @@ impl TaskScheduler {
             let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
             seen.retain(|name, _| names.contains(name.as_str()));
             for (name, revision) in &candidates {
+                // No run starts once the replica shuts down (the next owner
+                // would abort it).
+                if *shutdown.borrow() {
+                    return;
+                }
                 if self.replication.claim(name).is_none() {
                     seen.remove(name);
                     continue;

@@ -101,7 +101,7 @@ impl ReplicaProcess {
                     "drover exited during start-up: {exited:?}"
                 );
                 let (endpoint, tls) = (endpoint.clone(), probe_tls.clone());
-                async move { health_over(&endpoint, tls).await == Some(ServingStatus::Serving) }
+                async move { health_over(&endpoint, tls, "").await == Some(ServingStatus::Serving) }
             },
         )
         .await;
@@ -166,10 +166,20 @@ impl Drop for ReplicaProcess {
 
 /// The overall health a replica reports, or `None` if it does not answer.
 pub async fn health(endpoint: &str) -> Option<ServingStatus> {
-    health_over(endpoint, None).await
+    service_health(endpoint, "").await
 }
 
-async fn health_over(endpoint: &str, tls: Option<ClientTlsConfig>) -> Option<ServingStatus> {
+/// The health a replica reports for `service` (e.g. `drover.v1.Clusters`;
+/// empty: the whole replica).
+pub async fn service_health(endpoint: &str, service: &str) -> Option<ServingStatus> {
+    health_over(endpoint, None, service).await
+}
+
+async fn health_over(
+    endpoint: &str,
+    tls: Option<ClientTlsConfig>,
+    service: &str,
+) -> Option<ServingStatus> {
     let mut endpoint = tonic::transport::Channel::from_shared(endpoint.to_string()).ok()?;
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls).ok()?;
@@ -178,7 +188,7 @@ async fn health_over(endpoint: &str, tls: Option<ClientTlsConfig>) -> Option<Ser
     let mut client = HealthClient::new(channel);
     let response = client
         .check(HealthCheckRequest {
-            service: String::new(),
+            service: service.to_string(),
         })
         .await
         .ok()?;

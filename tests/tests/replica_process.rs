@@ -3,11 +3,14 @@
 
 use drover_client::v1;
 use drover_tests::etcd::EtcdProcess;
-use drover_tests::replica::{health, ReplicaProcess};
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::{health, service_health, ReplicaProcess};
 use drover_tests::workspace_binary;
+use drover_tests::{create_running, wait_until};
 use std::process::Command;
 use std::time::Duration;
 use tokio_stream::StreamExt;
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_reflection::pb::v1::{
     server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
     server_reflection_response::MessageResponse, ServerReflectionRequest,
@@ -298,4 +301,42 @@ async fn droverctl_puts_lists_and_deletes_tasks() {
         ctl(&["task", "get", "db", "backup", "daily"]).status.code(),
         Some(3)
     );
+}
+
+/// On SIGTERM every service reports NOT_SERVING (probes that name a service
+/// stop routing too), and a second SIGTERM exits at once, with 130, instead
+/// of waiting out the hand-off of an operation that will not end soon.
+#[tokio::test]
+async fn a_second_sigterm_exits_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let args = ["--provider", &sim.endpoint()];
+    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "slow", 1).await;
+    sim.set_latency(Duration::from_secs(60)).await;
+    let request = v1::StopClusterRequest {
+        name: "slow".into(),
+        request_id: String::new(),
+    };
+    client.clusters().stop_cluster(request).await.unwrap();
+    replica.signal("TERM");
+    let endpoint = replica.endpoint();
+    for service in [
+        "",
+        "drover.v1.Clusters",
+        "drover.v1.Operations",
+        "drover.v1.Tasks",
+        "drover.v1.Admin",
+    ] {
+        let endpoint = endpoint.clone();
+        let what = format!("{service:?} to report NOT_SERVING");
+        wait_until(Duration::from_secs(10), &what, || {
+            let endpoint = endpoint.clone();
+            async move { service_health(&endpoint, service).await == Some(ServingStatus::NotServing) }
+        })
+        .await;
+    }
+    let status = replica.terminate().await;
+    assert_eq!(status.code(), Some(130), "{status:?}");
 }

@@ -26,6 +26,8 @@ pub static MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:200,muzz
 /// etcd unreachable at start-up for this long is fatal (EX_UNAVAILABLE).
 const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 const EXIT_UNAVAILABLE: u8 = 69;
+/// 128 + SIGINT, as shells report a process stopped by an interrupt.
+const EXIT_INTERRUPTED: i32 = 130;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -153,7 +155,9 @@ async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
     }
 }
 
-/// Completes on SIGTERM or Ctrl-C.
+/// Completes on SIGTERM or Ctrl-C, which start the graceful shutdown; a
+/// second one exits at once (peers recover what was running, as after a
+/// crash).
 async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("install SIGTERM handler");
@@ -161,4 +165,12 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
     }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::warn!("second signal: exiting without finishing the shutdown");
+        std::process::exit(EXIT_INTERRUPTED);
+    });
 }

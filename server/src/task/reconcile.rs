@@ -116,15 +116,19 @@ fn new_record(spec: &TaskSpec, generation: i64) -> TaskRecord {
     }
 }
 
-/// `record` with `spec` applied: the id, counters and last run are kept;
-/// the start date is evaluated only if it is new; the next activation
-/// follows the new schedule.
+/// `record` with `spec` applied: the id, counters and last run are kept.
+/// Only a new schedule moves the next activation (an edit of the task's
+/// properties keeps a retry that is due and the retries used so far); then
+/// the start date is evaluated only if it is new, and the next activation is
+/// the new schedule's first after the last run's slot or now, whichever is
+/// later (as after a run: an edit never brings back a slot already passed).
 fn apply_spec(
     mut record: TaskRecord,
     spec: &TaskSpec,
     generation: i64,
     now: DateTime<Utc>,
 ) -> TaskRecord {
+    let schedule_changed = record.spec.schedule != spec.schedule;
     let start_changed = record.spec.schedule.start_date != spec.schedule.start_date;
     let start = match record.start.as_deref().and_then(parse_time) {
         Some(start) if !start_changed => Ok(start),
@@ -133,12 +137,19 @@ fn apply_spec(
     record.spec = spec.clone();
     record.spec_hash = spec.hash();
     record.generation = generation;
-    record.attempt = 0;
     record.waiting = None;
+    if record.id.is_some() && !schedule_changed {
+        return record;
+    }
+    // A run in progress ends under the retries it started with.
+    if record.running().is_none() {
+        record.attempt = 0;
+    }
     let after = record
         .last_run
         .as_ref()
-        .and_then(|run| parse_time(&run.slot));
+        .and_then(|run| parse_time(&run.slot))
+        .map(|slot| slot.max(now));
     let next = start.and_then(|start| {
         record.start = Some(format_time(start));
         schedule::next_activation(&spec.schedule, start, after)
@@ -373,5 +384,84 @@ mod tests {
         );
         let (done, _) = finished(&next, &run(&next), RunStatus::Done, None, now);
         assert_eq!(done.success_count, 1);
+    }
+
+    /// An edit of the properties while a retry is due keeps the retry and
+    /// the retries used: it used to reset both, so a failing task could run
+    /// its retries again after every edit, or lose the retry due.
+    #[test]
+    fn an_edit_of_the_properties_keeps_a_due_retry_and_the_retries_used() {
+        let mut task = spec(TaskType::Repair, "daily", "0 3 * * *");
+        task.schedule.num_retries = Some(3);
+        task.schedule.retry_wait = "15m".into();
+        let record = created(plan(1, None, &[task.clone()], &[], now())).remove(0);
+        let slot = parse_time(&run(&record.record).slot).unwrap();
+        let (failed, _) = finished(
+            &record.record,
+            &run(&record.record),
+            RunStatus::Error,
+            None,
+            slot,
+        );
+        assert_eq!(failed.attempt, 1);
+        let retry_at = failed.next_activation.clone();
+        let existing = [Existing {
+            record: failed,
+            revision: 20,
+        }];
+        let mut edited = task;
+        edited.repair = Some(crate::task::spec::RepairProperties {
+            intensity: "0.25".into(),
+            ..Default::default()
+        });
+        let later = slot + chrono::Duration::minutes(5);
+        let Plan::Changes(changes) = plan(2, Some(1), &[edited], &existing, later) else {
+            panic!("stale")
+        };
+        let [Change::Put { record, .. }] = changes.as_slice() else {
+            panic!("{changes:?}")
+        };
+        assert_eq!(record.attempt, 1, "retries used are kept");
+        assert_eq!(record.next_activation, retry_at, "the due retry is kept");
+    }
+
+    /// A new schedule takes effect from now: the slots the task skipped
+    /// (it ran late, or the replicas were down) do not come back. It used to
+    /// count from the last run's slot, so an edit started a run at once.
+    #[test]
+    fn a_new_schedule_never_brings_back_a_slot_already_passed() {
+        let mut task = spec(TaskType::Repair, "hourly", "");
+        task.schedule.interval = "1h".into();
+        task.schedule.start_date = "2026-03-01T00:00:00Z".into();
+        let record = created(plan(1, None, &[task.clone()], &[], now()))
+            .remove(0)
+            .record;
+        // The 10:00 run ended at 11:30: next is 12:00.
+        let mut ran = record.clone();
+        ran.next_activation = Some("2026-03-01T10:00:00.000Z".into());
+        let ended_at = parse_time("2026-03-01T11:30:00Z").unwrap();
+        let (after_run, _) = finished(&ran, &run(&ran), RunStatus::Done, None, ended_at);
+        assert_eq!(
+            after_run.next_activation.as_deref(),
+            Some("2026-03-01T12:00:00.000Z")
+        );
+        let existing = [Existing {
+            record: after_run,
+            revision: 20,
+        }];
+        // At 11:40 the interval becomes 30 minutes.
+        let mut edited = task;
+        edited.schedule.interval = "30m".into();
+        let at = parse_time("2026-03-01T11:40:00Z").unwrap();
+        let Plan::Changes(changes) = plan(2, Some(1), &[edited], &existing, at) else {
+            panic!("stale")
+        };
+        let [Change::Put { record, .. }] = changes.as_slice() else {
+            panic!("{changes:?}")
+        };
+        assert_eq!(
+            record.next_activation.as_deref(),
+            Some("2026-03-01T12:00:00.000Z")
+        );
     }
 }

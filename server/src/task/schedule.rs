@@ -101,9 +101,15 @@ pub fn next_activation(
         Some(_) if interval.is_zero() => Ok(None),
         Some(after) => {
             let interval = chrono::Duration::from_std(interval).map_err(|e| e.to_string())?;
-            let elapsed = after - start;
-            let periods = elapsed.num_milliseconds() / interval.num_milliseconds() + 1;
-            Ok(Some(start + interval * periods as i32))
+            let step = interval.num_milliseconds();
+            let periods = (after - start).num_milliseconds() / step + 1;
+            // In milliseconds, as i64: a 1 s interval from a start a century
+            // back is more periods than an i32 holds.
+            step.checked_mul(periods)
+                .map(chrono::Duration::milliseconds)
+                .and_then(|offset| start.checked_add_signed(offset))
+                .map(Some)
+                .ok_or_else(|| "the next activation is out of range".to_string())
         }
     }
 }
@@ -171,6 +177,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(second, at("2026-01-02T02:00:00Z"));
+    }
+
+    #[test]
+    fn a_short_interval_from_a_long_past_start_stays_after_the_last_slot() {
+        let schedule = TaskSchedule {
+            interval: "1s".into(),
+            ..Default::default()
+        };
+        let start = at("1900-01-01T00:00:00Z");
+        let after = at("2026-12-03T10:00:00Z");
+        let next = next_activation(&schedule, start, Some(after))
+            .unwrap()
+            .unwrap();
+        assert_eq!(next, at("2026-12-03T10:00:01Z"));
     }
 
     #[test]

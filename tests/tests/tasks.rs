@@ -251,6 +251,13 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
             vec![repair("6d3f4a1e-8f7b-4c1a-9a57-5f0e3a1b2c3d")],
             "spec.tasks[0].name: ",
         ),
+        // Accepted, it crashed the owner's scheduler (date arithmetic).
+        (
+            vec![with_schedule(repair("a"), |s| {
+                s.start_date = "now+1000000y".into()
+            })],
+            "spec.tasks[0].schedule.start_date: ",
+        ),
     ];
     for (tasks, field) in cases {
         let refused = f

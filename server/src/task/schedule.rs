@@ -21,6 +21,11 @@ pub enum StartDate {
     At(DateTime<Utc>),
 }
 
+/// How far ahead a start date may lie: beyond it, the arithmetic of
+/// activations leaves the range of dates (a start of `now+1000000y` used to
+/// crash the owner's scheduler).
+const MAX_START_AHEAD_DAYS: i64 = 100 * 366;
+
 /// Parses `""`, `now`, `now+3d2h` or an RFC 3339 time.
 pub fn parse_start(text: &str) -> Result<StartDate, String> {
     let text = text.trim();
@@ -35,14 +40,19 @@ pub fn parse_start(text: &str) -> Result<StartDate, String> {
         .map_err(|_| format!("{text:?} is neither RFC 3339, \"now\" nor \"now+<duration>\""))
 }
 
-/// The instant a start date names, with `now` evaluated at `now`.
+/// The instant a start date names, with `now` evaluated at `now`; at most
+/// 100 years ahead of `now`.
 pub fn evaluate_start(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-    Ok(match parse_start(text)? {
-        StartDate::Now(offset) => {
-            now + chrono::Duration::from_std(offset).map_err(|e| e.to_string())?
-        }
-        StartDate::At(at) => at,
-    })
+    let latest = now + chrono::Duration::days(MAX_START_AHEAD_DAYS);
+    let start = match parse_start(text)? {
+        StartDate::Now(offset) => chrono::Duration::from_std(offset)
+            .ok()
+            .and_then(|offset| now.checked_add_signed(offset)),
+        StartDate::At(at) => Some(at),
+    };
+    start
+        .filter(|start| *start <= latest)
+        .ok_or_else(|| format!("{text:?} is more than 100 years ahead"))
 }
 
 /// A duration such as `10m`, `24h` or `3d2h`; empty is zero.

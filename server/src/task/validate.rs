@@ -98,7 +98,7 @@ fn name(field: &str, name: &str) -> Validation {
 }
 
 fn schedule(field: &str, s: &TaskSchedule) -> Validation {
-    schedule::parse_start(&s.start_date)
+    schedule::evaluate_start(&s.start_date, chrono::Utc::now())
         .map_err(|reason| FieldError::new(format!("{field}.start_date"), reason))?;
     if !s.cron.is_empty() {
         let upper = s.cron.trim_start().to_ascii_uppercase();

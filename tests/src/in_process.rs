@@ -30,11 +30,14 @@ pub enum Injection {
 }
 
 type Picks = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
+type PicksRead = Box<dyn Fn(&RangeRequest) -> bool + Send + Sync>;
 
-/// etcd, with rules that each fire once, on the first transaction they pick.
+/// etcd, with rules that each fire once, on the first transaction they
+/// pick, and reads that fail while the test says so.
 pub struct InjectingStore {
     etcd: EtcdStore,
     rules: Mutex<Vec<(Picks, Injection)>>,
+    failing_reads: Mutex<Vec<PicksRead>>,
 }
 
 impl InjectingStore {
@@ -48,7 +51,18 @@ impl InjectingStore {
         lock(&self.rules).push((Box::new(picks), injection));
     }
 
-    /// Rules that have not fired yet.
+    /// Every prefix read `picks` accepts fails with "etcd unavailable",
+    /// until [`Self::heal_reads`].
+    pub fn fail_reads(&self, picks: impl Fn(&RangeRequest) -> bool + Send + Sync + 'static) {
+        lock(&self.failing_reads).push(Box::new(picks));
+    }
+
+    /// Reads succeed again.
+    pub fn heal_reads(&self) {
+        lock(&self.failing_reads).clear();
+    }
+
+    /// Transaction rules that have not fired yet.
     pub fn pending(&self) -> usize {
         lock(&self.rules).len()
     }
@@ -77,6 +91,12 @@ impl Store for InjectingStore {
         self.etcd.get(key).await
     }
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
+        let failing = lock(&self.failing_reads)
+            .iter()
+            .any(|picks| picks(&request));
+        if failing {
+            return Err(StoreError::Unavailable("read failed by the test".into()));
+        }
         self.etcd.range(request).await
     }
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
@@ -154,6 +174,7 @@ impl InProcessReplica {
         let store = Arc::new(InjectingStore {
             etcd: etcd.store().await,
             rules: Mutex::new(Vec::new()),
+            failing_reads: Mutex::new(Vec::new()),
         });
         let provider = drover_server::provider::connect_lazy(provider).expect("provider URL");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

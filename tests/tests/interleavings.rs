@@ -404,3 +404,47 @@ async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
     assert_eq!(done.replica.as_deref(), Some("next"), "{done:?}");
     f.stop().await;
 }
+
+/// WatchClusters reads each changed cluster to send it whole. When that
+/// read failed, the change used to be skipped without a word and the stream
+/// stayed open, so the client's view stayed stale; now the stream ends with
+/// the error and the client resumes from the last revision it received.
+#[tokio::test]
+async fn a_cluster_watch_whose_read_fails_ends_with_the_error() {
+    let mut f = Fixture::new().await;
+    let request = v1::WatchClustersRequest {
+        from_revision: 0,
+        name: "db".into(),
+    };
+    let mut events = f
+        .client
+        .clusters()
+        .watch_clusters(request)
+        .await
+        .unwrap()
+        .into_inner();
+    // From the moment the edit commits, before the watch reads the cluster
+    // (the edit's own answer, read after it, fails too).
+    let store = Arc::clone(&f.replica.store);
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.ends_with("/clusters/db/spec"), None),
+        Injection::After(Box::pin(async move {
+            store.fail_reads(|read| read.prefix.ends_with("/clusters/db/"));
+        })),
+    );
+    let update = v1::UpdateClusterRequest {
+        name: "db".into(),
+        labels: [("tier".to_string(), "gold".to_string())].into(),
+        update_labels: true,
+        ..Default::default()
+    };
+    let _ = f.client.clusters().update_cluster(update).await;
+    assert_eq!(f.replica.store.pending(), 0, "the edit committed");
+    let next = tokio::time::timeout(WAIT, events.message())
+        .await
+        .expect("the stream ends instead of going quiet");
+    let status = next.expect_err("an error, not an event");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    f.replica.store.heal_reads();
+    f.stop().await;
+}

@@ -5,7 +5,7 @@ use super::convert::{
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry};
+use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry, RegistryError};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
@@ -276,7 +276,12 @@ impl ClustersService {
                     _ = sender.closed() => return,
                     event = watch.next() => match event {
                         Some(event) => event,
-                        None => return,
+                        // Never a clean end: the client must resume.
+                        None => {
+                            let ended = Status::unavailable("the watch ended; resume from the last revision received");
+                            let _ = sender.send(Err(ended)).await;
+                            return;
+                        }
                     },
                 };
                 let event = match event {
@@ -311,7 +316,15 @@ impl ClustersService {
                             cluster: Some(cluster_to_proto(cluster)),
                             revision,
                         },
-                        Err(_) => continue,
+                        // Deleted since: its deletion follows.
+                        Err(RegistryError::NotFound(_)) => continue,
+                        // Skipping it would lose the change without a word:
+                        // end the stream, and the client resumes.
+                        Err(error) => {
+                            let status: Status = ApiError::from(error).into();
+                            let _ = sender.send(Err(status)).await;
+                            return;
+                        }
                     }
                 };
                 if sender.send(Ok(message)).await.is_err() {

@@ -148,6 +148,7 @@ impl Store for InjectingStore {
 pub struct InProcessReplica {
     pub store: Arc<InjectingStore>,
     endpoint: String,
+    admin_endpoint: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<std::result::Result<(), ServeError>>,
 }
@@ -157,9 +158,10 @@ impl InProcessReplica {
     /// returns once the gRPC port answers.
     pub async fn serve(etcd: &EtcdProcess, replica_id: &str, provider: &str, ttl: i64) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
+        let admin_listen = format!("127.0.0.1:{}", free_port());
         let settings = Settings {
             listen: Some(listen.clone()),
-            admin_listen: Some(format!("127.0.0.1:{}", free_port())),
+            admin_listen: Some(admin_listen.clone()),
             etcd_endpoints: Some(vec![etcd.endpoint()]),
             replica_id: Some(replica_id.into()),
             provider: Some(provider.into()),
@@ -188,6 +190,7 @@ impl InProcessReplica {
         let replica = Self {
             store,
             endpoint: format!("http://{listen}"),
+            admin_endpoint: format!("http://{admin_listen}"),
             stop: Some(stop),
             served,
         };
@@ -214,6 +217,11 @@ impl InProcessReplica {
     /// The address of its gRPC API.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The address of its admin HTTP port (`/metrics`).
+    pub fn admin_endpoint(&self) -> &str {
+        &self.admin_endpoint
     }
 
     /// Starts a shutdown as SIGTERM would, without waiting for it.

@@ -448,3 +448,30 @@ async fn a_cluster_watch_whose_read_fails_ends_with_the_error() {
     f.replica.store.heal_reads();
     f.stop().await;
 }
+
+/// Ownership passes this replica has run, from its metrics.
+async fn ownership_passes(replica: &InProcessReplica) -> f64 {
+    let samples = drover_tests::scrape::metrics(replica.admin_endpoint()).await;
+    drover_tests::scrape::sum(&samples, "drover_ownership_passes_total", "")
+}
+
+/// An ownership pass that fails (here: its read of the members) is tried
+/// again after a pause. It used to be retried at once, pass after pass, for
+/// as long as the error lasted.
+#[tokio::test]
+async fn failing_ownership_passes_are_retried_after_a_pause() {
+    let f = Fixture::new().await;
+    f.replica
+        .store
+        .fail_reads(|read| read.prefix.ends_with("/members/"));
+    let before = ownership_passes(&f.replica).await;
+    // A window to count passes in, not a wait for an event.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let passes = ownership_passes(&f.replica).await - before;
+    assert!(
+        passes <= 6.0,
+        "{passes} passes in 2 s while every pass fails"
+    );
+    f.replica.store.heal_reads();
+    f.stop().await;
+}

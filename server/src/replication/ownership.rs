@@ -17,6 +17,8 @@ use tokio::sync::{broadcast, watch};
 /// A membership change (a replica joined or left; rare, and what a hand-off
 /// waits on) starts its pass at once.
 const PASS_SPACING: Duration = Duration::from_millis(100);
+/// How soon a pass that failed (etcd unreachable, say) is tried again.
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 
 /// Owner keys claimed per transaction, under etcd's default limit of 128
 /// operations per transaction.
@@ -47,8 +49,14 @@ impl Replication {
             let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
-                    tracing::warn!(%error, "ownership reconcile failed");
-                    0
+                    // Not at once: the members watch from revision 0 would
+                    // end the wait straight away, a pass after a pass for as
+                    // long as the error lasts.
+                    tracing::warn!(%error, retry_in = ?RETRY_AFTER_ERROR, "ownership reconcile failed");
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(RETRY_AFTER_ERROR) => continue,
+                    }
                 }
             };
             // Either prefix changing is a reason to look again (the owners
@@ -99,6 +107,7 @@ impl Replication {
         owners: &mut OwnersView,
         memo: &mut StateMemo,
     ) -> crate::store::Result<i64> {
+        self.metrics.ownership_passes.inc();
         let members = self
             .store
             .range(RangeRequest::prefix(self.keys.members()))
@@ -141,7 +150,6 @@ impl Replication {
             })
             .collect();
         let (mut to_claim, mut to_release) = (Vec::new(), Vec::new());
-        self.metrics.ownership_passes.inc();
         memo.begin_pass(&live);
         let replica_id = self.config.replica_id.as_str();
         let mut decide = |cluster: &str, kv: &KeyValue| {

@@ -872,6 +872,59 @@ async fn a_cluster_watch_ends_when_its_client_goes_away() {
     f.check_history().await;
 }
 
+/// UpdateCluster refuses a negative expected generation (it used to answer
+/// ABORTED, "retry", for ever) and, as PutTask does, tasks for a cluster
+/// that is destroyed; neither writes anything.
+#[tokio::test]
+async fn update_refuses_a_negative_generation_and_tasks_of_a_destroyed_cluster() {
+    let mut f = Fixture::new(&[]).await;
+    f.create("gone", 1, false).await;
+    let labels = v1::UpdateClusterRequest {
+        name: "gone".into(),
+        labels: [("tier".to_string(), "gold".to_string())].into(),
+        update_labels: true,
+        expected_generation: -1,
+        ..Default::default()
+    };
+    let refused = f
+        .client
+        .clusters()
+        .update_cluster(labels)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().starts_with("expected_generation: "),
+        "{refused:?}"
+    );
+    let destroy = v1::DeleteClusterRequest {
+        name: "gone".into(),
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .delete_cluster(destroy)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    let before = f.cluster("gone").await;
+    let tasks = v1::UpdateClusterRequest {
+        name: "gone".into(),
+        update_tasks: true,
+        ..Default::default()
+    };
+    let refused = f.client.clusters().update_cluster(tasks).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        f.cluster("gone").await.generation,
+        before.generation,
+        "nothing written"
+    );
+    f.check_history().await;
+}
+
 #[tokio::test]
 async fn update_bumps_the_generation_and_watch_streams_every_change() {
     let mut f = Fixture::new(&[]).await;

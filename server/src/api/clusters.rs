@@ -5,10 +5,13 @@ use super::convert::{
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{Autoscaling, ClusterCache, ClusterFilter, Registry, RegistryError};
+use crate::cluster::{
+    Autoscaling, ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError,
+};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
+use crate::task::TaskError;
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -216,6 +219,13 @@ impl ClustersService {
             )
             .into());
         }
+        if request.expected_generation < 0 {
+            return Err(FieldError::new(
+                "expected_generation",
+                "must not be negative (0: whatever the generation)",
+            )
+            .into());
+        }
         let labels = request
             .update_labels
             .then(|| request.labels.into_iter().collect());
@@ -229,6 +239,18 @@ impl ClustersService {
         };
         let current = self.registry.get(&request.name).await?;
         self.operations.check_schema(&current)?;
+        let gone = matches!(
+            current.state.state,
+            ClusterState::Destroying | ClusterState::Destroyed
+        );
+        if tasks.is_some() && gone {
+            // As PutTask refuses: tasks of a cluster that is going away.
+            return Err(TaskError::ClusterGone {
+                cluster: request.name,
+                state: current.state.state,
+            }
+            .into());
+        }
         let cluster = self
             .registry
             .update_spec(&request.name, request.expected_generation, |spec| {

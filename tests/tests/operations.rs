@@ -224,6 +224,27 @@ async fn every_operation_kind_end_to_end() {
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     assert_eq!(f.cluster("web").await.status.unwrap().nodes.len(), 7);
 
+    // Ids that are not workers of the cluster are refused, naming the id,
+    // and nothing is written.
+    let generation = f.cluster("web").await.generation;
+    for (ids, field) in [
+        (vec!["worker-0", "nope"], "node_ids[1]: "),
+        (vec!["control-0"], "node_ids[0]: "),
+    ] {
+        let remove = v1::RemoveNodesRequest {
+            name: "web".into(),
+            node_ids: ids.into_iter().map(String::from).collect(),
+            request_id: String::new(),
+        };
+        let refused = f.client.clusters().remove_nodes(remove).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().starts_with(field), "{refused:?}");
+    }
+    assert_eq!(
+        f.cluster("web").await.generation,
+        generation,
+        "nothing written"
+    );
     let remove = v1::RemoveNodesRequest {
         name: "web".into(),
         node_ids: vec!["worker-0".into()],

@@ -606,6 +606,16 @@ async fn a_repeated_request_id_returns_the_same_operation() {
         .filter(|e| e.method == "StopNodes")
         .count();
     assert_eq!(stops, 1, "the retry ran nothing");
+    // The same id on another kind of request is refused: it used to return
+    // the stop, as if the start had been accepted.
+    let start = v1::StartClusterRequest {
+        name: "idem".into(),
+        request_id: "stop-1".into(),
+    };
+    let refused = f.client.clusters().start_cluster(start).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("request_id: "), "{refused:?}");
+    assert_eq!(f.state("idem").await, S::Stopped as i32, "nothing started");
     f.check_history().await;
 }
 

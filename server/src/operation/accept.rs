@@ -164,7 +164,20 @@ impl Operations {
         request: LifecycleRequest,
     ) -> Result<OperationRecord> {
         if let Some(existing) = self.by_request_id(cluster, &request.request_id).await? {
-            return Ok(existing.record);
+            let existing = existing.record;
+            if existing.kind != request.kind {
+                // Another request's answer would mislead the caller.
+                return Err(FieldError::new(
+                    "request_id",
+                    format!(
+                        "already used for the {} operation {} of cluster {cluster}; a new request needs a new id",
+                        existing.kind.name(),
+                        existing.id
+                    ),
+                )
+                .into());
+            }
+            return Ok(existing);
         }
         // The watch cache usually holds the cluster as etcd does: try the
         // transaction on it first (it compares the revisions it read, so a

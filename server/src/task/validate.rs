@@ -223,10 +223,10 @@ fn backup_location(field: &str, location: &str) -> Validation {
             ))
         }
     };
-    if dc.is_some_and(|dc| dc.is_empty()) {
+    if dc.is_some_and(|dc| !is_dc(dc)) {
         return Err(FieldError::new(
             field,
-            format!("{location:?}: the data centre before the first ':' is empty"),
+            format!("{location:?}: the data centre before the first ':' must be 1-253 characters without spaces"),
         ));
     }
     if !PROVIDERS.contains(&provider) {
@@ -258,7 +258,7 @@ fn dc_limit(field: &str, value: &str) -> Validation {
     let limit = value.rsplit(':').next().unwrap_or_default();
     let dc_ok = value
         .split_once(':')
-        .is_none_or(|(dc, rest)| !dc.is_empty() && !rest.contains(':'));
+        .is_none_or(|(dc, rest)| is_dc(dc) && !rest.contains(':'));
     if !dc_ok || limit.parse::<u32>().is_err() {
         return Err(FieldError::new(
             field,
@@ -266,6 +266,12 @@ fn dc_limit(field: &str, value: &str) -> Validation {
         ));
     }
     Ok(())
+}
+
+/// A data centre name: bounded, like every value that ends up in etcd (an
+/// unbounded one made the spec's write fail in etcd, as INTERNAL).
+fn is_dc(dc: &str) -> bool {
+    (1..=253).contains(&dc.len()) && !dc.chars().any(char::is_whitespace)
 }
 
 fn names(field: &str, values: &[String]) -> Validation {
@@ -295,7 +301,7 @@ fn list_bound(field: &str, values: &[String]) -> Validation {
 fn is_size(text: &str) -> bool {
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let unit = &text[digits..];
-    digits > 0
+    (1..=20).contains(&digits)
         && matches!(
             unit,
             "" | "B"
@@ -346,6 +352,26 @@ mod tests {
         assert_eq!(
             field_of(&[repair("daily"), backup("x"), repair("daily")]),
             "spec.tasks[2].name"
+        );
+    }
+
+    #[test]
+    fn values_that_reach_etcd_are_bounded() {
+        let long = "a".repeat(100_000);
+        let mut rate = backup("b");
+        rate.backup.as_mut().unwrap().rate_limit = vec![format!("{long}:1")];
+        assert_eq!(field_of(&[rate]), "spec.tasks[0].backup.rate_limit[0]");
+        let mut location = backup("b");
+        location.backup.as_mut().unwrap().location = vec![format!("{long}:s3:backups")];
+        assert_eq!(field_of(&[location]), "spec.tasks[0].backup.location[0]");
+        let mut threshold = repair("r");
+        threshold.repair = Some(RepairProperties {
+            small_table_threshold: format!("{}GiB", "1".repeat(100_000)),
+            ..Default::default()
+        });
+        assert_eq!(
+            field_of(&[threshold]),
+            "spec.tasks[0].repair.small_table_threshold"
         );
     }
 

@@ -94,6 +94,13 @@ impl ConnectOptions {
         let Some(tls) = &self.tls else {
             return Ok(endpoint);
         };
+        // tonic speaks TLS only to https:// URLs: an http:// one would send
+        // the token in the clear, certificates given or not.
+        if !url.starts_with("https://") {
+            return Err(ClientError::Status(tonic::Status::invalid_argument(
+                format!("{url:?}: TLS options need an https:// URL"),
+            )));
+        }
         let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
         if let Some((cert, key)) = &tls.identity {
             config = config.identity(Identity::from_pem(cert, key));
@@ -142,6 +149,12 @@ pub enum ClientError {
         state: String,
         message: String,
     },
+    #[error("operation {id} is still {state} after {waited:?}")]
+    StillRunning {
+        id: String,
+        state: String,
+        waited: std::time::Duration,
+    },
 }
 
 impl ClientError {
@@ -157,7 +170,7 @@ impl ClientError {
                     .is_some_and(|source| source.is::<tonic::transport::Error>()),
                 _ => false,
             },
-            ClientError::OperationFailed { .. } => false,
+            ClientError::OperationFailed { .. } | ClientError::StillRunning { .. } => false,
         }
     }
 }
@@ -298,17 +311,56 @@ impl Client {
 
     /// Waits until the operation is terminal or `timeout` passes and returns
     /// it as last seen (check its `state`).
+    ///
+    /// Waiting is idempotent, so a replica that goes away meanwhile is
+    /// retried (the next call may reach another endpoint) until `timeout`;
+    /// a replica that stops answering without closing the connection does
+    /// not hold the caller past it either. Waits longer than the server's
+    /// limit of an hour are made of several calls.
     pub async fn wait_operation(
         &mut self,
         operation: &v1::Operation,
         timeout: std::time::Duration,
     ) -> Result<v1::Operation, ClientError> {
-        let request = v1::WaitOperationRequest {
-            cluster: operation.cluster.clone(),
-            id: operation.id.clone(),
-            timeout_ms: timeout.as_millis() as u64,
-        };
-        Ok(self.operations.wait_operation(request).await?.into_inner())
+        use std::time::Duration;
+        const LONGEST_CALL: Duration = Duration::from_secs(3600);
+        const SLACK: Duration = Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = operation.clone();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let call = left.clamp(Duration::from_millis(1), LONGEST_CALL);
+            let request = v1::WaitOperationRequest {
+                cluster: operation.cluster.clone(),
+                id: operation.id.clone(),
+                timeout_ms: call.as_millis() as u64,
+            };
+            let answer =
+                tokio::time::timeout(call + SLACK, self.operations.wait_operation(request)).await;
+            let out_of_time = tokio::time::Instant::now() >= deadline;
+            match answer {
+                Ok(Ok(reply)) => {
+                    last = reply.into_inner();
+                    let terminal = last.state >= v1::OperationState::Succeeded as i32;
+                    if terminal || out_of_time {
+                        return Ok(last);
+                    }
+                }
+                Ok(Err(status)) => {
+                    let error = ClientError::from(status);
+                    if !error.is_retryable() || out_of_time {
+                        return Err(error);
+                    }
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(backoff.min(left)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                // No answer at all (the replica went silent).
+                Err(_) if out_of_time => return Ok(last),
+                Err(_) => {}
+            }
+        }
     }
 
     pub async fn create_cluster(

@@ -215,6 +215,29 @@ async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes()
         Some(5)
     );
     assert_eq!(ctl(&["cluster", "start", "cli"]).status.code(), Some(6));
+    // Lists are JSON arrays even with one entry (scripts index them).
+    for list in [&["cluster", "list"][..], &["op", "list", "cli"][..]] {
+        let out = ctl(&[&["-o", "json"], list].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let value: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert!(value.is_array(), "{list:?}: {value}");
+    }
+    // TLS options with an http:// endpoint would send the token in the clear.
+    let dir = drover_tests::TempDir::new("ctl-tls");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not used").unwrap();
+    let plain = ctl(&["--ca-cert", &ca.to_string_lossy(), "cluster", "list"]);
+    assert_eq!(
+        plain.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("https://"));
 
     // The watch saw the update: read its JSON lines until generation 2.
     use std::io::BufRead;

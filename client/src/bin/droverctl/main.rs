@@ -4,7 +4,8 @@
 //! 4 already exists; 5 invalid argument; 6 failed precondition; 7 aborted
 //! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
 //! `op wait`) failed or was cancelled; 10 unauthenticated (no or a wrong
-//! token); 11 permission denied (the token's role may not do this).
+//! token); 11 permission denied (the token's role may not do this); 12 the
+//! operation waited for (`op wait`) had not ended at the timeout.
 
 mod task;
 
@@ -238,6 +239,7 @@ fn exit_code(error: &ClientError) -> u8 {
     match error {
         ClientError::Connect { .. } => 8,
         ClientError::OperationFailed { .. } => 9,
+        ClientError::StillRunning { .. } => 12,
         ClientError::Status(status) => match status.code() {
             Code::NotFound => 3,
             Code::AlreadyExists => 4,
@@ -326,7 +328,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Some(op) => follow(&mut client, cli.output, op, lifecycle.wait).await?,
                 None => {
                     if let Some(cluster) = response.cluster {
-                        print_clusters(cli.output, &[cluster]);
+                        print_clusters(cli.output, &[cluster], false);
                     }
                 }
             }
@@ -436,20 +438,29 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 .get_operation(v1::GetOperationRequest { cluster, id })
                 .await?
                 .into_inner();
-            print_operations(cli.output, &[op]);
+            print_operation(cli.output, &op);
         }
         Command::Op(OpCommand::List { cluster }) => {
-            let request = v1::ListOperationsRequest {
-                cluster,
-                page_size: 100,
-                page_token: String::new(),
-            };
-            let page = client
-                .operations()
-                .list_operations(request)
-                .await?
-                .into_inner();
-            print_operations(cli.output, &page.operations);
+            let mut operations = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let request = v1::ListOperationsRequest {
+                    cluster: cluster.clone(),
+                    page_size: 100,
+                    page_token,
+                };
+                let page = client
+                    .operations()
+                    .list_operations(request)
+                    .await?
+                    .into_inner();
+                operations.extend(page.operations);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+            print_operation_list(cli.output, &operations);
         }
         Command::Op(OpCommand::Wait {
             cluster,
@@ -461,10 +472,19 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 .get_operation(v1::GetOperationRequest { cluster, id })
                 .await?
                 .into_inner();
-            let op = client
-                .wait_operation(&op, Duration::from_secs(timeout))
-                .await?;
-            print_operations(cli.output, std::slice::from_ref(&op));
+            let waited = Duration::from_secs(timeout);
+            let op = client.wait_operation(&op, waited).await?;
+            print_operation(cli.output, &op);
+            if op.state < v1::OperationState::Succeeded as i32 {
+                return Err(ClientError::StillRunning {
+                    id: op.id.clone(),
+                    state: operation_json(&op)["state"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    waited,
+                });
+            }
             operation_outcome(&op)?;
         }
         Command::Op(OpCommand::Cancel { cluster, id }) => {
@@ -474,7 +494,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 .cancel_operation(request)
                 .await?
                 .into_inner();
-            print_operations(cli.output, &[op]);
+            print_operation(cli.output, &op);
         }
         Command::Cluster(ClusterCommand::Update {
             name,
@@ -493,7 +513,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 .update_cluster(request)
                 .await?
                 .into_inner();
-            print_clusters(cli.output, &[cluster]);
+            print_clusters(cli.output, &[cluster], false);
         }
         Command::Watch {
             name,
@@ -564,7 +584,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
         }
         Command::Cluster(ClusterCommand::Get { name }) => {
             let cluster = client.get_cluster(&name).await?;
-            print_clusters(cli.output, &[cluster]);
+            print_clusters(cli.output, &[cluster], false);
         }
         Command::Cluster(ClusterCommand::List {
             selector,
@@ -589,7 +609,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 }
                 page_token = page.next_page_token;
             }
-            print_clusters(cli.output, &clusters);
+            print_clusters(cli.output, &clusters, true);
         }
     }
     Ok(())
@@ -603,7 +623,7 @@ async fn follow(
     wait: bool,
 ) -> Result<(), ClientError> {
     if !wait {
-        print_operations(output, &[op]);
+        print_operation(output, &op);
         return Ok(());
     }
     let mut progress = Progress::new();
@@ -613,13 +633,19 @@ async fn follow(
         if current.state >= v1::OperationState::Succeeded as i32 {
             break;
         }
-        // Short waits, so each new step is shown as it starts.
+        // Short waits, so each new step is shown as it starts; a replica
+        // that goes away meanwhile is retried (waiting is idempotent).
+        let waited = &current;
         current = client
-            .wait_operation(&current, Duration::from_millis(500))
+            .retrying(|mut client| async move {
+                client
+                    .wait_operation(waited, Duration::from_millis(500))
+                    .await
+            })
             .await?;
     }
     progress.finish();
-    print_operations(output, std::slice::from_ref(&current));
+    print_operation(output, &current);
     operation_outcome(&current)
 }
 
@@ -712,11 +738,21 @@ pub fn enum_name<E>(name: Result<&str, E>, prefix: &str) -> String {
         .unwrap_or_default()
 }
 
-fn print_operations(output: Output, ops: &[v1::Operation]) {
+/// One operation: a JSON object with `-o json`.
+fn print_operation(output: Output, op: &v1::Operation) {
+    print_operations(output, std::slice::from_ref(op), false);
+}
+
+/// A list of operations: a JSON array with `-o json`, whatever its length.
+fn print_operation_list(output: Output, ops: &[v1::Operation]) {
+    print_operations(output, ops, true);
+}
+
+fn print_operations(output: Output, ops: &[v1::Operation], list: bool) {
     match output {
         Output::Json => {
             let value = match ops {
-                [one] => operation_json(one),
+                [one] if !list => operation_json(one),
                 many => Value::Array(many.iter().map(operation_json).collect()),
             };
             println!("{}", serde_json::to_string_pretty(&value).expect("json"));
@@ -790,10 +826,12 @@ fn cluster_json(cluster: &v1::Cluster) -> Value {
     })
 }
 
-fn print_clusters(output: Output, clusters: &[v1::Cluster]) {
+/// Clusters; with `-o json` a `list` is an array whatever its length, and
+/// a single cluster otherwise an object.
+fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
     match output {
         Output::Json => {
-            let value = if clusters.len() == 1 {
+            let value = if clusters.len() == 1 && !list {
                 cluster_json(&clusters[0])
             } else {
                 Value::Array(clusters.iter().map(cluster_json).collect())

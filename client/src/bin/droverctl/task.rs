@@ -151,7 +151,7 @@ pub async fn run(
                 task: Some(task),
             };
             let task = client.tasks().put_task(request).await?.into_inner();
-            print_tasks(output, &[task]);
+            print_tasks(output, &[task], false);
         }
         TaskCommand::Delete {
             cluster,
@@ -176,12 +176,12 @@ pub async fn run(
                 name,
             };
             let task = client.tasks().get_task(request).await?.into_inner();
-            print_tasks(output, &[task]);
+            print_tasks(output, &[task], false);
         }
         TaskCommand::List { cluster } => {
             let request = v1::ListTasksRequest { cluster };
             let tasks = client.tasks().list_tasks(request).await?.into_inner().tasks;
-            print_tasks(output, &tasks);
+            print_tasks(output, &tasks, true);
         }
         TaskCommand::Runs {
             cluster,
@@ -278,11 +278,13 @@ fn task_json(task: &v1::Task) -> Value {
     })
 }
 
-fn print_tasks(output: Output, tasks: &[v1::Task]) {
+/// Tasks; with `-o json` a `list` is an array whatever its length, and a
+/// single task otherwise an object.
+fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
     match output {
         Output::Json => {
             let value = match tasks {
-                [one] => task_json(one),
+                [one] if !list => task_json(one),
                 many => Value::Array(many.iter().map(task_json).collect()),
             };
             println!("{}", serde_json::to_string_pretty(&value).expect("json"));

@@ -475,3 +475,52 @@ async fn failing_ownership_passes_are_retried_after_a_pause() {
     f.replica.store.heal_reads();
     f.stop().await;
 }
+
+/// While a replica drains (SIGTERM, waiting for its running operations),
+/// its cached reads show what etcd has: its cache stopped following etcd at
+/// the signal, and used to go on answering from what it had then.
+#[tokio::test]
+async fn reads_from_a_draining_replica_are_current() {
+    let mut f = Fixture::new().await;
+    let mut client = f.client.clone();
+    // An operation that keeps the shutdown in its hand-off wait.
+    f.sim.set_latency(Duration::from_secs(3)).await;
+    let request = v1::StopClusterRequest {
+        name: "db".into(),
+        request_id: String::new(),
+    };
+    client.clusters().stop_cluster(request).await.unwrap();
+    f.replica.begin_stop();
+    let endpoint = f.replica.endpoint().to_string();
+    wait_until(WAIT, "the replica to report NOT_SERVING", || {
+        let endpoint = endpoint.clone();
+        async move { health(&endpoint).await == Some(ServingStatus::NotServing) }
+    })
+    .await;
+    // A change the draining replica's cache would not follow any more.
+    let update = v1::UpdateClusterRequest {
+        name: "db".into(),
+        labels: [("tier".to_string(), "gold".to_string())].into(),
+        update_labels: true,
+        ..Default::default()
+    };
+    let updated = client
+        .clusters()
+        .update_cluster(update)
+        .await
+        .unwrap()
+        .into_inner();
+    let cached = v1::GetClusterRequest {
+        name: "db".into(),
+        linearizable: false,
+    };
+    let read = client
+        .clusters()
+        .get_cluster(cached)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.generation, updated.generation, "{read:?}");
+    f.sim.set_latency(Duration::ZERO).await;
+    f.stop().await;
+}

@@ -146,7 +146,13 @@ impl ClusterCache {
             let _ = self.changes.send(CacheChange::Relisted);
             loop {
                 tokio::select! {
-                    _ = shutdown.changed() => return,
+                    _ = shutdown.changed() => {
+                        // No longer followed: the reads served while the
+                        // replica drains go to etcd rather than to a view
+                        // that would go stale.
+                        self.write().ready = false;
+                        return;
+                    }
                     event = watch.next() => match event {
                         Some(Ok(event)) => self.apply(event.kind, event.kv),
                         Some(Err(error)) => {

@@ -374,6 +374,24 @@ async fn refused_requests_name_the_state_and_change_nothing() {
         .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().starts_with("version: "), "{}", bad.message());
+    // Errors that depend on the cluster name the request's fields, not the
+    // spec they would produce.
+    let scale = v1::ScaleClusterRequest {
+        name: "db".into(),
+        autoscaling: Some(v1::Autoscaling {
+            enabled: true,
+            min: 5,
+            max: 2,
+        }),
+        ..Default::default()
+    };
+    let bad = f.client.clusters().scale_cluster(scale).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(
+        bad.message().starts_with("autoscaling: "),
+        "{}",
+        bad.message()
+    );
     let missing = f
         .client
         .clusters()

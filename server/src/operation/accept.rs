@@ -73,8 +73,22 @@ fn desired_spec(
         }
         _ => return Ok(None),
     }
-    validate::spec("spec", &spec)?;
+    validate::spec("spec", &spec).map_err(|mut error| {
+        error.field = request_field(kind, &error.field);
+        error
+    })?;
     Ok((spec != *current).then_some(spec))
+}
+
+/// The request's own field for a field of the spec it would produce: the
+/// caller sent `count` or `autoscaling`, not a spec.
+fn request_field(kind: OperationKind, spec_field: &str) -> String {
+    let field = spec_field.strip_prefix("spec.").unwrap_or(spec_field);
+    match (kind, field) {
+        (OperationKind::AddNodes, "worker_nodes") => "count".to_string(),
+        (OperationKind::RemoveNodes, "worker_nodes") => "node_ids".to_string(),
+        _ => field.to_string(),
+    }
 }
 
 fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted> {

@@ -26,13 +26,20 @@ impl OperationsService {
 
 fn check_ids(cluster: &str, id: &str) -> Result<(), FieldError> {
     validate::cluster_name("cluster", cluster)?;
-    if uuid::Uuid::parse_str(id).is_err() {
+    if !is_operation_id(id) {
         return Err(FieldError::new(
             "id",
-            format!("{id:?} is not an operation id"),
+            format!("{id:?} is not an operation id (a lower-case, hyphenated UUID)"),
         ));
     }
     Ok(())
+}
+
+/// An id as Drover writes them: a UUID in its lower-case hyphenated form,
+/// the only one its keys use (an upper-case or braced form parses as the
+/// same UUID and names no key).
+fn is_operation_id(id: &str) -> bool {
+    uuid::Uuid::parse_str(id).is_ok_and(|uuid| uuid.hyphenated().to_string() == id)
 }
 
 impl OperationsService {
@@ -50,7 +57,7 @@ impl OperationsService {
             }
         };
         let before = (!r.page_token.is_empty()).then_some(r.page_token.as_str());
-        if before.is_some_and(|b| uuid::Uuid::parse_str(b).is_err()) {
+        if before.is_some_and(|b| !is_operation_id(b)) {
             return Err(FieldError::new("page_token", "is not a token this API returned").into());
         }
         let page = self
@@ -126,5 +133,24 @@ impl operations_server::Operations for OperationsService {
             .await
             .map_err(super::ApiError::from)?;
         Ok(Response::new(operation_to_proto(op)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_operation_id;
+
+    #[test]
+    fn only_the_form_drover_writes_is_an_operation_id() {
+        let id = "01a23d44-ee70-74e1-ba32-ee823d0a45f0";
+        assert!(is_operation_id(id));
+        for other in [
+            id.to_uppercase(),
+            format!("{{{id}}}"),
+            format!("urn:uuid:{id}"),
+            id.replace('-', ""),
+        ] {
+            assert!(!is_operation_id(&other), "{other}");
+        }
     }
 }

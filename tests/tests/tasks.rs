@@ -273,6 +273,10 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
             refused.message()
         );
     }
+    // A name no task can have is bad input, not a task that is missing.
+    let refused = f.get("web", T::Repair, "no such name!").await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("name: "), "{refused:?}");
     let store = f.store().await;
     let written = store
         .range(drover_server::store::RangeRequest::prefix(

@@ -188,9 +188,7 @@ impl TasksService {
 fn identity(cluster: &str, task_type: i32, name: &str) -> Result<(TaskType, String), FieldError> {
     validate::cluster_name("cluster", cluster)?;
     let task_type = task_type_from_proto("type", task_type)?;
-    if name.is_empty() {
-        return Err(FieldError::new("name", "is required"));
-    }
+    task::validate::name("name", name)?;
     Ok((task_type, name.to_string()))
 }
 

@@ -74,7 +74,9 @@ pub fn task(field: &str, spec: &TaskSpec) -> Validation {
     Ok(())
 }
 
-fn name(field: &str, name: &str) -> Validation {
+/// A task name: 1-63 characters of letters, digits, `-`, `_` and `.`, not
+/// UUID-shaped (a task is found by name or by id).
+pub fn name(field: &str, name: &str) -> Validation {
     if name.is_empty() {
         return Err(FieldError::new(field, "is required"));
     }

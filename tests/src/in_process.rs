@@ -51,8 +51,8 @@ impl InjectingStore {
         lock(&self.rules).push((Box::new(picks), injection));
     }
 
-    /// Every prefix read `picks` accepts fails with "etcd unavailable",
-    /// until [`Self::heal_reads`].
+    /// Every read `picks` accepts (a key read is picked as the prefix of
+    /// itself) fails with "etcd unavailable", until [`Self::heal_reads`].
     pub fn fail_reads(&self, picks: impl Fn(&RangeRequest) -> bool + Send + Sync + 'static) {
         lock(&self.failing_reads).push(Box::new(picks));
     }
@@ -60,6 +60,11 @@ impl InjectingStore {
     /// Reads succeed again.
     pub fn heal_reads(&self) {
         lock(&self.failing_reads).clear();
+    }
+
+    /// Whether a read (a key read as the prefix of itself) is to fail.
+    fn read_fails(&self, read: &RangeRequest) -> bool {
+        lock(&self.failing_reads).iter().any(|picks| picks(read))
     }
 
     /// Transaction rules that have not fired yet.
@@ -88,13 +93,13 @@ pub fn writes(txn: &Txn, key: impl Fn(&str) -> bool, value: Option<&str>) -> boo
 #[async_trait]
 impl Store for InjectingStore {
     async fn get(&self, key: &str) -> Result<GetResult> {
+        if self.read_fails(&RangeRequest::prefix(key)) {
+            return Err(StoreError::Unavailable("read failed by the test".into()));
+        }
         self.etcd.get(key).await
     }
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
-        let failing = lock(&self.failing_reads)
-            .iter()
-            .any(|picks| picks(&request));
-        if failing {
+        if self.read_fails(&request) {
             return Err(StoreError::Unavailable("read failed by the test".into()));
         }
         self.etcd.range(request).await

@@ -524,3 +524,52 @@ async fn reads_from_a_draining_replica_are_current() {
     f.sim.set_latency(Duration::ZERO).await;
     f.stop().await;
 }
+
+/// The owner's write of an operation's progress commits, its reply is lost,
+/// and the read that would recognise it fails too (etcd still unreachable).
+/// The owner used to give the operation up there, leaving it RUNNING until
+/// its executor's rescan 30 s later; now it keeps retrying while it holds
+/// the cluster.
+#[tokio::test]
+async fn a_progress_write_whose_reply_and_recognition_were_lost_goes_on() {
+    let mut f = Fixture::new().await;
+    let store = Arc::clone(&f.replica.store);
+    f.replica.store.inject(
+        |txn| {
+            writes(
+                txn,
+                |key| key.contains("/operations/db/"),
+                Some("\"step\":2"),
+            ) && !writes(txn, |key| key.ends_with("/state"), None)
+        },
+        Injection::Lose(Box::pin(async move {
+            store.fail_reads(|read| read.prefix.contains("/operations/db/"));
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                // The outage the retries must outlast.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                store.heal_reads();
+            });
+        })),
+    );
+    let request = v1::UpgradeClusterRequest {
+        name: "db".into(),
+        version: "1.30.0".into(),
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .upgrade_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.client.wait_operation(&op, WAIT).await.unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    assert_eq!(
+        f.replica.store.pending(),
+        0,
+        "the progress write's reply was lost"
+    );
+    f.stop().await;
+}

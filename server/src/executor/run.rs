@@ -104,7 +104,20 @@ impl Holding<'_> {
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(StoreError::Conflict { revision }) if ambiguous => {
-                    let current = store.get(&operation_key).await?.into_single();
+                    let current = match store.get(&operation_key).await {
+                        Ok(read) => read.into_single(),
+                        // Still unreachable: try the whole write again
+                        // (its compare fails again if it had committed).
+                        Err(StoreError::Unavailable(error))
+                            if self.executor.replication.claim(name) == Some(self.claim) =>
+                        {
+                            tracing::warn!(cluster = %name, %error, retry_in = ?delay, "etcd unavailable; retrying the write");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(2));
+                            continue;
+                        }
+                        Err(error) => return Err(error.into()),
+                    };
                     return match (current, &written_operation) {
                         (Some(kv), Some(written)) if &kv.value == written => Ok(kv.mod_revision),
                         _ => Err(StoreError::Conflict { revision }.into()),

@@ -381,3 +381,64 @@ async fn get_and_list_page_through_clusters_in_key_order() {
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
 }
+
+/// A list carries the store revision it was read at, so a client can watch
+/// from just after it without missing a change, however long ago the
+/// clusters themselves last changed: their own revisions may be compacted
+/// away, and watching from them then fails for ever with OUT_OF_RANGE.
+#[tokio::test]
+async fn a_watch_from_a_listing_survives_compaction() {
+    use drover_server::store::Store;
+    let etcd = EtcdProcess::start().await;
+    let replica = ReplicaProcess::serve(&etcd.endpoint(), "r1").await;
+    let mut client = replica.client().await;
+    let created = client.create_cluster(create("quiet")).await.unwrap();
+    let old = created.cluster.unwrap().revision;
+    // Other writes, then etcd's history compacted up to now.
+    client.create_cluster(create("busy")).await.unwrap();
+    let store = etcd.store().await;
+    let now = store.get("/unrelated").await.unwrap().revision;
+    store.compact(now).await.unwrap();
+
+    let listed = client
+        .list_clusters(v1::ListClustersRequest::default())
+        .await
+        .unwrap();
+    assert!(listed.revision >= now, "{listed:?}");
+    let from_cluster = v1::WatchClustersRequest {
+        from_revision: old,
+        name: "quiet".into(),
+    };
+    let mut stale = client
+        .clusters()
+        .watch_clusters(from_cluster)
+        .await
+        .unwrap()
+        .into_inner();
+    let refused = stale.message().await.unwrap_err();
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+
+    let from_list = v1::WatchClustersRequest {
+        from_revision: listed.revision + 1,
+        name: "quiet".into(),
+    };
+    let mut events = client
+        .clusters()
+        .watch_clusters(from_list)
+        .await
+        .unwrap()
+        .into_inner();
+    let update = v1::UpdateClusterRequest {
+        name: "quiet".into(),
+        labels: [("tier".to_string(), "gold".to_string())].into(),
+        update_labels: true,
+        ..Default::default()
+    };
+    client.clusters().update_cluster(update).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), events.message())
+        .await
+        .expect("an event")
+        .unwrap()
+        .expect("the update");
+    assert_eq!(event.cluster.unwrap().spec.unwrap().labels["tier"], "gold");
+}

@@ -205,6 +205,7 @@ impl ClustersService {
         Ok(v1::ListClustersResponse {
             clusters: page.clusters.into_iter().map(cluster_to_proto).collect(),
             next_page_token: page.next_after.unwrap_or_default(),
+            revision: page.revision,
         })
     }
 }

@@ -347,6 +347,7 @@ impl ClusterCache {
         Some(Ok(ClusterPage {
             clusters,
             next_after,
+            revision: *self.applied.borrow(),
         }))
     }
 }

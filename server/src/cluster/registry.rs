@@ -71,6 +71,9 @@ pub struct ClusterPage {
     pub clusters: Vec<ClusterRecord>,
     /// Name of the last cluster of this page when more may follow.
     pub next_after: Option<String>,
+    /// Store revision of the page's first read: a watch from the next one
+    /// misses no change made after it.
+    pub revision: i64,
 }
 
 /// The clusters in the store.
@@ -215,6 +218,7 @@ impl Registry {
         );
         let mut clusters = Vec::new();
         let mut pending: Vec<KeyValue> = Vec::new();
+        let mut revision = 0;
         loop {
             let batch = self
                 .store
@@ -224,6 +228,9 @@ impl Registry {
                         .limit(LIST_BATCH),
                 )
                 .await?;
+            if revision == 0 {
+                revision = batch.revision;
+            }
             let more = batch.more;
             if let Some(last) = batch.kvs.last() {
                 start = format!("{}\0", last.key);
@@ -263,6 +270,7 @@ impl Registry {
         Ok(ClusterPage {
             clusters,
             next_after,
+            revision,
         })
     }
 

@@ -170,7 +170,7 @@ pub async fn serve(
                 Arc::clone(&metrics),
                 config.task_run_timeout,
             );
-            tokio::spawn(tasks.run(work_stopped.clone()));
+            tokio::spawn(Arc::clone(&tasks).run(work_stopped.clone()));
             let scanner = Scanner::new(
                 operations.clone(),
                 provider,
@@ -179,7 +179,7 @@ pub async fn serve(
                 config.scan_interval,
             );
             tokio::spawn(scanner.run(work_stopped));
-            Some((replication, executor))
+            Some((replication, executor, tasks))
         }
         None => {
             tracing::warn!("no provider configured: lifecycle operations are refused");
@@ -189,7 +189,7 @@ pub async fn serve(
     let admin = AdminService::new(
         store.clone(),
         keys.clone(),
-        workers.as_ref().map(|(r, _)| Arc::clone(r)),
+        workers.as_ref().map(|(r, _, _)| Arc::clone(r)),
     );
     tracing::info!(%address, replica = %config.replica_id, "serving gRPC");
 
@@ -211,11 +211,12 @@ pub async fn serve(
         health.set_not_serving::<TasksServer<TasksService>>().await;
         health.set_not_serving::<AdminServer<AdminService>>().await;
         ready.store(false, Ordering::SeqCst);
-        if let Some((_, executor)) = &workers {
+        if let Some((_, executor, tasks)) = &workers {
             executor.stop_taking_work();
+            tasks.stop_taking_work();
         }
         let _ = stop_work.send(true);
-        if let Some((replication, executor)) = workers {
+        if let Some((replication, executor, _)) = workers {
             let deadline = tokio::time::Instant::now() + HANDOFF_GRACE;
             while executor.in_flight() > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -392,6 +392,15 @@ async fn refused_requests_name_the_state_and_change_nothing() {
         "{}",
         bad.message()
     );
+    // The state is the reason first: a created cluster has no nodes yet.
+    f.create("fresh", 1, true).await;
+    let remove = v1::RemoveNodesRequest {
+        name: "fresh".into(),
+        node_ids: vec!["worker-0".into()],
+        request_id: String::new(),
+    };
+    let refused = f.client.clusters().remove_nodes(remove).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     let missing = f
         .client
         .clusters()

@@ -151,6 +151,8 @@ impl ClusterCache {
                         // replica drains go to etcd rather than to a view
                         // that would go stale.
                         self.write().ready = false;
+                        // Waiters for a revision (`show`) see it at once.
+                        self.applied.send_modify(|_| {});
                         return;
                     }
                     event = watch.next() => match event {

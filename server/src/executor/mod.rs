@@ -210,7 +210,7 @@ impl Executor {
                                 .is_some_and(|(cluster, _)| self.replication.claim(cluster).is_some());
                             if owned {
                                 if let Ok(state) = from_json::<StateRecord>(&kv) {
-                                    self.start_slot(&kv.key, &state);
+                                    self.start_slot(&kv.key, &state, None);
                                 }
                             }
                         }
@@ -250,7 +250,7 @@ impl Executor {
         }
         for kv in &owned {
             if let Ok(state) = from_json::<StateRecord>(kv) {
-                self.start_slot(&kv.key, &state);
+                self.start_slot(&kv.key, &state, None);
             }
         }
         self.history()
@@ -263,25 +263,25 @@ impl Executor {
     async fn adopt(self: &Arc<Self>, cluster: &str) {
         // Other owners may have added to its history meanwhile.
         self.history().remove(cluster);
-        self.look_at(cluster).await;
+        self.look_at(cluster, None).await;
     }
 
     /// Starts the operation in the cluster's slot, if any and not running
-    /// here yet.
-    async fn look_at(self: &Arc<Self>, cluster: &str) {
+    /// here yet (`own_accept`: see [`Self::start_slot`]).
+    async fn look_at(self: &Arc<Self>, cluster: &str, own_accept: Option<&str>) {
         let key = self.operations.keys().cluster_state(cluster);
         // The cache is at most moments behind etcd, and a slot filled after
         // its view arrives as a change: no read per adopted cluster (a
         // replica may adopt thousands at once).
         if let Some(Ok(record)) = self.cache.get(cluster) {
-            self.start_slot(&key, &record.state);
+            self.start_slot(&key, &record.state, own_accept);
             return;
         }
         match self.operations.store().get(&key).await {
             Ok(read) => {
                 if let Some(kv) = read.into_single() {
                     if let Ok(state) = from_json::<StateRecord>(&kv) {
-                        self.start_slot(&key, &state);
+                        self.start_slot(&key, &state, own_accept);
                     }
                 }
             }
@@ -291,9 +291,18 @@ impl Executor {
         }
     }
 
-    fn start_slot(self: &Arc<Self>, state_key: &str, state: &StateRecord) {
+    /// Starts the operation in a slot, unless the replica is shutting down;
+    /// even then when it is `own_accept`, an operation this replica's accept
+    /// claimed (committed RUNNING under its epoch: left alone, the next
+    /// owner would fail it as an orphan).
+    fn start_slot(
+        self: &Arc<Self>,
+        state_key: &str,
+        state: &StateRecord,
+        own_accept: Option<&str>,
+    ) {
         let Some(slot) = &state.operation else { return };
-        if self.is_stopping() {
+        if self.is_stopping() && own_accept != Some(slot.id.as_str()) {
             return;
         }
         let Some((cluster, _)) = self.operations.keys().split_cluster_key(state_key) else {
@@ -381,8 +390,8 @@ impl LocalRunner for Executor {
         let Some(this) = self.me.upgrade() else {
             return;
         };
-        let cluster = cluster.to_string();
-        tokio::spawn(async move { this.look_at(&cluster).await });
+        let (cluster, operation) = (cluster.to_string(), operation.to_string());
+        tokio::spawn(async move { this.look_at(&cluster, Some(&operation)).await });
     }
 
     fn run_claimed(&self, claimed: ClaimedOperation) {

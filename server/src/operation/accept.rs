@@ -105,26 +105,6 @@ fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted
         OperationKind::Destroy => Event::DestroyRequested,
         OperationKind::Recover => Event::RecoveryRequested,
     };
-    if request.kind == OperationKind::RemoveNodes {
-        // Checked before anything is written: the spec would lose a worker
-        // for a node the provider then fails to find (or, for a control
-        // node, removes).
-        for (i, id) in request.params.node_ids.iter().enumerate() {
-            let worker = cluster.status.as_ref().is_some_and(|status| {
-                status
-                    .nodes
-                    .iter()
-                    .any(|node| node.id == *id && node.role == "worker")
-            });
-            if !worker {
-                return Err(FieldError::new(
-                    format!("node_ids[{i}]"),
-                    format!("{id:?} is not a worker node of cluster {name}"),
-                )
-                .into());
-            }
-        }
-    }
     let desired = desired_spec(spec, request.kind, &request.params)?;
     if request.kind == OperationKind::Scale {
         if state == ClusterState::Created {
@@ -156,6 +136,26 @@ fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted
             })
         }
     };
+    if request.kind == OperationKind::RemoveNodes {
+        // Checked before anything is written: the spec would lose a worker
+        // for a node the provider then fails to find (or, for a control
+        // node, removes).
+        for (i, id) in request.params.node_ids.iter().enumerate() {
+            let worker = cluster.status.as_ref().is_some_and(|status| {
+                status
+                    .nodes
+                    .iter()
+                    .any(|node| node.id == *id && node.role == "worker")
+            });
+            if !worker {
+                return Err(FieldError::new(
+                    format!("node_ids[{i}]"),
+                    format!("{id:?} is not a worker node of cluster {name}"),
+                )
+                .into());
+            }
+        }
+    }
     Ok(Admitted {
         event,
         entered,

@@ -26,8 +26,18 @@ impl Replication {
                     }
                 }
             };
+            if *shutdown.borrow() {
+                // Joined as the shutdown resigned: leave again.
+                self.resign().await;
+                return;
+            }
             loop {
                 tokio::time::sleep(renew_every).await;
+                // The replica went away without a shutdown (its server
+                // failed to start): nothing is left to keep alive.
+                if shutdown.has_changed().is_err() {
+                    return;
+                }
                 let resigned = lock(&self.session).as_ref().map(|s| s.lease) != Some(lease);
                 if resigned {
                     break;

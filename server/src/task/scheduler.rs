@@ -36,6 +36,7 @@ use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -81,6 +82,9 @@ pub struct TaskScheduler {
     /// ended whose end could not be recorded (the failed write changed
     /// nothing the cache would show).
     look_again: Mutex<HashSet<String>>,
+    /// Set once the replica shuts down: no run starts from then on (the
+    /// next owner would abort it).
+    stopping: AtomicBool,
 }
 
 impl TaskScheduler {
@@ -101,7 +105,13 @@ impl TaskScheduler {
             run_timeout,
             in_flight: Mutex::new(HashSet::new()),
             look_again: Mutex::new(HashSet::new()),
+            stopping: AtomicBool::new(false),
         })
+    }
+
+    /// Starts no run from now on (the replica is shutting down).
+    pub fn stop_taking_work(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
     }
 
     /// Schedules until `shutdown` turns true. Runs in progress are left to
@@ -121,8 +131,6 @@ impl TaskScheduler {
             let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
             seen.retain(|name, _| names.contains(name.as_str()));
             for (name, revision) in &candidates {
-                // No run starts once the replica shuts down (the next owner
-                // would abort it).
                 if *shutdown.borrow() {
                     return;
                 }
@@ -414,6 +422,9 @@ impl TaskScheduler {
                 Op::put(&run_key, to_json(&run)),
                 Op::put(task_key, to_json(&started)),
             ]);
+        if self.stopping.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         // Held from before the run exists: handed over in between, the
         // cluster's next owner would abort a run nobody had asked for.
         let hold = self.replication.hold(name);

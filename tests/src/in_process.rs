@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 /// What happens to the transaction a rule picks.
 pub enum Injection {
+    /// This runs first, then it is sent.
+    Before(Pin<Box<dyn Future<Output = ()> + Send>>),
     /// Once it has committed, this runs before the replica sees the result.
     After(Pin<Box<dyn Future<Output = ()> + Send>>),
     /// It is not sent; the replica gets "etcd unavailable".
@@ -109,6 +111,10 @@ impl Store for InjectingStore {
             return self.etcd.txn(txn).await;
         };
         match injection {
+            Injection::Before(first) => {
+                first.await;
+                self.etcd.txn(txn).await
+            }
             Injection::Fail => Err(StoreError::Unavailable("injected by the test".into())),
             Injection::Lose(then) => {
                 self.etcd.txn(txn).await?;

@@ -96,6 +96,32 @@ impl Fixture {
     async fn stop(self) {
         self.replica.stop().await;
     }
+
+    /// Starts a stop of `cluster` that takes 3 s (the provider is slowed),
+    /// then a shutdown, which waits for it in its hand-off; returns the
+    /// operation once the replica reports NOT_SERVING.
+    async fn drain_holding(&mut self, cluster: &str) -> v1::Operation {
+        self.sim.set_latency(Duration::from_secs(3)).await;
+        let request = v1::StopClusterRequest {
+            name: cluster.into(),
+            request_id: String::new(),
+        };
+        let running = self
+            .client
+            .clusters()
+            .stop_cluster(request)
+            .await
+            .unwrap()
+            .into_inner();
+        self.replica.begin_stop();
+        let endpoint = self.replica.endpoint().to_string();
+        wait_until(WAIT, "the replica to report NOT_SERVING", || {
+            let endpoint = endpoint.clone();
+            async move { health(&endpoint).await == Some(ServingStatus::NotServing) }
+        })
+        .await;
+        running
+    }
 }
 
 /// The owner's read after its reconcile shows a spec written since its
@@ -360,26 +386,8 @@ async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
     let mut f = Fixture::new().await;
     let mut client = f.client.clone();
     create_running(&mut client, "busy", 1).await;
-    // An operation that keeps the shutdown in its hand-off wait.
-    f.sim.set_latency(Duration::from_secs(3)).await;
-    let request = v1::StopClusterRequest {
-        name: "busy".into(),
-        request_id: String::new(),
-    };
-    let running = client
-        .clusters()
-        .stop_cluster(request)
-        .await
-        .unwrap()
-        .into_inner();
+    let running = f.drain_holding("busy").await;
     assert_eq!(running.state, O::Running as i32, "claimed at the accept");
-    f.replica.begin_stop();
-    let endpoint = f.replica.endpoint().to_string();
-    wait_until(WAIT, "the replica to report NOT_SERVING", || {
-        let endpoint = endpoint.clone();
-        async move { health(&endpoint).await == Some(ServingStatus::NotServing) }
-    })
-    .await;
     let request = v1::StopClusterRequest {
         name: "db".into(),
         request_id: String::new(),
@@ -423,12 +431,12 @@ async fn a_cluster_watch_whose_read_fails_ends_with_the_error() {
         .await
         .unwrap()
         .into_inner();
-    // From the moment the edit commits, before the watch reads the cluster
-    // (the edit's own answer, read after it, fails too).
+    // From just before the edit is written, so before the watch can read
+    // the cluster (the edit's own answer, read after it, fails too).
     let store = Arc::clone(&f.replica.store);
     f.replica.store.inject(
         |txn| writes(txn, |key| key.ends_with("/clusters/db/spec"), None),
-        Injection::After(Box::pin(async move {
+        Injection::Before(Box::pin(async move {
             store.fail_reads(|read| read.prefix.ends_with("/clusters/db/"));
         })),
     );
@@ -483,20 +491,7 @@ async fn failing_ownership_passes_are_retried_after_a_pause() {
 async fn reads_from_a_draining_replica_are_current() {
     let mut f = Fixture::new().await;
     let mut client = f.client.clone();
-    // An operation that keeps the shutdown in its hand-off wait.
-    f.sim.set_latency(Duration::from_secs(3)).await;
-    let request = v1::StopClusterRequest {
-        name: "db".into(),
-        request_id: String::new(),
-    };
-    client.clusters().stop_cluster(request).await.unwrap();
-    f.replica.begin_stop();
-    let endpoint = f.replica.endpoint().to_string();
-    wait_until(WAIT, "the replica to report NOT_SERVING", || {
-        let endpoint = endpoint.clone();
-        async move { health(&endpoint).await == Some(ServingStatus::NotServing) }
-    })
-    .await;
+    f.drain_holding("db").await;
     // A change the draining replica's cache would not follow any more.
     let update = v1::UpdateClusterRequest {
         name: "db".into(),

@@ -42,6 +42,21 @@ pub fn incoming(
     })
 }
 
+/// Reports `status` for the replica as a whole (`""`) and for each of its
+/// services, so that probes naming a service see what the others see.
+async fn report_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    use tonic::server::NamedService;
+    for service in [
+        "",
+        ClustersServer::<ClustersService>::NAME,
+        OperationsServer::<OperationsService>::NAME,
+        TasksServer::<TasksService>::NAME,
+        AdminServer::<AdminService>::NAME,
+    ] {
+        health.set_service_status(service, status).await;
+    }
+}
+
 /// How long in-flight RPCs may take to finish after SIGTERM.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// How long running operations may take to finish after SIGTERM before the
@@ -86,15 +101,7 @@ pub async fn serve(
     .with_cache(Arc::clone(&cache));
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<ClustersServer<ClustersService>>()
-        .await;
-    health
-        .set_serving::<OperationsServer<OperationsService>>()
-        .await;
-    health.set_serving::<TasksServer<TasksService>>().await;
-    health.set_serving::<AdminServer<AdminService>>().await;
-    health.set_service_status("", ServingStatus::Serving).await;
+    report_health(&health, ServingStatus::Serving).await;
 
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(drover_proto::FILE_DESCRIPTOR_SET)
@@ -199,17 +206,7 @@ pub async fn serve(
         // Tell load balancers first, then take no new work, let running
         // operations finish for a while, and hand the clusters off at once
         // by revoking the lease.
-        health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        health
-            .set_not_serving::<ClustersServer<ClustersService>>()
-            .await;
-        health
-            .set_not_serving::<OperationsServer<OperationsService>>()
-            .await;
-        health.set_not_serving::<TasksServer<TasksService>>().await;
-        health.set_not_serving::<AdminServer<AdminService>>().await;
+        report_health(&health, ServingStatus::NotServing).await;
         ready.store(false, Ordering::SeqCst);
         if let Some((_, executor, tasks)) = &workers {
             executor.stop_taking_work();

@@ -59,9 +59,9 @@ async fn report_health(health: &tonic_health::server::HealthReporter, status: Se
 
 /// How long in-flight RPCs may take to finish after SIGTERM.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
-/// How long running operations may take to finish after SIGTERM before the
-/// lease is revoked and peers recover them.
-pub const HANDOFF_GRACE: Duration = Duration::from_secs(5);
+/// How often a draining replica looks again for clusters it can hand over
+/// (an operation that ended, one accepted for a cluster it still owns).
+const HANDOFF_RECHECK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -142,7 +142,10 @@ pub async fn serve(
             work_stopped.clone(),
         ));
     }
-    tokio::spawn(Arc::clone(&cache).run(work_stopped.clone()));
+    // The cache follows etcd until the lease is revoked: the hand-off
+    // decides from it which clusters run nothing here.
+    let (stop_cache, cache_stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(Arc::clone(&cache).run(cache_stopped));
     let executes = provider.is_some();
     let workers = match provider {
         Some(provider) => {
@@ -201,6 +204,8 @@ pub async fn serve(
     tracing::info!(%address, replica = %config.replica_id, "serving gRPC");
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_cache = Arc::clone(&cache);
+    let handoff_grace = config.handoff_grace;
     let drain = async move {
         shutdown.await;
         // Tell load balancers first, then take no new work, let running
@@ -214,18 +219,10 @@ pub async fn serve(
         }
         let _ = stop_work.send(true);
         if let Some((replication, executor, _)) = workers {
-            let deadline = tokio::time::Instant::now() + HANDOFF_GRACE;
-            while executor.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if executor.in_flight() > 0 {
-                tracing::warn!(
-                    running = executor.in_flight(),
-                    "hand-off grace over: peers will recover the running operations"
-                );
-            }
+            hand_off(&replication, &executor, &drain_cache, handoff_grace).await;
             replication.resign().await;
         }
+        let _ = stop_cache.send(true);
         tracing::info!(grace = ?DRAIN_GRACE, "shutting down: draining in-flight requests");
         let _ = draining_tx.send(());
     };
@@ -279,4 +276,48 @@ pub async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Lets the operations running here finish, for at most `grace`, while
+/// every other cluster goes to the peers at once (see
+/// [`Replication::release_unbusy`]); with nothing running the lease revoke
+/// that follows hands everything over in one go.
+async fn hand_off(
+    replication: &Replication,
+    executor: &Executor,
+    cache: &ClusterCache,
+    grace: Duration,
+) {
+    if executor.in_flight() == 0 {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    if let Err(error) = replication.begin_draining().await {
+        tracing::warn!(%error, "cannot mark this replica draining; its clusters go with the lease");
+    }
+    let mut running = executor.in_flight();
+    let mut next_release = tokio::time::Instant::now();
+    while running > 0 && tokio::time::Instant::now() < deadline {
+        if tokio::time::Instant::now() >= next_release {
+            match replication.release_unbusy(cache).await {
+                Ok(left) => tracing::info!(running, owned = left, "draining"),
+                Err(error) => tracing::warn!(%error, "hand-off release failed; retrying"),
+            }
+            next_release = tokio::time::Instant::now() + HANDOFF_RECHECK;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now_running = executor.in_flight();
+        if now_running < running {
+            // An operation ended: its cluster can go as soon as the cache
+            // shows it idle.
+            next_release = tokio::time::Instant::now();
+        }
+        running = now_running;
+    }
+    if running > 0 {
+        tracing::warn!(
+            running,
+            "hand-off grace over: peers will recover the running operations"
+        );
+    }
 }

@@ -147,6 +147,12 @@ impl ReplicaProcess {
     /// process's own connections can close) for the exit.
     pub async fn terminate(&mut self) -> ExitStatus {
         self.signal("TERM");
+        self.wait_exit().await
+    }
+
+    /// Waits (without blocking the runtime) for the replica to exit, for at
+    /// most 30 s.
+    pub async fn wait_exit(&mut self) -> ExitStatus {
         let mut exit = None;
         wait_until(Duration::from_secs(30), "the replica to exit", || {
             exit = self.child.try_wait().expect("poll drover");

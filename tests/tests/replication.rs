@@ -44,9 +44,14 @@ impl Cluster3 {
     }
 
     async fn add(&mut self, id: &str, ttl: u64) {
+        self.add_with(id, ttl, &[]).await;
+    }
+
+    /// Adds a replica with `extra` flags.
+    async fn add_with(&mut self, id: &str, ttl: u64, extra: &[&str]) {
         let ttl = ttl.to_string();
         let provider = self.sim.endpoint();
-        let args = [
+        let mut args = vec![
             "--provider",
             provider.as_str(),
             "--scan-interval",
@@ -54,6 +59,7 @@ impl Cluster3 {
             "--lease-ttl",
             ttl.as_str(),
         ];
+        args.extend_from_slice(extra);
         let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await;
         self.replicas.push((id.to_string(), replica));
     }
@@ -306,6 +312,143 @@ async fn sigterm_lets_an_operation_longer_than_the_ttl_finish() {
         .unwrap();
     assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
     assert_eq!(done.replica.as_deref(), Some(owner_id.as_str()), "{done:?}");
+}
+
+/// SIGTERM with an operation that needs longer than the default hand-off
+/// grace (5 s): with `--handoff-grace` covering it, it finishes on its
+/// owner, which meanwhile shows as draining and hands its other clusters
+/// over at once (they used to wait for the lease revoke after the
+/// operation); a stop of one of those, accepted meanwhile, runs on the peer.
+#[tokio::test]
+async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_meanwhile() {
+    // A long TTL: only the hand-off can move a cluster before the exit.
+    let ttl = 20;
+    let mut c = Cluster3::start(0, ttl).await;
+    for id in ["r1", "r2"] {
+        c.add_with(id, ttl, &["--handoff-grace", "40"]).await;
+    }
+    let mut client = c.replicas[0].1.client().await;
+    let mut admin = c.admin_avoiding("").await;
+    let mut by_owner: HashMap<String, Vec<String>> = HashMap::new();
+    for i in 0..5 {
+        let name = format!("drain-{i}");
+        create_running(&mut client, &name, 1).await;
+        let owner = owner(&mut admin, &name).await.expect("an owner").replica;
+        by_owner.entry(owner).or_default().push(name);
+    }
+    let (owner_id, clusters) = by_owner
+        .into_iter()
+        .find(|(_, clusters)| clusters.len() >= 2)
+        .expect("five clusters over two replicas: one owns two");
+    let (busy, idle) = (clusters[0].clone(), clusters[1].clone());
+    let mut peer = c.client_avoiding(&owner_id).await;
+    let mut peer_admin = c.admin_avoiding(&owner_id).await;
+
+    // Longer than the default grace.
+    c.sim.set_latency(Duration::from_secs(8)).await;
+    let request = v1::StopClusterRequest {
+        name: busy.clone(),
+        request_id: String::new(),
+    };
+    let long = peer
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    wait_running(&peer, &busy, &long.id, Duration::from_secs(10)).await;
+    c.replica(&owner_id).signal("TERM");
+
+    wait_until(
+        Duration::from_secs(5),
+        "a peer to own the idle cluster",
+        || {
+            let mut admin = peer_admin.clone();
+            let (idle, gone) = (idle.clone(), owner_id.clone());
+            async move {
+                owner(&mut admin, &idle)
+                    .await
+                    .is_some_and(|o| o.replica != gone)
+            }
+        },
+    )
+    .await;
+    let request = v1::GetOperationRequest {
+        cluster: busy.clone(),
+        id: long.id.clone(),
+    };
+    let still = peer
+        .operations()
+        .get_operation(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        still.state,
+        v1::OperationState::Running as i32,
+        "the idle cluster moved before the long operation ended: {still:?}"
+    );
+    let members = peer_admin
+        .list_members(v1::ListMembersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    let draining = members
+        .iter()
+        .find(|m| m.id == owner_id)
+        .expect("still a member");
+    assert!(draining.draining, "{members:?}");
+    assert!(members
+        .iter()
+        .filter(|m| m.id != owner_id)
+        .all(|m| !m.draining));
+    assert_eq!(
+        owner(&mut peer_admin, &busy).await.map(|o| o.replica),
+        Some(owner_id.clone()),
+        "the busy cluster stays with the replica that runs its operation"
+    );
+
+    let request = v1::StopClusterRequest {
+        name: idle.clone(),
+        request_id: String::new(),
+    };
+    let moved = peer
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let done = peer
+        .wait_operation(&long, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    assert_eq!(done.replica.as_deref(), Some(owner_id.as_str()), "{done:?}");
+    let done = peer
+        .wait_operation(&moved, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    assert_ne!(done.replica.as_deref(), Some(owner_id.as_str()), "{done:?}");
+
+    let status = c.replica_mut(&owner_id).wait_exit().await;
+    assert!(status.success(), "{status:?}");
+    wait_until(
+        Duration::from_secs(5),
+        "a peer to own the busy cluster",
+        || {
+            let mut admin = peer_admin.clone();
+            let (busy, gone) = (busy.clone(), owner_id.clone());
+            async move {
+                owner(&mut admin, &busy)
+                    .await
+                    .is_some_and(|o| o.replica != gone)
+            }
+        },
+    )
+    .await;
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
 /// How many ownership passes `replica` has run.

@@ -57,6 +57,7 @@ impl AdminService {
                 address: member.address,
                 version: member.version,
                 lease_ttl_left_seconds: ttl_left,
+                draining: member.draining,
             });
         }
         Ok(v1::ListMembersResponse { members: list })

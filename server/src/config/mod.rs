@@ -30,6 +30,11 @@ pub const DEFAULT_SCAN_INTERVAL_SECONDS: u64 = 10;
 pub const DEFAULT_COMPACT_INTERVAL_SECONDS: u64 = 300;
 /// A day: repairs of large clusters take hours.
 pub const DEFAULT_TASK_RUN_TIMEOUT_SECONDS: u64 = 86_400;
+/// Long enough for a quick operation to finish on a rolling restart; an
+/// orchestrator's own grace (30 s in Kubernetes) must cover it plus the
+/// 10 s drain of in-flight requests.
+pub const DEFAULT_HANDOFF_GRACE_SECONDS: u64 = 5;
+const HANDOFF_GRACE_RANGE: std::ops::RangeInclusive<u64> = 0..=86_400;
 const TASK_RUN_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=604_800;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 
@@ -133,6 +138,11 @@ pub struct Settings {
     /// error, 1-604800 [default: 86400].
     #[arg(long, env = "DROVER_TASK_RUN_TIMEOUT")]
     pub task_run_timeout: Option<u64>,
+    /// Seconds the operations running at SIGTERM may take to finish here,
+    /// 0-86400, while every other cluster is handed over at once; peers fail
+    /// those still running after it as orphans [default: 5].
+    #[arg(long, env = "DROVER_HANDOFF_GRACE")]
+    pub handoff_grace: Option<u64>,
     /// PEM certificate chain for TLS on the gRPC port (with tls_key).
     #[arg(long, env = "DROVER_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -181,6 +191,7 @@ impl Settings {
             admin_listen: self.admin_listen.or(file.admin_listen),
             compact_interval: self.compact_interval.or(file.compact_interval),
             task_run_timeout: self.task_run_timeout.or(file.task_run_timeout),
+            handoff_grace: self.handoff_grace.or(file.handoff_grace),
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             tls_client_ca: self.tls_client_ca.or(file.tls_client_ca),
@@ -217,6 +228,8 @@ pub struct Config {
     /// `None`: Drover does not compact etcd.
     pub compact_interval: Option<std::time::Duration>,
     pub task_run_timeout: std::time::Duration,
+    /// How long the operations running at SIGTERM may take to finish here.
+    pub handoff_grace: std::time::Duration,
     pub security: Security,
 }
 
@@ -404,6 +417,15 @@ impl Config {
                 format!("{task_run_timeout} is outside 1..=604800 seconds"),
             ));
         }
+        let handoff_grace = settings
+            .handoff_grace
+            .unwrap_or(DEFAULT_HANDOFF_GRACE_SECONDS);
+        if !HANDOFF_GRACE_RANGE.contains(&handoff_grace) {
+            return Err(invalid(
+                "handoff_grace",
+                format!("{handoff_grace} is outside 0..=86400 seconds"),
+            ));
+        }
         let security = SecuritySettings {
             tls_cert: settings.tls_cert,
             tls_key: settings.tls_key,
@@ -419,6 +441,7 @@ impl Config {
         Ok(Config {
             security,
             task_run_timeout: std::time::Duration::from_secs(task_run_timeout),
+            handoff_grace: std::time::Duration::from_secs(handoff_grace),
             compact_interval,
             admin_listen,
             scan_interval: std::time::Duration::from_secs(scan_interval),
@@ -616,6 +639,13 @@ mod tests {
                     ..settings()
                 },
                 "task_run_timeout",
+            ),
+            (
+                Settings {
+                    handoff_grace: Some(86_401),
+                    ..settings()
+                },
+                "handoff_grace",
             ),
         ];
         for (settings, setting) in cases {

@@ -83,6 +83,7 @@ impl Replication {
             address: self.config.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             lease,
+            draining: false,
         };
         let key = self.keys.member(&self.config.replica_id);
         self.store

@@ -19,6 +19,7 @@
 //! - A lease TTL is a minimum: after an etcd leader change, failover can
 //!   take up to twice the TTL.
 
+mod handoff;
 mod membership;
 mod owners_view;
 mod ownership;
@@ -47,6 +48,10 @@ pub struct MemberRecord {
     /// Drover version it runs.
     pub version: String,
     pub lease: LeaseId,
+    /// Shutting down: it finishes the operations it runs and hands every
+    /// other cluster over; peers prefer it for none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// `owners/<cluster>`.

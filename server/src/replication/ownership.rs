@@ -115,14 +115,21 @@ impl Replication {
         let Some(lease) = self.live_lease() else {
             return Ok(members.revision);
         };
-        let (live, live_leases): (Vec<String>, HashSet<LeaseId>) = members
+        let members_read: Vec<MemberRecord> = members
             .kvs
             .iter()
             .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
-            .map(|m| (m.id, m.lease))
-            .unzip();
+            .collect();
+        let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
+        // A draining member still owns what it runs, but is preferred for
+        // nothing: its idle clusters go to the others.
+        let live: Vec<String> = members_read
+            .into_iter()
+            .filter(|m| !m.draining)
+            .map(|m| m.id)
+            .collect();
         if !live.iter().any(|id| id == &self.config.replica_id) {
-            // Not (yet) visible as a member: claim nothing.
+            // Not (yet) visible as a member, or draining: claim nothing.
             return Ok(members.revision);
         }
         let own_writes = self.owner_writes.load(std::sync::atomic::Ordering::SeqCst);
@@ -182,7 +189,9 @@ impl Replication {
         }
         memo.end_pass();
         for (cluster, claim, idle_at) in to_release {
-            if self.release(&cluster, claim, Some(idle_at)).await? {
+            let idle =
+                Compare::mod_revision(self.keys.cluster_state(&cluster), CmpOp::Equal, idle_at);
+            if self.release(&cluster, claim, [idle]).await? {
                 owned.remove(&cluster);
             }
         }
@@ -201,7 +210,7 @@ impl Replication {
             .map(|(cluster, claim)| (cluster.clone(), *claim))
             .collect();
         for (cluster, claim) in gone {
-            if self.release(&cluster, claim, None).await? {
+            if self.release(&cluster, claim, []).await? {
                 owned.remove(&cluster);
             }
         }
@@ -328,33 +337,30 @@ impl Replication {
         }))
     }
 
-    /// Gives up `cluster`; with `idle_at`, only while its state key is
-    /// still at that revision (idle as seen: an operation accepted since
-    /// keeps it here until it ends).
-    async fn release(
+    /// Gives up `cluster` while `unchanged` holds (a state key still at the
+    /// revision seen idle, say: an operation accepted since keeps the
+    /// cluster here until it ends).
+    pub(super) async fn release(
         &self,
         cluster: &str,
         claim: Claim,
-        idle_at: Option<i64>,
+        unchanged: impl IntoIterator<Item = Compare>,
     ) -> crate::store::Result<bool> {
-        let idle = idle_at.map(|revision| {
-            Compare::mod_revision(self.keys.cluster_state(cluster), CmpOp::Equal, revision)
-        });
         let txn = Txn::new()
             .when(claim.fence(&self.keys, cluster))
-            .when(idle)
+            .when(unchanged)
             .and_then([Op::delete(self.keys.owner(cluster))]);
         let result = self.store.txn(txn).await?;
         if result.succeeded {
             self.wrote_owners(result.revision);
-            tracing::info!(cluster, "released cluster to its preferred member");
+            tracing::info!(cluster, "released cluster");
         }
         Ok(result.succeeded)
     }
 
     /// Notes an owner write of this replica, which the next pass's view of
     /// the owner keys must include.
-    fn wrote_owners(&self, revision: i64) {
+    pub(super) fn wrote_owners(&self, revision: i64) {
         self.owner_writes
             .fetch_max(revision, std::sync::atomic::Ordering::SeqCst);
     }

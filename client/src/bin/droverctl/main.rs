@@ -564,19 +564,24 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Output::Json => {
                     let list: Vec<Value> = members
                         .iter()
-                        .map(|m| json!({"id": m.id, "address": m.address, "version": m.version, "lease_ttl_left_seconds": m.lease_ttl_left_seconds, "clusters_owned": m.clusters_owned}))
+                        .map(|m| json!({"id": m.id, "address": m.address, "version": m.version, "lease_ttl_left_seconds": m.lease_ttl_left_seconds, "clusters_owned": m.clusters_owned, "draining": m.draining}))
                         .collect();
                     println!("{}", serde_json::to_string_pretty(&list).expect("json"));
                 }
                 Output::Table => {
                     println!(
-                        "{:<20} {:<22} {:<8} {:>9} {:>8}",
+                        "{:<20} {:<22} {:<8} {:>9} {:>8}  STATE",
                         "ID", "ADDRESS", "VERSION", "LEASE(S)", "CLUSTERS"
                     );
                     for m in &members {
                         println!(
-                            "{:<20} {:<22} {:<8} {:>9} {:>8}",
-                            m.id, m.address, m.version, m.lease_ttl_left_seconds, m.clusters_owned
+                            "{:<20} {:<22} {:<8} {:>9} {:>8}  {}",
+                            m.id,
+                            m.address,
+                            m.version,
+                            m.lease_ttl_left_seconds,
+                            m.clusters_owned,
+                            if m.draining { "draining" } else { "serving" }
                         );
                     }
                 }

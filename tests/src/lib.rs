@@ -23,14 +23,31 @@ pub mod scrape;
 use std::future::Future;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that is free now and that no other caller in this
+/// process has been given.
+///
+/// Ports come from below the kernel's ephemeral range (32768 and up on
+/// Linux): a port the kernel handed out for `127.0.0.1:0` could be taken
+/// again, before the process meant for it binds, as the source port of any
+/// outbound connection (a replica's to etcd, say), which once made a replica
+/// fail to start with "Address already in use". Each test process starts at
+/// its own offset so that concurrent test processes rarely meet.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("bind a loopback port")
-        .port()
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7919) % SPAN));
+    for _ in 0..SPAN {
+        let port = (FIRST + next.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// Polls `condition` until it holds; panics with `what` after `deadline`.

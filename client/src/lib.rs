@@ -158,13 +158,28 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Whether the same call may succeed later: UNAVAILABLE, ABORTED, no
-    /// connection, or a connection that broke during the call.
+    /// Whether the same call may succeed later: [unavailable](Self::is_unavailable),
+    /// or ABORTED for a lost race or a busy cluster (not for an
+    /// `expected_generation` that is not the cluster's: only a new read can
+    /// fix that).
     pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Status(status) if status.code() == tonic::Code::Aborted => {
+                let reason = status.metadata().get(drover_proto::REASON_METADATA);
+                reason.is_none_or(|r| r != drover_proto::REASON_GENERATION_MISMATCH)
+            }
+            _ => self.is_unavailable(),
+        }
+    }
+
+    /// Whether no replica could answer: UNAVAILABLE, no connection, or a
+    /// connection that broke during the call. The request may have been
+    /// carried out all the same.
+    pub fn is_unavailable(&self) -> bool {
         match self {
             ClientError::Connect { .. } => true,
             ClientError::Status(status) => match status.code() {
-                tonic::Code::Unavailable | tonic::Code::Aborted => true,
+                tonic::Code::Unavailable => true,
                 // A connection that broke mid-call (the replica died).
                 tonic::Code::Unknown => std::error::Error::source(status)
                     .is_some_and(|source| source.is::<tonic::transport::Error>()),
@@ -224,7 +239,30 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    pub async fn retrying<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        self.retrying_when(call, ClientError::is_retryable).await
+    }
+
+    /// [`Client::retrying`] for UNAVAILABLE and broken connections only: a
+    /// busy cluster or a lost race is answered at once (what a person at a
+    /// terminal wants to know).
+    pub async fn retrying_unavailable<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        self.retrying_when(call, ClientError::is_unavailable).await
+    }
+
+    async fn retrying_when<T, F, Fut>(
+        &self,
+        mut call: F,
+        retry: fn(&ClientError) -> bool,
+    ) -> Result<T, ClientError>
     where
         F: FnMut(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, ClientError>>,
@@ -235,10 +273,7 @@ impl Client {
             .with_max_delay(std::time::Duration::from_secs(2))
             .with_max_times(10)
             .with_jitter();
-        (|| call(self.clone()))
-            .retry(backoff)
-            .when(ClientError::is_retryable)
-            .await
+        (|| call(self.clone())).retry(backoff).when(retry).await
     }
 
     /// Connects to a replica's gRPC endpoint, e.g. `http://127.0.0.1:7070`.
@@ -386,5 +421,28 @@ impl Client {
         request: v1::ListClustersRequest,
     ) -> Result<v1::ListClustersResponse, ClientError> {
         Ok(self.clusters.list_clusters(request).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generation_mismatch_is_not_retried_but_a_lost_race_is() {
+        let mut mismatch = tonic::Status::aborted("cluster web is at generation 3, not 2");
+        mismatch.metadata_mut().insert(
+            drover_proto::REASON_METADATA,
+            tonic::metadata::MetadataValue::from_static(drover_proto::REASON_GENERATION_MISMATCH),
+        );
+        let mismatch = ClientError::Status(mismatch);
+        assert!(!mismatch.is_retryable());
+        assert!(!mismatch.is_unavailable());
+        let raced = ClientError::Status(tonic::Status::aborted("lost a race; retry"));
+        assert!(raced.is_retryable());
+        assert!(!raced.is_unavailable());
+        let down = ClientError::Status(tonic::Status::unavailable("etcd unreachable"));
+        assert!(down.is_retryable());
+        assert!(down.is_unavailable());
     }
 }

@@ -324,6 +324,64 @@ async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
     f.stop().await;
 }
 
+/// droverctl without `--request-id`: the stop's reply is lost after its
+/// commit (the replica answers UNAVAILABLE). droverctl sends it again under
+/// the request id it generated, and gets the operation the first attempt
+/// started. It used to send no id and not retry: the command failed
+/// although the stop went ahead (and a retry by hand was refused, the
+/// cluster being busy with it).
+#[tokio::test]
+async fn droverctl_sends_a_request_again_whose_reply_was_lost_and_starts_one_operation() {
+    let f = Fixture::new().await;
+    f.replica.store.inject(
+        |txn| writes(txn, |key| key.contains("/operations/db/"), Some("\"Stop\"")),
+        Injection::Lose(Box::pin(async {})),
+    );
+    let endpoint = f.replica.endpoint().to_string();
+    let stop = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(drover_tests::workspace_binary("droverctl"))
+            .args([
+                "--endpoint",
+                &endpoint,
+                "-o",
+                "json",
+                "cluster",
+                "stop",
+                "db",
+            ])
+            .output()
+            .expect("run droverctl")
+    })
+    .await
+    .unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert_eq!(f.replica.store.pending(), 0, "the reply was lost");
+    let printed: serde_json::Value = serde_json::from_slice(&stop.stdout).expect("JSON output");
+    let request = v1::ListOperationsRequest {
+        cluster: "db".into(),
+        ..Default::default()
+    };
+    let mut client = f.client.clone();
+    let listed = client
+        .operations()
+        .list_operations(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .operations;
+    let stops: Vec<_> = listed
+        .iter()
+        .filter(|op| op.kind == v1::OperationKind::Stop as i32)
+        .collect();
+    assert_eq!(stops.len(), 1, "{listed:?}");
+    assert_eq!(printed["id"], stops[0].id.as_str(), "{printed}");
+    f.stop().await;
+}
+
 /// The owner starts a task run, and etcd's reply comes late (lost after the
 /// commit) while a member the cluster prefers joins. The owner used to hold
 /// the cluster only once the run was under way, so its ownership pass could

@@ -1028,6 +1028,16 @@ async fn update_bumps_the_generation_and_watch_streams_every_change() {
         Code::Aborted,
         "generation 1 is gone: {stale:?}"
     );
+    // Marked, so that a client does not send the same request again.
+    assert_eq!(
+        stale
+            .metadata()
+            .get(drover_proto::REASON_METADATA)
+            .and_then(|r| r.to_str().ok()),
+        Some(drover_proto::REASON_GENERATION_MISMATCH),
+        "{stale:?}"
+    );
+    assert!(!drover_client::ClientError::Status(stale).is_retryable());
     let bad_cron = v1::TaskSpec {
         r#type: v1::TaskType::Repair as i32,
         name: "nightly".into(),

@@ -55,7 +55,16 @@ impl From<ApiError> for Status {
                 RegistryError::NotFound(_) => Status::not_found(message),
                 RegistryError::AlreadyExists(_) => Status::already_exists(message),
                 RegistryError::Corrupt { .. } => Status::internal(message),
-                RegistryError::GenerationMismatch { .. } => Status::aborted(message),
+                RegistryError::GenerationMismatch { .. } => {
+                    let mut status = Status::aborted(message);
+                    status.metadata_mut().insert(
+                        drover_proto::REASON_METADATA,
+                        tonic::metadata::MetadataValue::from_static(
+                            drover_proto::REASON_GENERATION_MISMATCH,
+                        ),
+                    );
+                    status
+                }
                 RegistryError::Store(store) => match store {
                     StoreError::Unavailable(_) => {
                         Status::unavailable(format!("{message}; retry later"))

@@ -104,9 +104,37 @@ struct Lifecycle {
     /// Wait for the operation to end, showing its steps.
     #[arg(long)]
     wait: bool,
-    /// Idempotency key.
+    /// Idempotency key [default: a new one per command]: the same key
+    /// again returns the operation it started instead of a new one.
     #[arg(long, default_value = "")]
     request_id: String,
+}
+
+impl Lifecycle {
+    /// The key given, or a new one: the request is sent again while no
+    /// replica answers, and the key makes sure it starts one operation.
+    fn request_id(&self) -> String {
+        if self.request_id.is_empty() {
+            format!("droverctl-{}", uuid::Uuid::new_v4())
+        } else {
+            self.request_id.clone()
+        }
+    }
+}
+
+/// Sends a lifecycle request, again while no replica answers (an answer
+/// lost with a replica that went away): it carries a request id, so a
+/// request that was carried out returns its operation instead of starting
+/// another.
+async fn send<R, T, F, Fut>(client: &Client, request: R, call: F) -> Result<T, ClientError>
+where
+    R: Clone,
+    F: Fn(Client, R) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    client
+        .retrying_unavailable(|c| call(c, request.clone()))
+        .await
 }
 
 #[derive(Subcommand)]
@@ -309,21 +337,23 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             create_only,
             lifecycle,
         }) => {
-            let response = client
-                .create_cluster(v1::CreateClusterRequest {
-                    name: name.clone(),
-                    spec: Some(v1::ClusterSpec {
-                        version,
-                        control_nodes,
-                        worker_nodes: workers,
-                        node_offering: offering,
-                        labels: labels.into_iter().collect(),
-                        ..Default::default()
-                    }),
-                    create_only,
-                    request_id: lifecycle.request_id.clone(),
-                })
-                .await?;
+            let request = v1::CreateClusterRequest {
+                name: name.clone(),
+                spec: Some(v1::ClusterSpec {
+                    version,
+                    control_nodes,
+                    worker_nodes: workers,
+                    node_offering: offering,
+                    labels: labels.into_iter().collect(),
+                    ..Default::default()
+                }),
+                create_only,
+                request_id: lifecycle.request_id(),
+            };
+            let response = send(&client, request, |mut c, r| async move {
+                c.create_cluster(r).await
+            })
+            .await?;
             match response.operation {
                 Some(op) => follow(&mut client, cli.output, op, lifecycle.wait).await?,
                 None => {
@@ -336,17 +366,23 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
         Command::Cluster(ClusterCommand::Start { name, lifecycle }) => {
             let request = v1::StartClusterRequest {
                 name,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client.clusters().start_cluster(request).await?.into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().start_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::Stop { name, lifecycle }) => {
             let request = v1::StopClusterRequest {
                 name,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client.clusters().stop_cluster(request).await?.into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().stop_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::Scale {
@@ -360,9 +396,12 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 worker_nodes: workers,
                 node_offering: offering,
                 autoscaling: None,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client.clusters().scale_cluster(request).await?.into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().scale_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::Upgrade {
@@ -373,13 +412,12 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             let request = v1::UpgradeClusterRequest {
                 name,
                 version,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client
-                .clusters()
-                .upgrade_cluster(request)
-                .await?
-                .into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().upgrade_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::AddNodes {
@@ -390,9 +428,12 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             let request = v1::AddNodesRequest {
                 name,
                 count,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client.clusters().add_nodes(request).await?.into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().add_nodes(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::RemoveNodes {
@@ -403,33 +444,34 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             let request = v1::RemoveNodesRequest {
                 name,
                 node_ids,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client.clusters().remove_nodes(request).await?.into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().remove_nodes(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::Recover { name, lifecycle }) => {
             let request = v1::RecoverClusterRequest {
                 name,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client
-                .clusters()
-                .recover_cluster(request)
-                .await?
-                .into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().recover_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Cluster(ClusterCommand::Delete { name, lifecycle }) => {
             let request = v1::DeleteClusterRequest {
                 name,
-                request_id: lifecycle.request_id.clone(),
+                request_id: lifecycle.request_id(),
             };
-            let op = client
-                .clusters()
-                .delete_cluster(request)
-                .await?
-                .into_inner();
+            let op = send(&client, request, |mut c, r| async move {
+                Ok(c.clusters().delete_cluster(r).await?.into_inner())
+            })
+            .await?;
             follow(&mut client, cli.output, op, lifecycle.wait).await?;
         }
         Command::Op(OpCommand::Get { cluster, id }) => {

@@ -292,16 +292,24 @@ async fn hand_off(
         return;
     }
     let deadline = tokio::time::Instant::now() + grace;
-    if let Err(error) = replication.begin_draining().await {
-        tracing::warn!(%error, "cannot mark this replica draining; its clusters go with the lease");
+    // etcd may not answer at all: the grace bounds every step, and what is
+    // not handed over by then goes with the lease.
+    match tokio::time::timeout_at(deadline, replication.begin_draining()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot mark this replica draining; its clusters go with the lease");
+        }
+        Err(_) => tracing::warn!("marking this replica draining took the whole hand-off grace"),
     }
     let mut running = executor.in_flight();
     let mut next_release = tokio::time::Instant::now();
     while running > 0 && tokio::time::Instant::now() < deadline {
         if tokio::time::Instant::now() >= next_release {
-            match replication.release_unbusy(cache).await {
-                Ok(left) => tracing::info!(running, owned = left, "draining"),
-                Err(error) => tracing::warn!(%error, "hand-off release failed; retrying"),
+            let released = replication.release_unbusy(cache, |id| executor.runs(id));
+            match tokio::time::timeout_at(deadline, released).await {
+                Ok(Ok(left)) => tracing::info!(running, owned = left, "draining"),
+                Ok(Err(error)) => tracing::warn!(%error, "hand-off release failed; retrying"),
+                Err(_) => break,
             }
             next_release = tokio::time::Instant::now() + HANDOFF_RECHECK;
         }

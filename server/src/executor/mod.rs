@@ -177,6 +177,14 @@ impl Executor {
             .len()
     }
 
+    /// Whether operation `id` runs on this replica now.
+    pub fn runs(&self, id: &str) -> bool {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
     /// Finds and runs operations until `shutdown` turns true; `adoptions`
     /// names each cluster this replica just became the owner of.
     pub async fn run(

@@ -4,14 +4,18 @@
 //! operations it runs stay until those end (or the hand-off grace does);
 //! then the lease goes, and what is left with it.
 //!
+//! While draining, ownership passes claim nothing and no longer publish
+//! their view of what this replica owns: a pass that read the owner keys
+//! before a release would otherwise bring the released cluster back.
+//!
 //! Without this, every cluster of a draining replica would wait for the
 //! slowest operation it runs: an hour-long upgrade would hold up a stop of
 //! any of its other clusters for that hour.
 
 use super::*;
 use crate::cluster::{from_json, to_json, ClusterCache, StateRecord, SCHEMA_VERSION};
-use crate::operation::{OperationRecord, OperationState};
 use crate::store::{KeyValue, Op, Txn};
+use std::sync::atomic::Ordering;
 
 /// Clusters released per transaction: each brings 3-4 compares, under
 /// etcd's default limit of 128 per transaction.
@@ -19,8 +23,10 @@ const RELEASE_BATCH: usize = 30;
 
 impl Replication {
     /// Rewrites this replica's member record as draining (bound to the same
-    /// lease): peers then claim the clusters it releases.
+    /// lease, and only while the record is still bound to it): peers then
+    /// claim the clusters it releases.
     pub async fn begin_draining(&self) -> crate::store::Result<()> {
+        self.draining.store(true, Ordering::SeqCst);
         let Some(lease) = self.live_lease() else {
             return Ok(());
         };
@@ -33,19 +39,36 @@ impl Replication {
             draining: true,
         };
         let key = self.keys.member(&self.config.replica_id);
-        self.store
-            .txn(Txn::new().and_then([Op::put_with_lease(key, to_json(&member), lease)]))
-            .await?;
-        tracing::info!("draining: handing over the clusters that run nothing here");
+        let marked = self
+            .store
+            .txn(
+                Txn::new()
+                    .when([Compare::lease(&key, CmpOp::Equal, lease)])
+                    .and_then([Op::put_with_lease(key, to_json(&member), lease)]),
+            )
+            .await?
+            .succeeded;
+        if marked {
+            tracing::info!("draining: handing over the clusters that run nothing here");
+        } else {
+            tracing::warn!("member record not bound to this replica's lease: not marked draining");
+        }
         Ok(())
     }
 
-    /// Releases every owned cluster that is idle, or whose operation is
-    /// still PENDING (this replica takes no more work), and that no task run
-    /// holds. Each release compares what it was decided on (the state key,
-    /// the PENDING record), so an operation that started meanwhile keeps
-    /// its cluster here. Returns how many clusters this replica still owns.
-    pub async fn release_unbusy(&self, cache: &ClusterCache) -> crate::store::Result<usize> {
+    /// Releases every owned cluster that no task run holds and that is idle
+    /// or whose operation does not run here (`runs_here` tells, by
+    /// operation id): one still PENDING (this replica takes no more work),
+    /// or a RUNNING one left by an earlier owner that was not taken up yet,
+    /// which the next owner recovers. Each release compares what it was
+    /// decided on (the state key, the operation record), so an operation
+    /// that changed meanwhile keeps its cluster here. Returns how many
+    /// clusters this replica still owns.
+    pub async fn release_unbusy(
+        &self,
+        cache: &ClusterCache,
+        runs_here: impl Fn(&str) -> bool,
+    ) -> crate::store::Result<usize> {
         let owned: HashMap<String, Claim> = lock(&self.owned).clone();
         let states = self.owned_states(cache, &owned).await?;
         let mut releasable = Vec::new();
@@ -65,15 +88,13 @@ impl Replication {
                 kv.mod_revision,
             )];
             if let Some(slot) = &state.operation {
+                if runs_here(&slot.id) {
+                    continue;
+                }
                 let key = self.keys.operation(&cluster, &slot.id);
                 let Some(record) = self.store.get(&key).await?.into_single() else {
                     continue;
                 };
-                let pending = from_json::<OperationRecord>(&record)
-                    .is_ok_and(|op| op.state == OperationState::Pending);
-                if !pending {
-                    continue;
-                }
                 unchanged.push(Compare::mod_revision(
                     key,
                     CmpOp::Equal,
@@ -153,5 +174,127 @@ impl Replication {
             }
         }
         Ok(released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{ClusterState, OperationSlot};
+    use crate::store::MemoryStore;
+
+    /// A replica that joined `store` and owns `clusters`, each with a state
+    /// key (its slot holding `op-<cluster>` unless the name says idle) and
+    /// that operation's record.
+    async fn owner_of(store: SharedStore, keys: &KeyLayout, clusters: &[&str]) -> Arc<Replication> {
+        let config = ReplicationConfig {
+            replica_id: "r1".into(),
+            address: "127.0.0.1:1".into(),
+            lease_ttl: Duration::from_secs(30),
+        };
+        let (replication, _) =
+            Replication::new(store.clone(), keys.clone(), config, Metrics::new());
+        let lease = replication.join().await.unwrap();
+        for cluster in clusters {
+            let slot = (!cluster.starts_with("idle")).then(|| OperationSlot {
+                id: format!("op-{cluster}"),
+                kind: "stop".into(),
+            });
+            let state = StateRecord {
+                schema: SCHEMA_VERSION,
+                uid: format!("uid-{cluster}"),
+                state: ClusterState::Running,
+                operation: slot.clone(),
+                changed_at: "2026-12-04T00:00:00Z".into(),
+            };
+            let owner = OwnerRecord {
+                schema: SCHEMA_VERSION,
+                replica: "r1".into(),
+                lease,
+            };
+            let mut ops = vec![
+                Op::put(keys.cluster_state(cluster), to_json(&state)),
+                Op::put_with_lease(keys.owner(cluster), to_json(&owner), lease),
+            ];
+            if let Some(slot) = slot {
+                ops.push(Op::put(keys.operation(cluster, &slot.id), "{}"));
+            }
+            let written = store.txn(Txn::new().and_then(ops)).await.unwrap();
+            let claim = Claim {
+                lease,
+                epoch: written.revision,
+            };
+            lock(&replication.owned).insert(cluster.to_string(), claim);
+        }
+        replication
+    }
+
+    async fn owner_key(store: &SharedStore, keys: &KeyLayout, cluster: &str) -> bool {
+        store
+            .get(&keys.owner(cluster))
+            .await
+            .unwrap()
+            .into_single()
+            .is_some()
+    }
+
+    #[tokio::test]
+    async fn releases_what_runs_nothing_here_and_keeps_what_does() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let clusters = ["idle", "running-here", "orphan", "task-run"];
+        let replication = owner_of(store.clone(), &keys, &clusters).await;
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let _task_run = replication.hold("task-run");
+
+        let left = replication
+            .release_unbusy(&cache, |id| id == "op-running-here")
+            .await
+            .unwrap();
+
+        assert_eq!(left, 2);
+        assert_eq!(replication.owned_clusters(), ["running-here", "task-run"]);
+        for (cluster, kept) in [
+            ("idle", false),
+            ("orphan", false),
+            ("running-here", true),
+            ("task-run", true),
+        ] {
+            assert_eq!(owner_key(&store, &keys, cluster).await, kept, "{cluster}");
+        }
+    }
+
+    #[tokio::test]
+    async fn draining_is_written_only_over_this_replicas_own_member_record() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let replication = owner_of(store.clone(), &keys, &[]).await;
+        replication.begin_draining().await.unwrap();
+        let member = store
+            .get(&keys.member("r1"))
+            .await
+            .unwrap()
+            .into_single()
+            .unwrap();
+        assert!(from_json::<MemberRecord>(&member).unwrap().draining);
+
+        // Another incarnation's record (a replica started with the same id).
+        let other = MemberRecord {
+            lease: 0,
+            draining: false,
+            ..from_json::<MemberRecord>(&member).unwrap()
+        };
+        store
+            .txn(Txn::new().and_then([Op::put(keys.member("r1"), to_json(&other))]))
+            .await
+            .unwrap();
+        replication.begin_draining().await.unwrap();
+        let member = store
+            .get(&keys.member("r1"))
+            .await
+            .unwrap()
+            .into_single()
+            .unwrap();
+        assert!(!from_json::<MemberRecord>(&member).unwrap().draining);
     }
 }

@@ -73,7 +73,7 @@ impl Replication {
     }
 
     /// Grants a lease and writes `members/<id>` bound to it.
-    async fn join(&self) -> crate::store::Result<LeaseId> {
+    pub(super) async fn join(&self) -> crate::store::Result<LeaseId> {
         let sent = Instant::now();
         let ttl = self.config.lease_ttl.as_secs() as i64;
         let lease = self.store.grant_lease(ttl).await?;

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -112,6 +112,8 @@ pub struct Replication {
     /// The revision of this replica's newest owner-key write (a claim or a
     /// release).
     owner_writes: AtomicI64,
+    /// Shutting down: see [`Replication::begin_draining`].
+    draining: AtomicBool,
 }
 
 impl Replication {
@@ -134,6 +136,7 @@ impl Replication {
             adopted,
             metrics,
             owner_writes: AtomicI64::new(0),
+            draining: AtomicBool::new(false),
         });
         (replication, adoptions)
     }

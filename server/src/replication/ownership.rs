@@ -128,7 +128,7 @@ impl Replication {
             .filter(|m| !m.draining)
             .map(|m| m.id)
             .collect();
-        if !live.iter().any(|id| id == &self.config.replica_id) {
+        if self.is_draining() || !live.iter().any(|id| id == &self.config.replica_id) {
             // Not (yet) visible as a member, or draining: claim nothing.
             return Ok(members.revision);
         }
@@ -196,6 +196,9 @@ impl Replication {
             }
         }
         for batch in to_claim.chunks(CLAIM_BATCH) {
+            if self.is_draining() {
+                break;
+            }
             let claimed = self.claim_batch(batch, lease).await?;
             // Published (and announced) batch by batch: the rest of this
             // pass (more batches, releases) may take a while.
@@ -222,6 +225,10 @@ impl Replication {
         Ok(members.revision)
     }
 
+    fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Adds `claimed` to this replica's published claims (while `lease` is
     /// its live lease) and announces them.
     fn publish_claimed(&self, lease: LeaseId, claimed: &[(String, Claim)]) {
@@ -244,7 +251,9 @@ impl Replication {
     /// Publishes `owned` as this replica's claims (while `lease` is its live
     /// lease) and announces those it did not show before.
     fn publish_owned(&self, lease: LeaseId, owned: HashMap<String, Claim>) {
-        if self.live_lease() != Some(lease) {
+        // A draining replica's releases are its own to publish: this pass
+        // may have read an owner key it released since.
+        if self.live_lease() != Some(lease) || self.is_draining() {
             return;
         }
         self.metrics.clusters_owned.set(owned.len() as i64);

@@ -189,6 +189,59 @@ mod tests {
         assert_eq!(second, at("2026-01-02T02:00:00Z"));
     }
 
+    /// The next `count` activations of `cron` in Berlin from `start`.
+    fn berlin(cron: &str, start: &str, count: usize) -> Vec<DateTime<Utc>> {
+        let schedule = TaskSchedule {
+            cron: cron.into(),
+            timezone: "Europe/Berlin".into(),
+            ..Default::default()
+        };
+        let mut after = None;
+        (0..count)
+            .map(|_| {
+                let next = next_activation(&schedule, at(start), after)
+                    .unwrap()
+                    .unwrap();
+                after = Some(next);
+                next
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_daily_cron_fires_once_a_day_across_daylight_saving_changes() {
+        // 2026-03-29: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist
+        // that day, and the run comes at 03:00 (Vixie cron does the same).
+        assert_eq!(
+            berlin("30 2 * * *", "2026-03-28T12:00:00Z", 2),
+            [at("2026-03-29T01:00:00Z"), at("2026-03-30T00:30:00Z")]
+        );
+        // 2026-10-25: 03:00 CEST goes back to 02:00 CET; 02:30 happens
+        // twice, the run only once.
+        assert_eq!(
+            berlin("30 2 * * *", "2026-10-24T12:00:00Z", 2),
+            [at("2026-10-25T00:30:00Z"), at("2026-10-26T01:30:00Z")]
+        );
+    }
+
+    #[test]
+    fn an_hourly_cron_fires_every_real_hour_across_daylight_saving_changes() {
+        let hours = |from: &str| {
+            let first = at(from);
+            (0..4)
+                .map(|h| first + chrono::Duration::hours(h))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            berlin("0 * * * *", "2026-03-29T00:30:00Z", 4),
+            hours("2026-03-29T01:00:00Z")
+        );
+        assert_eq!(
+            berlin("0 * * * *", "2026-10-24T23:30:00Z", 4),
+            hours("2026-10-25T00:00:00Z")
+        );
+    }
+
     #[test]
     fn a_short_interval_from_a_long_past_start_stays_after_the_last_slot() {
         let schedule = TaskSchedule {

@@ -179,6 +179,20 @@ impl Operations {
     ) -> Result<OperationRecord> {
         if let Some(existing) = self.by_request_id(cluster, &request.request_id).await? {
             let existing = existing.record;
+            // Rare (a retry): worth the read that tells a destroyed
+            // predecessor's request from this cluster's.
+            let uid = self.registry.get(cluster).await?.spec.uid;
+            if existing.cluster_uid != uid {
+                return Err(FieldError::new(
+                    "request_id",
+                    format!(
+                        "already used for the {} operation {} of an earlier cluster {cluster} (since destroyed); a new request needs a new id",
+                        existing.kind.name(),
+                        existing.id
+                    ),
+                )
+                .into());
+            }
             if existing.kind != request.kind {
                 // Another request's answer would mislead the caller.
                 return Err(FieldError::new(
@@ -556,6 +570,57 @@ mod tests {
             .unwrap()
             .kvs
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_id_of_a_destroyed_predecessor_is_refused_not_answered() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let operations = Operations::new(
+            store.clone(),
+            keys.clone(),
+            10,
+            crate::metrics::Metrics::new(),
+        );
+        let (first, _) = operations
+            .create_cluster("again", spec(), "", false)
+            .await
+            .unwrap();
+        let start = LifecycleRequest {
+            request_id: "start-1".into(),
+            ..request(OperationKind::Start)
+        };
+        let earlier = operations.accept("again", start.clone()).await.unwrap();
+        // The first cluster ends destroyed; one of the same name replaces it.
+        let destroyed = crate::cluster::StateRecord {
+            state: ClusterState::Destroyed,
+            operation: None,
+            ..first.state
+        };
+        store
+            .txn(Txn::new().and_then([Op::put(keys.cluster_state("again"), to_json(&destroyed))]))
+            .await
+            .unwrap();
+        operations
+            .create_cluster("again", spec(), "", false)
+            .await
+            .unwrap();
+
+        let error = operations.accept("again", start).await.unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, LifecycleError::Invalid(_)), "{message}");
+        assert!(
+            message.contains("request_id") && message.contains(&earlier.id),
+            "{message}"
+        );
+        let state = store
+            .get(&keys.cluster_state("again"))
+            .await
+            .unwrap()
+            .into_single()
+            .unwrap();
+        let state: crate::cluster::StateRecord = crate::cluster::from_json(&state).unwrap();
+        assert_eq!(state.state, ClusterState::Created, "nothing was written");
     }
 
     #[tokio::test]

@@ -401,6 +401,20 @@ impl EtcdCluster {
     pub fn kill(&mut self, index: usize) {
         self.members[index].kill();
     }
+
+    /// Sends `signal` (`STOP`, `CONT`) to one member.
+    pub fn signal(&self, index: usize, signal: &str) {
+        let pid = self.members[index]
+            .child
+            .as_ref()
+            .expect("a running member")
+            .id();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
 }
 
 impl Drop for EtcdCluster {

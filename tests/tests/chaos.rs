@@ -12,6 +12,7 @@
 
 use drover_client::v1::{self, OperationState as O};
 use drover_client::Client;
+use drover_server::store::{EtcdOptions, EtcdStore, Store};
 use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
@@ -482,4 +483,30 @@ async fn losing_the_etcd_leader_under_load_keeps_every_invariant() {
     let admin = replicas[0].endpoint();
     check_invariants(&client, &admin, &sim, &store, &accepted, CLUSTERS).await;
     assert_ne!(etcd.leader(), Some(leader), "a new leader was elected");
+}
+
+/// A member cut off from its peers has no leader and will learn of no new
+/// write, but a watch on it would stay open and silent: the replica would
+/// follow a view that no longer moves. The store asks etcd to end such
+/// watches (require-leader), so the replica re-lists, through another
+/// member when it has several endpoints.
+#[tokio::test]
+async fn a_watch_on_a_member_that_lost_its_leader_ends() {
+    let etcd = EtcdCluster::start(3).await;
+    let isolated = etcd.leader().map_or(0, |leader| (leader + 1) % 3);
+    let options = EtcdOptions::new(vec![etcd.endpoints()[isolated].clone()]);
+    let store = EtcdStore::connect(&options).await.expect("connect");
+    let mut watch = store.watch("/cut-off/", 0).await.expect("watch");
+    let peers: Vec<usize> = (0..3).filter(|&m| m != isolated).collect();
+    for &peer in &peers {
+        etcd.signal(peer, "STOP");
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(30), watch.next()).await;
+    for &peer in &peers {
+        etcd.signal(peer, "CONT");
+    }
+    assert!(
+        matches!(ended, Ok(Some(Err(_)) | None)),
+        "the watch stayed open on a member without a leader: {ended:?}"
+    );
 }

@@ -64,7 +64,12 @@ impl EtcdStore {
         let mut connect = ConnectOptions::new()
             .with_timeout(options.request_timeout)
             .with_connect_timeout(options.connect_timeout)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A member cut off from its peers answers nothing new, yet a
+            // watch on it would stay open, silent: with this, etcd refuses
+            // requests and ends watches on a member without a leader, and
+            // the caller retries (on another endpoint, when it has one).
+            .with_require_leader(true);
         if let Some(tls) = &options.tls {
             let mut config = etcd_client::TlsOptions::new()
                 .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca_pem));

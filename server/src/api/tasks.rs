@@ -49,8 +49,9 @@ impl TasksService {
             .operations
             .registry()
             .update_spec(cluster, 0, |spec| {
+                let before = spec.tasks.clone();
                 edit(&mut spec.tasks)?;
-                task::validate::tasks("task", &spec.tasks)?;
+                task::validate::edit("task", &before, &spec.tasks)?;
                 Ok::<_, TaskError>(())
             })
             .await?;

@@ -39,6 +39,37 @@ pub fn tasks(field: &str, tasks: &[TaskSpec]) -> Validation {
     Ok(())
 }
 
+/// An edit of the stored list `before` into `after` (PutTask, DeleteTask),
+/// under `field`: only the tasks it adds or changes are checked, and the
+/// count only when it grows. A task stored under looser rules (by an older
+/// Drover, or with etcdctl) then blocks no edit of the others, and can
+/// always be deleted.
+pub fn edit(field: &str, before: &[TaskSpec], after: &[TaskSpec]) -> Validation {
+    if after.len() > MAX_TASKS && after.len() > before.len() {
+        return Err(FieldError::new(
+            field,
+            format!("at most {MAX_TASKS} tasks are allowed per cluster"),
+        ));
+    }
+    for spec in after.iter().filter(|spec| !before.contains(spec)) {
+        task(field, spec)?;
+        let same = after
+            .iter()
+            .filter(|t| t.task_type == spec.task_type && t.name == spec.name)
+            .count();
+        if same > 1 {
+            return Err(FieldError::new(
+                format!("{field}.name"),
+                format!(
+                    "a {} task named {:?} is already declared (names are unique within a type)",
+                    spec.task_type, spec.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One task under `field` (`spec.tasks[2]`, or `task`).
 pub fn task(field: &str, spec: &TaskSpec) -> Validation {
     name(&format!("{field}.name"), &spec.name)?;
@@ -343,6 +374,45 @@ mod tests {
 
     fn field_of(list: &[TaskSpec]) -> String {
         tasks("spec.tasks", list).unwrap_err().field
+    }
+
+    #[test]
+    fn an_edit_checks_what_it_changes_and_a_stored_task_under_looser_rules_blocks_nothing() {
+        let loose = TaskSpec {
+            schedule: TaskSchedule {
+                cron: "not a cron".into(),
+                ..Default::default()
+            },
+            ..repair("old")
+        };
+        let stored = vec![loose.clone(), repair("a")];
+        // Another task added, one deleted, the loose one itself deleted.
+        let added = [stored.clone(), vec![repair("b")]].concat();
+        assert_eq!(edit("task", &stored, &added), Ok(()));
+        assert_eq!(edit("task", &stored, std::slice::from_ref(&loose)), Ok(()));
+        assert_eq!(edit("task", &stored, &[repair("a")]), Ok(()));
+        // What an edit brings in is checked in full.
+        let renamed = TaskSpec {
+            name: "new".into(),
+            ..loose
+        };
+        let error = edit("task", &stored, &[repair("a"), renamed]).unwrap_err();
+        assert_eq!(error.field, "task.schedule.cron", "{error:?}");
+        let second_a = TaskSpec {
+            schedule: TaskSchedule {
+                interval: "24h".into(),
+                ..Default::default()
+            },
+            ..repair("a")
+        };
+        let error = edit("task", &stored, &[repair("a"), second_a]).unwrap_err();
+        assert_eq!(error.field, "task.name", "{error:?}");
+        // The count: never grown past the limit, but a list stored over it
+        // may shrink.
+        let full: Vec<TaskSpec> = (0..MAX_TASKS).map(|i| repair(&format!("t{i}"))).collect();
+        let over = [full.clone(), vec![repair("one-more")]].concat();
+        assert_eq!(edit("task", &full, &over).unwrap_err().field, "task");
+        assert_eq!(edit("task", &over, &full), Ok(()));
     }
 
     #[test]

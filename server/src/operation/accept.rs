@@ -519,6 +519,14 @@ mod tests {
         }
     }
 
+    fn on_memory() -> (Arc<MemoryStore>, KeyLayout, Operations) {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let metrics = crate::metrics::Metrics::new();
+        let operations = Operations::new(store.clone(), keys.clone(), 10, metrics);
+        (store, keys, operations)
+    }
+
     fn request(kind: OperationKind) -> LifecycleRequest {
         LifecycleRequest {
             kind,
@@ -529,14 +537,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cluster_with_a_newer_schema_is_never_rewritten() {
-        let store = Arc::new(MemoryStore::new());
-        let keys = KeyLayout::new("/t/");
-        let operations = Operations::new(
-            store.clone(),
-            keys.clone(),
-            10,
-            crate::metrics::Metrics::new(),
-        );
+        let (store, keys, operations) = on_memory();
         operations
             .create_cluster("future", spec(), "", false)
             .await
@@ -574,14 +575,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_id_of_a_destroyed_predecessor_is_refused_not_answered() {
-        let store = Arc::new(MemoryStore::new());
-        let keys = KeyLayout::new("/t/");
-        let operations = Operations::new(
-            store.clone(),
-            keys.clone(),
-            10,
-            crate::metrics::Metrics::new(),
-        );
+        let (store, keys, operations) = on_memory();
         let (first, _) = operations
             .create_cluster("again", spec(), "", false)
             .await
@@ -625,13 +619,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_cluster_refuses_with_the_operation_holding_it() {
-        let store = Arc::new(MemoryStore::new());
-        let operations = Operations::new(
-            store,
-            KeyLayout::new("/t/"),
-            10,
-            crate::metrics::Metrics::new(),
-        );
+        let (_, _, operations) = on_memory();
         let (_, start) = operations
             .create_cluster("busy", spec(), "", true)
             .await

@@ -264,37 +264,31 @@ mod tests {
         }
     }
 
+    async fn member_record(store: &SharedStore, keys: &KeyLayout) -> MemberRecord {
+        let kv = store.get(&keys.member("r1")).await.unwrap().into_single();
+        from_json(&kv.expect("a member record")).unwrap()
+    }
+
     #[tokio::test]
     async fn draining_is_written_only_over_this_replicas_own_member_record() {
         let store: SharedStore = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
         let replication = owner_of(store.clone(), &keys, &[]).await;
         replication.begin_draining().await.unwrap();
-        let member = store
-            .get(&keys.member("r1"))
-            .await
-            .unwrap()
-            .into_single()
-            .unwrap();
-        assert!(from_json::<MemberRecord>(&member).unwrap().draining);
+        let member = member_record(&store, &keys).await;
+        assert!(member.draining);
 
         // Another incarnation's record (a replica started with the same id).
         let other = MemberRecord {
             lease: 0,
             draining: false,
-            ..from_json::<MemberRecord>(&member).unwrap()
+            ..member
         };
         store
             .txn(Txn::new().and_then([Op::put(keys.member("r1"), to_json(&other))]))
             .await
             .unwrap();
         replication.begin_draining().await.unwrap();
-        let member = store
-            .get(&keys.member("r1"))
-            .await
-            .unwrap()
-            .into_single()
-            .unwrap();
-        assert!(!from_json::<MemberRecord>(&member).unwrap().draining);
+        assert!(!member_record(&store, &keys).await.draining);
     }
 }

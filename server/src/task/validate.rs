@@ -27,13 +27,7 @@ pub fn tasks(field: &str, tasks: &[TaskSpec]) -> Validation {
         let field = format!("{field}[{i}]");
         task(&field, spec)?;
         if !seen.insert((spec.task_type, spec.name.as_str())) {
-            return Err(FieldError::new(
-                format!("{field}.name"),
-                format!(
-                    "a {} task named {:?} is already declared (names are unique within a type)",
-                    spec.task_type, spec.name
-                ),
-            ));
+            return Err(declared_twice(&field, spec));
         }
     }
     Ok(())
@@ -58,16 +52,20 @@ pub fn edit(field: &str, before: &[TaskSpec], after: &[TaskSpec]) -> Validation 
             .filter(|t| t.task_type == spec.task_type && t.name == spec.name)
             .count();
         if same > 1 {
-            return Err(FieldError::new(
-                format!("{field}.name"),
-                format!(
-                    "a {} task named {:?} is already declared (names are unique within a type)",
-                    spec.task_type, spec.name
-                ),
-            ));
+            return Err(declared_twice(field, spec));
         }
     }
     Ok(())
+}
+
+fn declared_twice(field: &str, spec: &TaskSpec) -> FieldError {
+    FieldError::new(
+        format!("{field}.name"),
+        format!(
+            "a {} task named {:?} is already declared (names are unique within a type)",
+            spec.task_type, spec.name
+        ),
+    )
 }
 
 /// One task under `field` (`spec.tasks[2]`, or `task`).

@@ -17,10 +17,7 @@ const PROVIDERS: [&str; 3] = ["s3", "gcs", "azure"];
 /// A whole task list under `field` (`spec.tasks`).
 pub fn tasks(field: &str, tasks: &[TaskSpec]) -> Validation {
     if tasks.len() > MAX_TASKS {
-        return Err(FieldError::new(
-            field,
-            format!("at most {MAX_TASKS} tasks are allowed per cluster"),
-        ));
+        return Err(too_many(field));
     }
     let mut seen = HashSet::new();
     for (i, spec) in tasks.iter().enumerate() {
@@ -40,10 +37,7 @@ pub fn tasks(field: &str, tasks: &[TaskSpec]) -> Validation {
 /// always be deleted.
 pub fn edit(field: &str, before: &[TaskSpec], after: &[TaskSpec]) -> Validation {
     if after.len() > MAX_TASKS && after.len() > before.len() {
-        return Err(FieldError::new(
-            field,
-            format!("at most {MAX_TASKS} tasks are allowed per cluster"),
-        ));
+        return Err(too_many(field));
     }
     for spec in after.iter().filter(|spec| !before.contains(spec)) {
         task(field, spec)?;
@@ -56,6 +50,13 @@ pub fn edit(field: &str, before: &[TaskSpec], after: &[TaskSpec]) -> Validation 
         }
     }
     Ok(())
+}
+
+fn too_many(field: &str) -> FieldError {
+    FieldError::new(
+        field,
+        format!("at most {MAX_TASKS} tasks are allowed per cluster"),
+    )
 }
 
 fn declared_twice(field: &str, spec: &TaskSpec) -> FieldError {

@@ -182,23 +182,18 @@ impl Operations {
             // Rare (a retry): worth the read that tells a destroyed
             // predecessor's request from this cluster's.
             let uid = self.registry.get(cluster).await?.spec.uid;
-            if existing.cluster_uid != uid {
-                return Err(FieldError::new(
-                    "request_id",
-                    format!(
-                        "already used for the {} operation {} of an earlier cluster {cluster} (since destroyed); a new request needs a new id",
-                        existing.kind.name(),
-                        existing.id
-                    ),
-                )
-                .into());
-            }
-            if existing.kind != request.kind {
+            let predecessor = existing.cluster_uid != uid;
+            if predecessor || existing.kind != request.kind {
                 // Another request's answer would mislead the caller.
+                let whose = if predecessor {
+                    format!("an earlier cluster {cluster} (since destroyed)")
+                } else {
+                    format!("cluster {cluster}")
+                };
                 return Err(FieldError::new(
                     "request_id",
                     format!(
-                        "already used for the {} operation {} of cluster {cluster}; a new request needs a new id",
+                        "already used for the {} operation {} of {whose}; a new request needs a new id",
                         existing.kind.name(),
                         existing.id
                     ),

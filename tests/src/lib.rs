@@ -183,6 +183,26 @@ pub async fn create_running(
     client.get_cluster(name).await.expect("get the new cluster")
 }
 
+/// The first 100 operations of `cluster`, newest first.
+pub async fn operations_of(
+    client: &drover_client::Client,
+    cluster: &str,
+) -> Vec<drover_client::v1::Operation> {
+    let request = drover_client::v1::ListOperationsRequest {
+        cluster: cluster.into(),
+        page_size: 100,
+        page_token: String::new(),
+    };
+    client
+        .clone()
+        .operations()
+        .list_operations(request)
+        .await
+        .expect("list operations")
+        .into_inner()
+        .operations
+}
+
 /// The owner of `cluster` as the Admin service reports it, if any.
 pub async fn owner(
     admin: &mut drover_client::v1::admin_client::AdminClient<tonic::transport::Channel>,

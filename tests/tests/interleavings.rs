@@ -10,7 +10,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, ReplicaProcess};
-use drover_tests::{create_running, wait_running, wait_until};
+use drover_tests::{create_running, operations_of, wait_running, wait_until};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -361,18 +361,7 @@ async fn droverctl_sends_a_request_again_whose_reply_was_lost_and_starts_one_ope
     );
     assert_eq!(f.replica.store.pending(), 0, "the reply was lost");
     let printed: serde_json::Value = serde_json::from_slice(&stop.stdout).expect("JSON output");
-    let request = v1::ListOperationsRequest {
-        cluster: "db".into(),
-        ..Default::default()
-    };
-    let mut client = f.client.clone();
-    let listed = client
-        .operations()
-        .list_operations(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .operations;
+    let listed = operations_of(&f.client, "db").await;
     let stops: Vec<_> = listed
         .iter()
         .filter(|op| op.kind == v1::OperationKind::Stop as i32)

@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, wait_for_state, wait_running, wait_until};
+use drover_tests::{create_running, operations_of, wait_for_state, wait_running, wait_until};
 use std::time::Duration;
 use tonic::Code;
 
@@ -787,19 +787,7 @@ async fn operation_history_is_bounded_per_cluster() {
         last = op.id.clone();
         f.finish(op).await;
     }
-    let request = v1::ListOperationsRequest {
-        cluster: "short".into(),
-        page_size: 100,
-        page_token: String::new(),
-    };
-    let kept = f
-        .client
-        .operations()
-        .list_operations(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .operations;
+    let kept = operations_of(&f.client, "short").await;
     // The owner keeps count of the history and collects it once it is a
     // quarter (at least 1) over the limit: limit + slack = 2 + 1 records at
     // most (3 until the last collection is done), never fewer than the

@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # Installs what Drover's build and tests need and a fresh Debian machine
 # lacks: etcd (server and etcdctl), protoc, make and a C compiler (the
-# replicas' allocator, jemalloc, is built from source), and grpcio + grpcio-tools for
-# the Python client test. Does nothing when present.
+# replicas' allocator, jemalloc, is built from source), and, for the Python
+# client test, grpcio + grpcio-tools in the workspace's own virtual
+# environment (.venv; never the system Python). Does nothing when present.
 set -euo pipefail
-
-if ! python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
-  echo "installing: grpcio grpcio-tools (pip)" >&2
-  python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
-fi
+cd "$(dirname "$0")/.."
 
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
@@ -16,10 +13,19 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
-[ ${#missing[@]} -eq 0 ] && exit 0
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "installing: ${missing[*]}" >&2
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing: ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! .venv/bin/python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
+  echo "installing: grpcio grpcio-tools (pip, into .venv)" >&2
+  python3 -m venv .venv
+  .venv/bin/python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi

@@ -274,6 +274,44 @@ async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at
     adopter.stop().await;
 }
 
+/// A new owner fails an orphan only once a provider call under its own
+/// epoch has succeeded: until then a call the lost owner made, admitted
+/// before, could still land after the operation is FAILED. While the
+/// fencing look fails, the operation keeps its slot and the status says
+/// why. It used to be failed "anyway" when the look failed.
+#[tokio::test]
+async fn an_orphan_is_failed_only_once_its_new_owner_has_fenced_the_provider() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let orphan = orphan_of_a_killed_replica(&etcd, &sim, 0).await;
+    sim.fault("DescribeCluster", 1, false).await;
+    sim.fault("DescribeCluster", 1, false).await;
+    let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
+    let client = adopter.client().await;
+    wait_until(WAIT, "the status to say that fencing failed", || {
+        let mut client = client.clone();
+        async move {
+            let cluster = client.get_cluster("a-orphan").await.expect("get");
+            let message = cluster.status.and_then(|s| s.message);
+            message.is_some_and(|m| m.contains("cannot fence"))
+        }
+    })
+    .await;
+    let request = v1::GetOperationRequest {
+        cluster: "a-orphan".into(),
+        id: orphan.id.clone(),
+    };
+    let held = client.clone().operations().get_operation(request).await;
+    let held = held.expect("get operation").into_inner();
+    assert_eq!(
+        held.state,
+        O::Running as i32,
+        "kept while unfenced: {held:?}"
+    );
+    assert_recovered(&client, &orphan).await;
+    adopter.stop().await;
+}
+
 /// The claim of a dead peer's clusters commits and its reply is lost: the
 /// pass fails, and the next one finds the clusters owned by this replica in
 /// the owner view. They used to be taken as owned without being announced

@@ -28,7 +28,12 @@ impl Fixture {
         let etcd = EtcdProcess::start().await;
         let sim = SimProcess::start().await;
         let endpoint = sim.endpoint();
-        let mut args = vec!["--provider", endpoint.as_str(), "--scan-interval", "1"];
+        let mut args = vec!["--provider", endpoint.as_str()];
+        // The status scanner describes every second unless a test that
+        // counts DescribeCluster calls sets its own interval.
+        if !extra.contains(&"--scan-interval") {
+            args.extend(["--scan-interval", "1"]);
+        }
         args.extend_from_slice(extra);
         let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
         let client = replica.client().await;
@@ -1150,5 +1155,89 @@ async fn after_wait_operation_the_cached_cluster_shows_the_finished_operation() 
     for client in clients {
         client.await.expect("a client");
     }
+    f.check_history().await;
+}
+
+/// An upgrade plans from the nodes the provider describes. A describe that
+/// failed used to count as "no nodes": zero steps, SUCCEEDED,
+/// `current_version` set to the target and `status.nodes` emptied, with no
+/// node upgraded.
+#[tokio::test]
+async fn an_upgrade_whose_describe_fails_fails_and_leaves_the_status() {
+    let mut f = Fixture::new(&["--scan-interval", "3600"]).await;
+    let created = f.create("up", 2, false).await;
+    let before = f.cluster("up").await.status.unwrap();
+    assert_eq!(before.nodes.len(), 3, "{before:?}");
+    f.sim.fault("DescribeCluster", 1, false).await;
+    let op = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("up", "1.30.0"))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let error = done.error.unwrap();
+    assert!(
+        error.message.contains("simulated DescribeCluster failure"),
+        "the provider's error: {}",
+        error.message
+    );
+    let status = f.cluster("up").await.status.unwrap();
+    assert_eq!(status.current_version.as_deref(), Some("1.29.0"));
+    assert_eq!(status.nodes, before.nodes, "the nodes as they were");
+    let audit = f.sim.audit(&created.uid).await;
+    assert!(!methods(&audit).contains(&"UpgradeNode"), "{audit:?}");
+    f.check_history().await;
+}
+
+/// A failed first step has no provider answer: the status keeps the nodes
+/// it showed. It used to be emptied, and RemoveNodes then refused the
+/// cluster's real workers as "not a worker node". The failed add-nodes
+/// says that the spec asks for more workers than exist.
+#[tokio::test]
+async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
+    let mut f = Fixture::new(&["--scan-interval", "3600"]).await;
+    f.create("w", 2, false).await;
+    let before = f.cluster("w").await.status.unwrap();
+    f.sim.fault("ResizeNodes", 1, false).await;
+    let add = v1::AddNodesRequest {
+        name: "w".into(),
+        count: 1,
+        request_id: String::new(),
+    };
+    let op = f
+        .client
+        .clusters()
+        .add_nodes(add)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(f.finish(op).await.state, O::Failed as i32);
+    let status = f.cluster("w").await.status.unwrap();
+    assert_eq!(status.nodes, before.nodes, "the nodes as they were");
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("3 worker nodes") && message.contains("shows 2"),
+        "the gap between spec and provider: {message}"
+    );
+
+    f.sim.fault("StopNodes", 1, false).await;
+    let op = f.client.clusters().stop_cluster(stop("w")).await;
+    let op = op.unwrap().into_inner();
+    assert_eq!(f.finish(op).await.state, O::Failed as i32);
+    let status = f.cluster("w").await.status.unwrap();
+    assert_eq!(status.nodes, before.nodes, "the nodes as they were");
+
+    let worker = before.nodes.iter().find(|n| n.role == "worker").unwrap();
+    let remove = v1::RemoveNodesRequest {
+        name: "w".into(),
+        node_ids: vec![worker.id.clone()],
+        request_id: String::new(),
+    };
+    let op = f.client.clusters().remove_nodes(remove).await;
+    let op = op.expect("a real worker can be removed").into_inner();
+    assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     f.check_history().await;
 }

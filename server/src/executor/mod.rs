@@ -25,7 +25,7 @@
 mod plan;
 mod run;
 
-pub use plan::{needs_nodes, plan, Step};
+pub use plan::{check_plan_input, needs_nodes, plan, resume_index, Step};
 
 use crate::cluster::{from_json, CacheChange, ClusterCache, Spec, StateRecord};
 use crate::operation::{
@@ -330,14 +330,21 @@ impl Executor {
         let this = Arc::clone(self);
         let cluster = cluster.to_string();
         let id = slot.id.clone();
+        let claim = self.replication.claim(&cluster);
         tokio::spawn(async move {
             if let Err(error) = this.drive(&cluster, &id).await {
                 tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
             }
-            this.in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+            this.release(&id);
+            // The cluster was claimed again meanwhile (this replica's
+            // session lapsed and it won the cluster back under a new epoch):
+            // that adoption found the operation in flight here and started
+            // nothing, and the drive just ended on the fence. Look again now
+            // rather than at the next rescan.
+            let reclaimed = this.replication.claim(&cluster);
+            if reclaimed.is_some() && reclaimed != claim {
+                this.look_at(&cluster, None).await;
+            }
         });
     }
 }

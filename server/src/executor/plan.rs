@@ -94,6 +94,36 @@ pub fn needs_nodes(operation: &OperationRecord) -> bool {
     }
 }
 
+/// Why `operation` cannot be planned from `nodes` (the provider's answer):
+/// an upgrade of a cluster the provider shows no nodes of would have no
+/// steps and "succeed" with nothing upgraded.
+pub fn check_plan_input(operation: &OperationRecord, nodes: &[ProviderNode]) -> Result<(), String> {
+    if operation.kind == OperationKind::Upgrade && nodes.is_empty() {
+        return Err("the provider shows no nodes for the cluster: nothing to upgrade".into());
+    }
+    Ok(())
+}
+
+/// Where a RUNNING operation resumed under the claim that ran it picks up:
+/// the persisted step, when the plan made now is the one it was on (same
+/// length, same step there); otherwise the start of the new plan (an
+/// upgrade re-planned from the nodes already skips those it upgraded).
+pub fn resume_index(operation: &OperationRecord, steps: &[Step]) -> usize {
+    let Some(progress) = &operation.progress else {
+        return 0;
+    };
+    let index = progress.step.saturating_sub(1) as usize;
+    let same_plan = progress.total_steps as usize == steps.len()
+        && steps
+            .get(index)
+            .is_some_and(|s| s.name() == progress.step_name);
+    if same_plan {
+        index
+    } else {
+        0
+    }
+}
+
 /// The steps of `operation` on a cluster with `spec` (already the desired
 /// spec) and `nodes` as the provider reports them now.
 pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) -> Vec<Step> {
@@ -224,5 +254,56 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, ["control-0", "worker-0"]);
+    }
+
+    fn upgrade_to(version: &str) -> OperationRecord {
+        OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Upgrade,
+            Event::UpgradeRequested,
+            crate::operation::OperationParams {
+                version: Some(version.into()),
+                ..Default::default()
+            },
+            ClusterState::Running,
+            ClusterState::Upgrading,
+            "",
+            String::new(),
+        )
+    }
+
+    #[test]
+    fn an_upgrade_of_a_cluster_without_nodes_is_refused_not_planned_empty() {
+        let op = upgrade_to("1.30.0");
+        let refused = check_plan_input(&op, &[]).unwrap_err();
+        assert!(refused.contains("no nodes"), "{refused}");
+        let nodes = [node("control-0", "control", "1.30.0")];
+        assert_eq!(check_plan_input(&op, &nodes), Ok(()));
+        assert_eq!(
+            check_plan_input(&start_from(ClusterState::Error), &[]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_resumed_operation_picks_up_at_its_persisted_step_of_the_same_plan() {
+        let mut op = start_from(ClusterState::Created);
+        let steps = plan(&op, &Spec::default(), &[]);
+        assert_eq!(resume_index(&op, &steps), 0, "never started");
+        op.progress = Some(crate::operation::Progress {
+            step: 2,
+            total_steps: 2,
+            step_name: Step::HealthCheck.name(),
+        });
+        assert_eq!(resume_index(&op, &steps), 1);
+        // Another plan (an upgrade re-planned from the nodes): from its start.
+        op.progress = Some(crate::operation::Progress {
+            step: 2,
+            total_steps: 3,
+            step_name: Step::HealthCheck.name(),
+        });
+        assert_eq!(resume_index(&op, &steps), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! holds the cluster (compares the state key's and the operation's
 //! revisions).
 
-use super::{needs_nodes, plan, Executor, Step};
+use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     from_json, now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus,
@@ -24,6 +24,14 @@ use tonic::Code;
 /// operation whose accept the watch cache already showed, before reading it
 /// from etcd instead.
 const FEED_CATCH_UP: Duration = Duration::from_millis(50);
+
+/// The first and the longest pause between fencing looks of an orphan.
+const FENCE_RETRY_FIRST: Duration = Duration::from_millis(500);
+const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Attempts at describing the nodes before planning, when the provider's
+/// error says it may pass (UNAVAILABLE, RESOURCE_EXHAUSTED).
+const PLAN_LOOK_ATTEMPTS: u32 = 3;
 
 /// How a drive ends early.
 enum Interrupt {
@@ -301,6 +309,120 @@ impl Holding<'_> {
         Ok(nodes)
     }
 
+    /// After a failed operation: what the spec asks for that the provider
+    /// does not show (a failed add-nodes leaves `spec.worker_nodes` above
+    /// the nodes that exist), as a sentence to append to the status message.
+    fn worker_gap(&self) -> String {
+        let wanted = self.cluster.spec.spec.worker_nodes as usize;
+        if !self.nodes_fresh {
+            return "; the provider's nodes are unknown after the failure: the status shows the last ones observed".into();
+        }
+        let shown = self.nodes.iter().filter(|n| n.role == "worker").count();
+        if shown == wanted {
+            return String::new();
+        }
+        format!("; the spec asks for {wanted} worker nodes, the provider shows {shown}")
+    }
+
+    /// The nodes to plan from, as the provider describes them now. A look
+    /// that fails is never "no nodes" (an upgrade planned from it had no
+    /// steps and succeeded): a transient error is retried a few times, any
+    /// other ends the operation with the provider's error.
+    async fn look_before_plan(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<pb::ProviderNode>, Option<OperationError>> {
+        let mut delay = Duration::from_millis(200);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let status = match tokio::time::timeout_at(deadline, self.describe()).await {
+                Ok(Ok(nodes)) => return Ok(nodes),
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    let message = "timed out describing the cluster's nodes before the first step";
+                    return Err(error(Code::DeadlineExceeded, message));
+                }
+            };
+            let transient = matches!(status.code(), Code::Unavailable | Code::ResourceExhausted);
+            if !transient || attempt == PLAN_LOOK_ATTEMPTS {
+                let message = format!(
+                    "describing the cluster's nodes before the first step failed: {}",
+                    status.message()
+                );
+                return Err(error(status.code(), message));
+            }
+            tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?delay, "describing the nodes failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+
+    /// After a failed mutating step: learns what exists, so the status
+    /// mirrors it (the step may have done part of its work). Bounded; a
+    /// look that fails leaves the nodes unknown.
+    async fn look_after_failure(&mut self) {
+        self.nodes_fresh = false;
+        if self.executor.replication.claim(&self.cluster.spec.name) != Some(self.claim) {
+            return;
+        }
+        if let Err(error) = tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
+            tracing::warn!(cluster = %self.cluster.spec.name, %error, "cannot describe the nodes after a failed step");
+        }
+    }
+
+    /// Makes a provider call under this owner's epoch (a fenced describe)
+    /// before an orphan is failed: until one succeeds, a call the lost owner
+    /// made could still land. Retries with backoff while this replica holds
+    /// the cluster, saying in the status why the operation is still held.
+    /// `false` when it stopped trying (the cluster moved on, or the replica
+    /// is shutting down): the operation stays for the next owner.
+    async fn fence_orphan(&mut self) -> bool {
+        let name = self.cluster.spec.name.clone();
+        let mut delay = FENCE_RETRY_FIRST;
+        let mut said = false;
+        loop {
+            let why = match tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
+                Ok(Ok(_)) => return true,
+                Ok(Err(status)) => format!(
+                    "the provider answered {:?}: {}",
+                    status.code(),
+                    status.message()
+                ),
+                Err(_) => format!("no answer within {DESCRIBE_TIMEOUT:?}"),
+            };
+            let holds = self.executor.replication.claim(&name) == Some(self.claim);
+            if !holds || self.executor.is_stopping() {
+                return false;
+            }
+            tracing::warn!(cluster = %name, operation = %self.operation.id, %why, retry_in = ?delay, "cannot fence the provider; the orphan is held until a fenced call succeeds");
+            if !said {
+                let message = format!(
+                    "recovering operation {} of a lost replica: cannot fence the provider ({why}); retrying",
+                    self.operation.id
+                );
+                said = self.say_in_status(message).await;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(FENCE_RETRY_MAX);
+        }
+    }
+
+    /// Writes `message` into the cluster's status (fenced like every write).
+    async fn say_in_status(&mut self, message: String) -> bool {
+        let mut status = self.cluster.status.clone().unwrap_or_default();
+        status.schema = SCHEMA_VERSION;
+        status.message = Some(message);
+        let key = self
+            .executor
+            .operations
+            .keys()
+            .cluster_status(&self.cluster.spec.name);
+        self.commit(vec![Op::put(key, to_json(&status))])
+            .await
+            .is_ok()
+    }
+
     /// Ends the operation: moves the cluster as the table says (only if it
     /// still holds it), clears the slot, records the outcome and the status.
     async fn finish(
@@ -330,20 +452,25 @@ impl Holding<'_> {
         };
         let mut status = self.cluster.status.clone().unwrap_or_default();
         status.schema = SCHEMA_VERSION;
-        status.nodes = self.nodes.iter().map(node_status).collect();
+        // Only a provider answer replaces the nodes: an operation that ended
+        // without one (its first call failed) leaves them as last observed.
+        if self.nodes_fresh {
+            status.nodes = self.nodes.iter().map(node_status).collect();
+        }
         if state == OperationState::Succeeded {
             status.observed_generation = Some(self.cluster.spec.generation);
-            if matches!(
-                self.operation.kind,
-                OperationKind::Start | OperationKind::Upgrade
-            ) {
-                status.current_version = Some(self.cluster.spec.spec.version.clone());
+            let version = &self.cluster.spec.spec.version;
+            if self.nodes_fresh && all_at_version(&self.nodes, version) {
+                status.current_version = Some(version.clone());
             }
             if self.operation.kind == OperationKind::Destroy {
                 status.nodes.clear();
             }
         }
-        status.message = error.as_ref().map(|e| e.message.clone());
+        status.message = error.as_ref().map(|e| match state {
+            OperationState::Failed => format!("{}{}", e.message, self.worker_gap()),
+            _ => e.message.clone(),
+        });
         status.last_operation = Some(LastOperation {
             id: self.operation.id.clone(),
             kind: self.operation.kind.name().to_string(),
@@ -410,6 +537,11 @@ fn is_conflict(error: &LifecycleError) -> bool {
             StoreError::Conflict { .. }
         ))
     )
+}
+
+/// Whether the provider's answer shows nodes, every one at `version`.
+fn all_at_version(nodes: &[pb::ProviderNode], version: &str) -> bool {
+    !nodes.is_empty() && nodes.iter().all(|n| n.version == version)
 }
 
 /// Where the cluster goes when an operation ends.
@@ -513,17 +645,11 @@ impl Executor {
                     ),
                     None => format!("replica {replica} was lost before its first step"),
                 };
-                // Announce this owner's epoch before failing the orphan, so
-                // the lost replica (if it is only paused) can change nothing
-                // more; the nodes are as it left them.
-                match tokio::time::timeout(DESCRIBE_TIMEOUT, holding.describe()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(status)) => {
-                        tracing::warn!(cluster, operation = id, %status, "cannot fence the provider; the orphan is failed anyway");
-                    }
-                    Err(_) => {
-                        tracing::warn!(cluster, operation = id, timeout = ?DESCRIBE_TIMEOUT, "the provider did not answer the fencing look; the orphan is failed anyway");
-                    }
+                // Fence the provider before failing the orphan, so the lost
+                // replica (if it is only paused) can change nothing more;
+                // the nodes are as it left them.
+                if !holding.fence_orphan().await {
+                    return Ok(());
                 }
                 tracing::warn!(cluster, operation = id, %message, "recovering an orphaned operation");
                 holding
@@ -637,92 +763,54 @@ impl Executor {
     /// with the first step (written by the accept).
     async fn execute(&self, mut holding: Holding<'_>, claimed: bool) -> Result<(), LifecycleError> {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
-        let nodes = if needs_nodes(&holding.operation) {
-            match tokio::time::timeout_at(deadline, holding.describe()).await {
-                Ok(described) => described.unwrap_or_default(),
-                Err(_) => {
-                    let message = "timed out describing the cluster's nodes before the first step";
-                    return holding
-                        .finish(
-                            OperationState::Failed,
-                            Event::OperationFailed,
-                            error(Code::DeadlineExceeded, message.to_string()),
-                        )
-                        .await;
-                }
+        let steps = match holding.plan_steps(deadline).await {
+            Ok(steps) => steps,
+            Err(failure) => {
+                return holding
+                    .finish(OperationState::Failed, Event::OperationFailed, failure)
+                    .await
             }
-        } else {
-            Vec::new()
         };
-        let steps = plan(&holding.operation, &holding.cluster.spec.spec, &nodes);
-        let total = steps.len() as u32;
+        // Resumed under the claim that ran it: from the persisted step.
+        let resumed = holding.operation.state == OperationState::Running
+            && holding.operation.owner_epoch == Some(holding.claim.epoch);
+        let from = if resumed {
+            resume_index(&holding.operation, &steps)
+        } else {
+            0
+        };
         holding.operation.state = OperationState::Running;
         holding.operation.replica = Some(self.replication.replica_id().to_string());
         holding.operation.owner_epoch = Some(holding.claim.epoch);
         if holding.operation.started_at.is_none() {
             holding.operation.started_at = Some(now_rfc3339());
         }
-        for (index, step) in steps.iter().enumerate() {
-            holding.operation.progress = Some(Progress {
-                step: index as u32 + 1,
-                total_steps: total,
-                step_name: step.name(),
-            });
+        for (index, step) in steps.iter().enumerate().skip(from) {
             // The claim (first step) and the boundary before each mutating
             // step are written: a cancel request shows up there as a
             // conflict. A read-only step is worth neither a write nor a
             // cancel; its progress shows in the final record.
-            let first = index == 0 && !claimed;
-            if first || (index > 0 && step.is_mutating()) {
-                match holding.save_operation().await {
-                    Ok(()) => {}
-                    Err(Interrupt::Cancelled) => {
-                        let message = format!(
-                            "cancelled before step {} of {total} ({})",
-                            index + 1,
-                            step.name()
-                        );
-                        return holding
-                            .finish(
-                                OperationState::Cancelled,
-                                Event::OperationFailed,
-                                error(Code::Cancelled, message),
-                            )
-                            .await;
+            let first = index == from && !claimed;
+            let save = first || (index > from && step.is_mutating());
+            if let Err(end) = holding.run_step(&steps, index, save, deadline).await {
+                return match end {
+                    StepEnd::Interrupted => Ok(()),
+                    StepEnd::Ended(state, event, failure) => {
+                        holding.finish(state, event, failure).await
                     }
-                    Err(Interrupt::Lost) => return Ok(()),
-                }
+                };
             }
-            let outcome = tokio::time::timeout_at(deadline, holding.call(step)).await;
-            let failure = match outcome {
-                Ok(Ok(())) => continue,
-                Ok(Err(status)) => error(
-                    status.code(),
-                    format!(
-                        "step {} of {total} ({}) failed: {}",
-                        index + 1,
-                        step.name(),
-                        status.message()
-                    ),
-                ),
-                Err(_) => error(
-                    Code::DeadlineExceeded,
-                    format!(
-                        "timed out during step {} of {total} ({})",
-                        index + 1,
-                        step.name()
-                    ),
-                ),
-            };
-            return holding
-                .finish(OperationState::Failed, step.failure_event(), failure)
-                .await;
         }
         if steps.is_empty() {
             // Nothing to do still claims, so the record says who ran it.
             if let Err(Interrupt::Lost) = holding.save_operation().await {
                 return Ok(());
             }
+        }
+        if let Err(failure) = holding.check_outcome() {
+            return holding
+                .finish(OperationState::Failed, Event::OperationFailed, failure)
+                .await;
         }
         holding
             .finish(OperationState::Succeeded, Event::OperationSucceeded, None)
@@ -732,5 +820,102 @@ impl Executor {
             self.collect_history(cluster, expected).await?;
         }
         Ok(())
+    }
+}
+
+/// How a step ends the drive early.
+enum StepEnd {
+    /// Another writer took over: stop without writing.
+    Interrupted,
+    /// The operation ends so (cancelled or failed).
+    Ended(OperationState, Event, Option<OperationError>),
+}
+
+impl Holding<'_> {
+    /// The steps, planned from a successful look at the nodes when the plan
+    /// depends on them.
+    async fn plan_steps(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Step>, Option<OperationError>> {
+        let nodes = if needs_nodes(&self.operation) {
+            self.look_before_plan(deadline).await?
+        } else {
+            Vec::new()
+        };
+        check_plan_input(&self.operation, &nodes)
+            .map_err(|message| error(Code::FailedPrecondition, message))?;
+        Ok(plan(&self.operation, &self.cluster.spec.spec, &nodes))
+    }
+
+    /// Runs step `index` of `steps`, first persisting the progress when
+    /// `save` (where a cancel request shows up).
+    async fn run_step(
+        &mut self,
+        steps: &[Step],
+        index: usize,
+        save: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), StepEnd> {
+        let step = &steps[index];
+        let total = steps.len();
+        let at = format!("step {} of {total} ({})", index + 1, step.name());
+        self.operation.progress = Some(Progress {
+            step: index as u32 + 1,
+            total_steps: total as u32,
+            step_name: step.name(),
+        });
+        if save {
+            match self.save_operation().await {
+                Ok(()) => {}
+                Err(Interrupt::Cancelled) => {
+                    let failure = error(Code::Cancelled, format!("cancelled before {at}"));
+                    let end =
+                        StepEnd::Ended(OperationState::Cancelled, Event::OperationFailed, failure);
+                    return Err(end);
+                }
+                Err(Interrupt::Lost) => return Err(StepEnd::Interrupted),
+            }
+        }
+        let failure = match tokio::time::timeout_at(deadline, self.call(step)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(status)) => error(status.code(), format!("{at} failed: {}", status.message())),
+            Err(_) => error(Code::DeadlineExceeded, format!("timed out during {at}")),
+        };
+        if step.is_mutating() {
+            self.look_after_failure().await;
+        }
+        Err(StepEnd::Ended(
+            OperationState::Failed,
+            step.failure_event(),
+            failure,
+        ))
+    }
+
+    /// Success only as the provider shows it: an upgrade ends with every
+    /// node at the target version.
+    fn check_outcome(&self) -> Result<(), Option<OperationError>> {
+        if self.operation.kind != OperationKind::Upgrade {
+            return Ok(());
+        }
+        let params = &self.operation.params;
+        let target = params
+            .version
+            .as_ref()
+            .unwrap_or(&self.cluster.spec.spec.version);
+        if self.nodes_fresh && all_at_version(&self.nodes, target) {
+            return Ok(());
+        }
+        let behind: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| &n.version != target)
+            .map(|n| n.id.as_str())
+            .collect();
+        let message = format!(
+            "the provider does not show every node at {target} (behind: {})",
+            behind.join(", ")
+        );
+        Err(error(Code::FailedPrecondition, message))
     }
 }

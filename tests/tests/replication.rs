@@ -5,6 +5,7 @@
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
 use drover_client::Client;
 use drover_proto::v1::admin_client::AdminClient;
+use drover_server::store::Store;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
@@ -714,4 +715,41 @@ async fn a_new_cluster_is_claimed_without_waiting_for_the_periodic_pass() {
             started.elapsed()
         );
     }
+}
+
+/// A replica whose lease etcd lost (revoked here behind its back) joins
+/// again and wins its cluster back under a new epoch. The drive it had in
+/// flight ends on the fence; the adoption had found that operation running
+/// here and started nothing, so the orphan waited for the executor's 30 s
+/// rescan. It is recovered at once now.
+#[tokio::test]
+async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let ttl = TTL_SECONDS.to_string();
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", &ttl];
+    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "c", 1).await;
+    sim.set_latency(Duration::from_secs(3)).await;
+    let request = v1::StopClusterRequest {
+        name: "c".into(),
+        request_id: String::new(),
+    };
+    let stop = client.clusters().stop_cluster(request).await.unwrap();
+    let stop = stop.into_inner();
+    wait_running(&client, "c", &stop.id, FAILOVER).await;
+    let store = etcd.store().await;
+    let member = store.get("/drover/v1/members/solo").await.unwrap();
+    let member: serde_json::Value =
+        serde_json::from_slice(&member.into_single().expect("member key").value).unwrap();
+    let lease = member["lease"].as_i64().expect("lease id");
+    store.revoke_lease(lease).await.expect("revoke");
+    sim.set_latency(Duration::ZERO).await;
+    let done = client
+        .wait_operation(&stop, Duration::from_secs(15))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, O::Failed as i32, "recovered at once: {done:?}");
+    assert_transitions_are_edges(&store, "/drover/v1/").await;
 }

@@ -335,16 +335,7 @@ impl Executor {
             if let Err(error) = this.drive(&cluster, &id).await {
                 tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
             }
-            this.release(&id);
-            // The cluster was claimed again meanwhile (this replica's
-            // session lapsed and it won the cluster back under a new epoch):
-            // that adoption found the operation in flight here and started
-            // nothing, and the drive just ended on the fence. Look again now
-            // rather than at the next rescan.
-            let reclaimed = this.replication.claim(&cluster);
-            if reclaimed.is_some() && reclaimed != claim {
-                this.look_at(&cluster, None).await;
-            }
+            this.drive_ended(&cluster, &id, claim).await;
         });
     }
 }
@@ -370,6 +361,20 @@ impl Executor {
             step_name: first.name(),
         });
         Some(claim)
+    }
+
+    /// After a drive of `operation` that began under `claim`: it no longer
+    /// runs here. When the cluster was claimed again meanwhile (this
+    /// replica's session lapsed and it won the cluster back under a new
+    /// epoch), that adoption found the operation in flight and started
+    /// nothing, and the drive just ended on the fence: look again now
+    /// rather than at the next rescan.
+    async fn drive_ended(self: &Arc<Self>, cluster: &str, operation: &str, claim: Option<Claim>) {
+        self.release(operation);
+        let reclaimed = self.replication.claim(cluster);
+        if reclaimed.is_some() && reclaimed != claim {
+            self.look_at(cluster, None).await;
+        }
     }
 
     fn release(&self, operation: &str) {
@@ -418,10 +423,11 @@ impl LocalRunner for Executor {
                 claimed.cluster.spec.name.clone(),
                 claimed.operation.id.clone(),
             );
+            let claim = Some(claimed.claim);
             if let Err(error) = this.drive_claimed(claimed).await {
                 tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
             }
-            this.release(&id);
+            this.drive_ended(&cluster, &id, claim).await;
         });
     }
 }

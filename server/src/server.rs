@@ -127,12 +127,16 @@ pub async fn serve(
             source,
         })?;
     let ready = Arc::new(AtomicBool::new(true));
+    // The admin port outlives the drain (orchestrators probe /healthz and
+    // /readyz through it): it closes when this function returns and the
+    // sender goes.
+    let (_admin_open, admin_closed) = tokio::sync::watch::channel(false);
     tracing::info!(address = %admin_listener.local_addr().map_err(|source| ServeError::Bind { address: config.admin_listen, source })?, "serving admin HTTP (/metrics, /healthz, /readyz)");
     tokio::spawn(admin_http::serve(
         admin_listener,
         Arc::clone(&metrics),
         Arc::clone(&ready),
-        work_stopped.clone(),
+        admin_closed,
     ));
     if let Some(interval) = config.compact_interval {
         tokio::spawn(crate::compactor::run(
@@ -156,6 +160,7 @@ pub async fn serve(
                     replica_id: config.replica_id.clone(),
                     address: address.to_string(),
                     lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
+                    lease_margin: config.lease_margin,
                 },
                 Arc::clone(&metrics),
             );

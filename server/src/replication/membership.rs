@@ -1,5 +1,8 @@
 //! Membership: one lease per replica incarnation, `members/<id>` bound to
-//! it, renewed every TTL/3. Losing it drops every claim at once; then the
+//! it, renewed every TTL/3. Keep-alives that fail for longer than the belief
+//! in the lease lasts (TTL minus the margin) make the session lapse: claims
+//! are not used until etcd answers again. A lease etcd still has then goes
+//! on with its claims; one it lost drops every claim at once, and the
 //! replica rejoins with a new lease.
 
 use super::*;
@@ -38,36 +41,56 @@ impl Replication {
                 if shutdown.has_changed().is_err() {
                     return;
                 }
-                let resigned = lock(&self.session).as_ref().map(|s| s.lease) != Some(lease);
-                if resigned {
+                if !self.renew(lease).await {
                     break;
                 }
-                let sent = Instant::now();
-                match self.store.keep_alive(lease).await {
-                    Ok(ttl) => {
-                        if let Some(session) =
-                            lock(&self.session).as_mut().filter(|s| s.lease == lease)
-                        {
-                            session.valid_until = sent + Duration::from_secs(ttl as u64);
-                        }
-                    }
-                    Err(StoreError::LeaseNotFound(_)) => {
-                        self.metrics.keepalive_failures.inc();
-                        self.drop_session("the lease expired");
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "lease keep-alive failed");
-                        self.metrics.keepalive_failures.inc();
-                        if self.live_lease() != Some(lease) {
-                            self.drop_session("keep-alives failed for longer than the TTL");
-                            break;
-                        }
-                    }
-                }
-                if self.live_lease() != Some(lease) {
-                    break;
-                }
+            }
+        }
+    }
+
+    /// One renewal of `lease`; false once it is no longer this replica's
+    /// session (resigned, or found expired), so that a new one is joined.
+    async fn renew(&self, lease: LeaseId) -> bool {
+        let current = |this: &Self| lock(&this.session).as_ref().map(|s| s.lease) == Some(lease);
+        if !current(self) {
+            return false;
+        }
+        if self.live_lease().is_none() && !self.lease_lives(lease).await {
+            return false;
+        }
+        let sent = Instant::now();
+        match self.store.keep_alive(lease).await {
+            Ok(ttl) => {
+                let ttl = Duration::from_secs(ttl as u64);
+                self.renewed(lease, self.config.valid_until(sent, ttl));
+            }
+            Err(StoreError::LeaseNotFound(_)) => {
+                self.metrics.keepalive_failures.inc();
+                self.drop_session("the lease expired");
+                return false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "lease keep-alive failed");
+                self.metrics.keepalive_failures.inc();
+            }
+        }
+        current(self)
+    }
+
+    /// After keep-alives failed for longer than the belief lasts: whether
+    /// etcd still has the lease. Only a lease etcd reports gone ends the
+    /// session (and the work running under it); while etcd does not answer
+    /// the session stays lapsed, claiming nothing.
+    async fn lease_lives(&self, lease: LeaseId) -> bool {
+        match self.store.lease_time_to_live(lease).await {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                self.drop_session("the lease expired while keep-alives failed");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot ask etcd whether the lease lives; retrying");
+                true
             }
         }
     }
@@ -91,7 +114,8 @@ impl Replication {
             .await?;
         *lock(&self.session) = Some(Session {
             lease,
-            valid_until: sent + self.config.lease_ttl,
+            valid_until: self.config.valid_until(sent, self.config.lease_ttl),
+            lapsed: false,
         });
         tracing::info!(lease, ttl, "joined as a member");
         Ok(lease)

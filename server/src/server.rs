@@ -92,6 +92,10 @@ pub async fn serve(
     let store = MeteredStore::wrap(store, Arc::clone(&metrics));
     let keys = KeyLayout::new(config.key_prefix.clone());
     let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
+    // In the background: an etcd that is slow to answer must not hold up
+    // the start.
+    let checked = (store.clone(), Arc::clone(&metrics));
+    tokio::spawn(async move { crate::store::known_issues::report(&checked.0, &checked.1).await });
     let operations = Operations::new(
         store.clone(),
         keys.clone(),

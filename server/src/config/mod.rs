@@ -353,9 +353,8 @@ impl Config {
                 ),
             ));
         }
-        let lease_margin = std::time::Duration::from_secs(lease_ttl_seconds as u64)
-            * lease_margin_percent
-            / 100;
+        let lease_margin =
+            std::time::Duration::from_secs(lease_ttl_seconds as u64) * lease_margin_percent / 100;
         let replica_id = match settings.replica_id {
             Some(id) => id,
             None => default_replica_id()?,

@@ -70,7 +70,10 @@ mod tests {
             token: None,
         };
         let sent = due_by(deadline, request);
-        assert!(sent.metadata().get("grpc-timeout").is_some(), "a gRPC deadline");
+        assert!(
+            sent.metadata().get("grpc-timeout").is_some(),
+            "a gRPC deadline"
+        );
         let bound = tokio::time::timeout(Duration::from_secs(5), provider.describe_cluster(sent));
         let status = bound.await.expect("ended by its deadline").unwrap_err();
         assert!(Instant::now() >= deadline, "not before it");

@@ -150,9 +150,7 @@ impl Replication {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{
-        GetResult, MemoryStore, RangeRequest, Store, TxnResult, WatchStream,
-    };
+    use crate::store::{GetResult, MemoryStore, RangeRequest, Store, TxnResult, WatchStream};
     use std::sync::atomic::Ordering;
 
     /// A memory store whose keep-alive replies are lost while `lose` is set:
@@ -310,7 +308,10 @@ mod tests {
         };
         tokio::time::sleep(TTL / 4).await;
         store.lose.store(false, Ordering::SeqCst);
-        let after = waiting.await.unwrap().expect("the claim held through the lapse");
+        let after = waiting
+            .await
+            .unwrap()
+            .expect("the claim held through the lapse");
         assert!(after > Instant::now(), "a deadline ahead");
         let other = Claim { epoch: 8, ..claim };
         assert_eq!(replication.claim_deadline("c", other).await, None);

@@ -192,7 +192,9 @@ impl Replication {
                 return Some(session.valid_until);
             }
             let lapsed = Instant::now() >= session.valid_until;
-            if !lapsed || Instant::now() >= give_up || lock(&self.owned).get(cluster) != Some(&claim)
+            if !lapsed
+                || Instant::now() >= give_up
+                || lock(&self.owned).get(cluster) != Some(&claim)
             {
                 return None;
             }
@@ -251,7 +253,10 @@ impl Replication {
     fn renewed(&self, lease: LeaseId, valid_until: Instant) {
         if let Some(session) = lock(&self.session).as_mut().filter(|s| s.lease == lease) {
             if session.lapsed {
-                tracing::info!(lease, "the lease lived through the lapse: acting as an owner again");
+                tracing::info!(
+                    lease,
+                    "the lease lived through the lapse: acting as an owner again"
+                );
             }
             session.valid_until = valid_until;
             session.lapsed = false;

@@ -610,7 +610,7 @@ impl TaskScheduler {
     ) -> Result<(), TaskError> {
         let name = &read.cluster.spec.name;
         self.stop_run(&read.cluster.spec.name, &read.cluster.spec.uid, claim, run)
-                        .await?;
+            .await?;
         let message = format!(
             "replica {} (epoch {}) was lost while the run was in progress; aborted by {}",
             run.replica,
@@ -661,9 +661,12 @@ impl TaskScheduler {
         match stopped {
             Ok(_) => Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
-            Err(status) if status.code() == tonic::Code::Cancelled => Err(TaskError::Provider(
-                format!("no answer to StopTask by its deadline: {}", status.message()),
-            )),
+            Err(status) if status.code() == tonic::Code::Cancelled => {
+                Err(TaskError::Provider(format!(
+                    "no answer to StopTask by its deadline: {}",
+                    status.message()
+                )))
+            }
             Err(status) => Err(TaskError::Provider(status.message().to_string())),
         }
     }

@@ -373,7 +373,9 @@ async fn a_second_sigterm_exits_at_once() {
 async fn the_admin_port_answers_through_the_drain() {
     let etcd = EtcdProcess::start().await;
     let sim = SimProcess::start().await;
-    let args = ["--provider", &sim.endpoint()];
+    // A TTL long enough that the slow call's deadline (the claim's) does
+    // not end the operation, and with it the drain, before the checks.
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "20"];
     let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
     let mut client = replica.client().await;
     create_running(&mut client, "slow", 1).await;

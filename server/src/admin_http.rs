@@ -39,7 +39,7 @@ fn route(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Byt
     }
 }
 
-/// Serves the admin port until `shutdown` turns true.
+/// Serves the admin port until `shutdown` turns true or its sender goes.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,

@@ -33,6 +33,11 @@ pub struct TaskRunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IssueLabels {
+    pub issue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub request: String,
 }
@@ -57,6 +62,8 @@ pub struct Metrics {
     pub orphan_recoveries: Counter,
     pub newer_schema_skipped: Counter,
     pub task_runs: Family<TaskRunLabels, Counter>,
+    /// 1 for each known etcd issue the etcd in use has (by its version).
+    pub etcd_known_issues: Family<IssueLabels, Gauge>,
 }
 
 impl Metrics {
@@ -143,6 +150,12 @@ impl Metrics {
             "Finished task runs by task type and status",
             task_runs.clone(),
         );
+        let etcd_known_issues = Family::<IssueLabels, Gauge>::default();
+        registry.register(
+            "etcd_known_issue",
+            "Known etcd issues of the etcd version in use (see PRODUCTION.md)",
+            etcd_known_issues.clone(),
+        );
         Arc::new(Self {
             registry,
             operations,
@@ -157,6 +170,7 @@ impl Metrics {
             orphan_recoveries,
             newer_schema_skipped,
             task_runs,
+            etcd_known_issues,
         })
     }
 

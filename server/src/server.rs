@@ -92,6 +92,10 @@ pub async fn serve(
     let store = MeteredStore::wrap(store, Arc::clone(&metrics));
     let keys = KeyLayout::new(config.key_prefix.clone());
     let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
+    // In the background: an etcd that is slow to answer must not hold up
+    // the start.
+    let checked = (store.clone(), Arc::clone(&metrics));
+    tokio::spawn(async move { crate::store::known_issues::report(&checked.0, &checked.1).await });
     let operations = Operations::new(
         store.clone(),
         keys.clone(),
@@ -127,12 +131,16 @@ pub async fn serve(
             source,
         })?;
     let ready = Arc::new(AtomicBool::new(true));
+    // The admin port outlives the drain (orchestrators probe /healthz and
+    // /readyz through it): it closes when this function returns and the
+    // sender goes.
+    let (_admin_open, admin_closed) = tokio::sync::watch::channel(false);
     tracing::info!(address = %admin_listener.local_addr().map_err(|source| ServeError::Bind { address: config.admin_listen, source })?, "serving admin HTTP (/metrics, /healthz, /readyz)");
     tokio::spawn(admin_http::serve(
         admin_listener,
         Arc::clone(&metrics),
         Arc::clone(&ready),
-        work_stopped.clone(),
+        admin_closed,
     ));
     if let Some(interval) = config.compact_interval {
         tokio::spawn(crate::compactor::run(
@@ -156,6 +164,7 @@ pub async fn serve(
                     replica_id: config.replica_id.clone(),
                     address: address.to_string(),
                     lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
+                    lease_margin: config.lease_margin,
                 },
                 Arc::clone(&metrics),
             );

@@ -22,34 +22,36 @@ pub async fn metrics(base_url: &str) -> BTreeMap<String, f64> {
 
 /// The body of `http://host:port<path>`; panics unless it is a 200.
 pub async fn get(base_url: &str, path: &str) -> Vec<u8> {
+    let (status, body) = fetch(base_url, path)
+        .await
+        .unwrap_or_else(|error| panic!("GET {path}: {error}"));
+    assert_eq!(status, 200, "GET {path}");
+    body
+}
+
+/// The status code and body of `http://host:port<path>`, or why there is
+/// no answer (the port is closed, say).
+pub async fn fetch(base_url: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     let authority = base_url
         .strip_prefix("http://")
         .expect("a plain http:// URL")
         .trim_end_matches('/');
-    let mut stream = TcpStream::connect(authority)
-        .await
-        .unwrap_or_else(|error| panic!("connect to {authority}: {error}"));
+    let mut stream = TcpStream::connect(authority).await?;
     let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send the request");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .unwrap_or_else(|error| panic!("read {path}: {error}"));
+    stream.read_to_end(&mut response).await?;
     let head_end = response
         .windows(4)
         .position(|window| window == b"\r\n\r\n")
-        .expect("an HTTP response");
-    let status = String::from_utf8_lossy(&response[..head_end]);
-    assert!(
-        status.starts_with("HTTP/1.0 200") || status.starts_with("HTTP/1.1 200"),
-        "GET {path}: {}",
-        status.lines().next().unwrap_or_default()
-    );
-    response.split_off(head_end + 4)
+        .ok_or_else(|| std::io::Error::other("not an HTTP response"))?;
+    let head = String::from_utf8_lossy(&response[..head_end]);
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+    Ok((status, response.split_off(head_end + 4)))
 }
 
 /// The sum of every series of `name` whose labels contain `label` (for

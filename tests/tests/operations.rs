@@ -655,7 +655,9 @@ async fn a_repeated_request_id_returns_the_same_operation() {
 async fn wait_returns_at_the_deadline_for_a_running_operation() {
     let mut f = Fixture::new(&[]).await;
     f.create("patient", 1, false).await;
-    f.sim.set_latency(Duration::from_secs(2)).await;
+    // Longer than the wait, shorter than the claim's deadline (at a 2 s TTL
+    // a provider call has at least about 0.9 s).
+    f.sim.set_latency(Duration::from_millis(600)).await;
     let op = f
         .client
         .clusters()

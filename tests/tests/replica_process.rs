@@ -5,6 +5,7 @@ use drover_client::v1;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, service_health, ReplicaProcess};
+use drover_tests::scrape::{fetch, metrics};
 use drover_tests::workspace_binary;
 use drover_tests::{create_running, wait_until};
 use std::process::Command;
@@ -362,4 +363,53 @@ async fn a_second_sigterm_exits_at_once() {
     }
     let status = replica.terminate().await;
     assert_eq!(status.code(), Some(130), "{status:?}");
+}
+
+/// The admin HTTP port keeps serving through the drain, so that an
+/// orchestrator's probes see the replica draining rather than dead: /readyz
+/// answers 503 and /healthz 200 until the process exits (the port used to
+/// close at SIGTERM).
+#[tokio::test]
+async fn the_admin_port_answers_through_the_drain() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    // A TTL long enough that the slow call's deadline (the claim's) does
+    // not end the operation, and with it the drain, before the checks.
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "20"];
+    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "slow", 1).await;
+    sim.set_latency(Duration::from_secs(60)).await;
+    let request = v1::StopClusterRequest {
+        name: "slow".into(),
+        request_id: String::new(),
+    };
+    client.clusters().stop_cluster(request).await.unwrap();
+    let admin = replica.admin_endpoint();
+    let (ready, _) = fetch(&admin, "/readyz").await.expect("the admin port");
+    assert_eq!(ready, 200);
+    // etcd's version was checked for the early lease revoke at start-up.
+    let series = "drover_etcd_known_issue{issue=\"early-lease-revoke\"}";
+    wait_until(Duration::from_secs(10), "etcd's version checked", || {
+        let admin = admin.clone();
+        async move { metrics(&admin).await.contains_key(series) }
+    })
+    .await;
+    let flagged = metrics(&admin).await[series];
+    assert!(flagged == 0.0 || flagged == 1.0, "{flagged}");
+    replica.signal("TERM");
+    wait_until(Duration::from_secs(10), "/readyz to answer 503", || {
+        let admin = admin.clone();
+        async move { fetch(&admin, "/readyz").await.is_ok_and(|(s, _)| s == 503) }
+    })
+    .await;
+    // Well into the hand-off (its grace is 5 s): still answering.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (path, expected) in [("/healthz", 200), ("/readyz", 503), ("/metrics", 200)] {
+        let (status, _) = fetch(&admin, path).await.expect("the admin port");
+        assert_eq!(status, expected, "{path}");
+    }
+    let status = replica.terminate().await;
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(fetch(&admin, "/healthz").await.is_err(), "closed on exit");
 }

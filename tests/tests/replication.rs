@@ -283,24 +283,26 @@ async fn sigterm_hands_clusters_off_faster_than_the_ttl() {
 /// hand-off grace (5 s), even past the lease TTL: the replica keeps its
 /// lease alive until it resigns. Keep-alives used to stop at the signal, so
 /// with a 2 s TTL the lease expired mid-operation, its completion was
-/// fenced out and a peer failed it as an orphan.
+/// fenced out and a peer failed it as an orphan. Each provider call is
+/// shorter than the claim's deadline (a TTL less its margin); the upgrade of
+/// four nodes takes longer than the TTL.
 #[tokio::test]
 async fn sigterm_lets_an_operation_longer_than_the_ttl_finish() {
     let mut c = Cluster3::start(2, 2).await;
     let mut client = c.replicas[0].1.client().await;
-    create_running(&mut client, "busy", 1).await;
+    create_running(&mut client, "busy", 3).await;
     let mut admin = c.admin_avoiding("").await;
     let owner_id = owner(&mut admin, "busy").await.expect("an owner").replica;
     let mut peer = c.client_avoiding(&owner_id).await;
-    // Longer than the TTL, shorter than the hand-off grace.
-    c.sim.set_latency(Duration::from_secs(3)).await;
-    let request = v1::StopClusterRequest {
+    c.sim.set_latency(Duration::from_millis(700)).await;
+    let request = v1::UpgradeClusterRequest {
         name: "busy".into(),
+        version: "1.30.0".into(),
         request_id: String::new(),
     };
     let op = peer
         .clusters()
-        .stop_cluster(request)
+        .upgrade_cluster(request)
         .await
         .unwrap()
         .into_inner();

@@ -641,6 +641,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
             replica_id: "stale-reader".into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(2),
+            lease_margin: Duration::from_millis(400),
         },
         Metrics::new(),
     );

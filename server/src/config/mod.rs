@@ -37,6 +37,14 @@ pub const DEFAULT_HANDOFF_GRACE_SECONDS: u64 = 5;
 const HANDOFF_GRACE_RANGE: std::ops::RangeInclusive<u64> = 0..=86_400;
 const TASK_RUN_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=604_800;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
+/// The share of the lease TTL a replica stops believing in its lease before
+/// etcd could expire it: room for clock drift, a slow keep-alive reply and an
+/// etcd that revokes a lease early (a slow leader, see PRODUCTION.md). A
+/// second at the default TTL.
+pub const DEFAULT_LEASE_MARGIN_PERCENT: u32 = 20;
+/// At most half: renewals come every third of the TTL, so a larger margin
+/// would leave the belief lapsing between two renewals at the slightest delay.
+const LEASE_MARGIN_RANGE: std::ops::RangeInclusive<u32> = 5..=50;
 
 /// The command line of the `drover` binary.
 #[derive(Debug, Parser)]
@@ -102,6 +110,11 @@ pub struct Settings {
     /// Replica lease TTL in seconds, 2-60 [default: 5].
     #[arg(long, env = "DROVER_LEASE_TTL")]
     pub lease_ttl: Option<i64>,
+    /// Safety margin in percent of the lease TTL, 5-50: the replica acts as
+    /// an owner (and gives provider calls a deadline) only up to TTL minus
+    /// this after a renewal was sent [default: 20].
+    #[arg(long, env = "DROVER_LEASE_MARGIN_PERCENT")]
+    pub lease_margin_percent: Option<u32>,
     /// Replica id, a DNS-1123 label [default: the host name].
     #[arg(long, env = "DROVER_REPLICA_ID")]
     pub replica_id: Option<String>,
@@ -182,6 +195,7 @@ impl Settings {
             etcd_endpoints: self.etcd_endpoints.or(file.etcd_endpoints),
             key_prefix: self.key_prefix.or(file.key_prefix),
             lease_ttl: self.lease_ttl.or(file.lease_ttl),
+            lease_margin_percent: self.lease_margin_percent.or(file.lease_margin_percent),
             replica_id: self.replica_id.or(file.replica_id),
             provider: self.provider.or(file.provider),
             log_format: self.log_format.or(file.log_format),
@@ -218,6 +232,9 @@ pub struct Config {
     pub etcd_endpoints: Vec<String>,
     pub key_prefix: String,
     pub lease_ttl_seconds: i64,
+    /// How long before the lease TTL runs out the replica stops acting as
+    /// an owner.
+    pub lease_margin: std::time::Duration,
     pub replica_id: String,
     pub provider: Option<String>,
     pub log_format: LogFormat,
@@ -323,6 +340,21 @@ impl Config {
                 ),
             ));
         }
+        let lease_margin_percent = settings
+            .lease_margin_percent
+            .unwrap_or(DEFAULT_LEASE_MARGIN_PERCENT);
+        if !LEASE_MARGIN_RANGE.contains(&lease_margin_percent) {
+            return Err(invalid(
+                "lease_margin_percent",
+                format!(
+                    "{lease_margin_percent} is outside {}..={} percent of the lease TTL",
+                    LEASE_MARGIN_RANGE.start(),
+                    LEASE_MARGIN_RANGE.end()
+                ),
+            ));
+        }
+        let lease_margin =
+            std::time::Duration::from_secs(lease_ttl_seconds as u64) * lease_margin_percent / 100;
         let replica_id = match settings.replica_id {
             Some(id) => id,
             None => default_replica_id()?,
@@ -451,6 +483,7 @@ impl Config {
             etcd_endpoints,
             key_prefix,
             lease_ttl_seconds,
+            lease_margin,
             replica_id,
             provider: settings.provider,
             log_format,
@@ -515,6 +548,9 @@ mod tests {
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(config.key_prefix, DEFAULT_KEY_PREFIX);
         assert_eq!(config.lease_ttl_seconds, DEFAULT_LEASE_TTL_SECONDS);
+        // A second of the default five: the ownership belief ends before
+        // etcd could let the lease go.
+        assert_eq!(config.lease_margin, std::time::Duration::from_secs(1));
         assert_eq!(config.log_format, LogFormat::Text);
     }
 
@@ -562,6 +598,20 @@ mod tests {
                     ..settings()
                 },
                 "lease_ttl",
+            ),
+            (
+                Settings {
+                    lease_margin_percent: Some(4),
+                    ..settings()
+                },
+                "lease_margin_percent",
+            ),
+            (
+                Settings {
+                    lease_margin_percent: Some(51),
+                    ..settings()
+                },
+                "lease_margin_percent",
             ),
             (
                 Settings {

@@ -13,7 +13,7 @@ use crate::operation::{
     ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
     OperationState, Progress, Seen, Versioned,
 };
-use crate::provider::{node_ready, DESCRIBE_TIMEOUT};
+use crate::provider::{due_by, node_ready, DESCRIBE_TIMEOUT};
 use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use drover_proto::provider::v1 as pb;
@@ -191,6 +191,17 @@ impl Holding<'_> {
         }
     }
 
+    /// The deadline of a provider call under this operation's claim, or
+    /// ABORTED once the claim no longer holds.
+    async fn claim_deadline(&self) -> Result<std::time::Instant, tonic::Status> {
+        let name = &self.cluster.spec.name;
+        let replication = &self.executor.replication;
+        replication
+            .claim_deadline(name, self.claim)
+            .await
+            .ok_or_else(|| tonic::Status::aborted("this replica no longer owns the cluster"))
+    }
+
     fn token(&self) -> Option<pb::FencingToken> {
         Some(pb::FencingToken {
             cluster_uid: self.cluster.spec.uid.clone(),
@@ -200,11 +211,7 @@ impl Holding<'_> {
     }
 
     async fn call(&mut self, step: &Step) -> Result<(), tonic::Status> {
-        if self.executor.replication.claim(&self.cluster.spec.name) != Some(self.claim) {
-            return Err(tonic::Status::aborted(
-                "this replica no longer owns the cluster",
-            ));
-        }
+        let deadline = self.claim_deadline().await?;
         let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
         let token = self.token();
@@ -212,41 +219,59 @@ impl Holding<'_> {
         let response = match step {
             Step::CreateNodes => {
                 provider
-                    .create_nodes(pb::CreateNodesRequest {
-                        token,
-                        control_nodes: spec.control_nodes,
-                        worker_nodes: spec.worker_nodes,
-                        offering: spec.node_offering.clone(),
-                        version: spec.version.clone(),
-                    })
+                    .create_nodes(due_by(
+                        deadline,
+                        pb::CreateNodesRequest {
+                            token,
+                            control_nodes: spec.control_nodes,
+                            worker_nodes: spec.worker_nodes,
+                            offering: spec.node_offering.clone(),
+                            version: spec.version.clone(),
+                        },
+                    ))
                     .await
             }
-            Step::StartNodes => provider.start_nodes(pb::PowerRequest { token }).await,
-            Step::StopNodes => provider.stop_nodes(pb::PowerRequest { token }).await,
+            Step::StartNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.start_nodes(request).await
+            }
+            Step::StopNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.stop_nodes(request).await
+            }
             Step::Resize { workers, offering } => {
                 provider
-                    .resize_nodes(pb::ResizeNodesRequest {
-                        token,
-                        worker_nodes: *workers,
-                        offering: offering.clone(),
-                    })
+                    .resize_nodes(due_by(
+                        deadline,
+                        pb::ResizeNodesRequest {
+                            token,
+                            worker_nodes: *workers,
+                            offering: offering.clone(),
+                        },
+                    ))
                     .await
             }
             Step::UpgradeNode { node_id, version } => {
                 provider
-                    .upgrade_node(pb::UpgradeNodeRequest {
-                        token,
-                        node_id: node_id.clone(),
-                        version: version.clone(),
-                    })
+                    .upgrade_node(due_by(
+                        deadline,
+                        pb::UpgradeNodeRequest {
+                            token,
+                            node_id: node_id.clone(),
+                            version: version.clone(),
+                        },
+                    ))
                     .await
             }
             Step::DeleteNodes(ids) => {
                 provider
-                    .delete_nodes(pb::DeleteNodesRequest {
-                        token,
-                        node_ids: ids.clone(),
-                    })
+                    .delete_nodes(due_by(
+                        deadline,
+                        pb::DeleteNodesRequest {
+                            token,
+                            node_ids: ids.clone(),
+                        },
+                    ))
                     .await
             }
             Step::HealthCheck => return self.health_check().await,
@@ -291,6 +316,7 @@ impl Holding<'_> {
     async fn describe(&mut self) -> Result<Vec<pb::ProviderNode>, tonic::Status> {
         // Fenced: once this owner has looked, its predecessors' calls are
         // refused (orphan recovery relies on it).
+        let deadline = self.claim_deadline().await?;
         let request = pb::DescribeClusterRequest {
             cluster_uid: self.cluster.spec.uid.clone(),
             token: self.token(),
@@ -300,7 +326,7 @@ impl Holding<'_> {
             .executor
             .provider
             .clone()
-            .describe_cluster(request)
+            .describe_cluster(due_by(deadline, request))
             .await;
         self.executor.observe_provider("DescribeCluster", started);
         let nodes = response?.into_inner().nodes;

@@ -22,7 +22,62 @@ pub fn connect_lazy(endpoint: &str) -> Result<Provider, tonic::codegen::http::ur
     ))
 }
 
+/// `message` as a request due by `deadline` (the end of the caller's claim,
+/// see `Replication::claim_deadline`): it carries the time left as its gRPC
+/// deadline (`grpc-timeout`), which the client enforces (the call ends with
+/// CANCELLED once it passes) and the provider learns, so that a call made
+/// under a claim is never applied after a peer could have taken over.
+pub fn due_by<T>(deadline: std::time::Instant, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    // A deadline already past still goes out as the shortest one, for the
+    // client to end at once.
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    request.set_timeout(left.max(std::time::Duration::from_millis(1)));
+    request
+}
+
 /// A node that is powered on and reports healthy.
 pub fn node_ready(node: &ProviderNode) -> bool {
     node.healthy && node.power_state == "on"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_proto::provider::v1 as pb;
+    use std::time::{Duration, Instant};
+
+    /// A provider that never answers: only the deadline ends the call.
+    async fn silent_provider() -> (Provider, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let provider = connect_lazy(&format!("http://{address}")).unwrap();
+        (provider, accepting)
+    }
+
+    #[tokio::test]
+    async fn a_call_due_by_a_deadline_ends_there_and_says_so() {
+        let (mut provider, accepting) = silent_provider().await;
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let request = pb::DescribeClusterRequest {
+            cluster_uid: "uid".into(),
+            token: None,
+        };
+        let sent = due_by(deadline, request);
+        assert!(
+            sent.metadata().get("grpc-timeout").is_some(),
+            "a gRPC deadline"
+        );
+        let bound = tokio::time::timeout(Duration::from_secs(5), provider.describe_cluster(sent));
+        let status = bound.await.expect("ended by its deadline").unwrap_err();
+        assert!(Instant::now() >= deadline, "not before it");
+        assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
+        accepting.abort();
+    }
 }

@@ -1,8 +1,13 @@
 //! Hand-off on shutdown while operations still run here: the replica marks
 //! its member record draining, so that peers prefer it for no cluster, and
-//! releases every cluster it owns that runs nothing here. The clusters whose
-//! operations it runs stay until those end (or the hand-off grace does);
-//! then the lease goes, and what is left with it.
+//! releases every cluster it owns whose operation does not run here. The
+//! clusters whose operations it runs stay until those end (or the hand-off
+//! grace does); then the lease goes, and what is left with it.
+//!
+//! A task run in flight does not keep its cluster: the next owner aborts and
+//! retries it, as after a crash. Kept, the cluster would be stuck for the
+//! whole grace: this replica takes no more work, so an operation accepted
+//! for it meanwhile would wait for the lease to go.
 //!
 //! While draining, ownership passes claim nothing and no longer publish
 //! their view of what this replica owns: a pass that read the owner keys
@@ -56,8 +61,8 @@ impl Replication {
         Ok(())
     }
 
-    /// Releases every owned cluster that no task run holds and that is idle
-    /// or whose operation does not run here (`runs_here` tells, by
+    /// Releases every owned cluster that is idle or whose operation does not
+    /// run here (a task run in flight does not count, see the module docs) (`runs_here` tells, by
     /// operation id): one still PENDING (this replica takes no more work),
     /// or a RUNNING one left by an earlier owner that was not taken up yet,
     /// which the next owner recovers. Each release compares what it was
@@ -73,9 +78,6 @@ impl Replication {
         let states = self.owned_states(cache, &owned).await?;
         let mut releasable = Vec::new();
         for (cluster, kv) in states {
-            if self.is_held(&cluster) {
-                continue;
-            }
             let Ok(state) = from_json::<StateRecord>(&kv) else {
                 continue;
             };
@@ -191,6 +193,7 @@ mod tests {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(30),
+            lease_margin: Duration::from_secs(6),
         };
         let (replication, _) =
             Replication::new(store.clone(), keys.clone(), config, Metrics::new());
@@ -242,23 +245,24 @@ mod tests {
     async fn releases_what_runs_nothing_here_and_keeps_what_does() {
         let store: SharedStore = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
-        let clusters = ["idle", "running-here", "orphan", "task-run"];
+        let clusters = ["idle", "running-here", "orphan", "idle-task-run"];
         let replication = owner_of(store.clone(), &keys, &clusters).await;
         let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
-        let _task_run = replication.hold("task-run");
+        // A task run in flight: the next owner aborts and retries it.
+        let _task_run = replication.hold("idle-task-run");
 
         let left = replication
             .release_unbusy(&cache, |id| id == "op-running-here")
             .await
             .unwrap();
 
-        assert_eq!(left, 2);
-        assert_eq!(replication.owned_clusters(), ["running-here", "task-run"]);
+        assert_eq!(left, 1);
+        assert_eq!(replication.owned_clusters(), ["running-here"]);
         for (cluster, kept) in [
             ("idle", false),
             ("orphan", false),
             ("running-here", true),
-            ("task-run", true),
+            ("idle-task-run", false),
         ] {
             assert_eq!(owner_key(&store, &keys, cluster).await, kept, "{cluster}");
         }

@@ -1,5 +1,8 @@
 //! Membership: one lease per replica incarnation, `members/<id>` bound to
-//! it, renewed every TTL/3. Losing it drops every claim at once; then the
+//! it, renewed every TTL/3. Keep-alives that fail for longer than the belief
+//! in the lease lasts (TTL minus the margin) make the session lapse: claims
+//! are not used until etcd answers again. A lease etcd still has then goes
+//! on with its claims; one it lost drops every claim at once, and the
 //! replica rejoins with a new lease.
 
 use super::*;
@@ -38,36 +41,56 @@ impl Replication {
                 if shutdown.has_changed().is_err() {
                     return;
                 }
-                let resigned = lock(&self.session).as_ref().map(|s| s.lease) != Some(lease);
-                if resigned {
+                if !self.renew(lease).await {
                     break;
                 }
-                let sent = Instant::now();
-                match self.store.keep_alive(lease).await {
-                    Ok(ttl) => {
-                        if let Some(session) =
-                            lock(&self.session).as_mut().filter(|s| s.lease == lease)
-                        {
-                            session.valid_until = sent + Duration::from_secs(ttl as u64);
-                        }
-                    }
-                    Err(StoreError::LeaseNotFound(_)) => {
-                        self.metrics.keepalive_failures.inc();
-                        self.drop_session("the lease expired");
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "lease keep-alive failed");
-                        self.metrics.keepalive_failures.inc();
-                        if self.live_lease() != Some(lease) {
-                            self.drop_session("keep-alives failed for longer than the TTL");
-                            break;
-                        }
-                    }
-                }
-                if self.live_lease() != Some(lease) {
-                    break;
-                }
+            }
+        }
+    }
+
+    /// One renewal of `lease`; false once it is no longer this replica's
+    /// session (resigned, or found expired), so that a new one is joined.
+    async fn renew(&self, lease: LeaseId) -> bool {
+        let current = |this: &Self| lock(&this.session).as_ref().map(|s| s.lease) == Some(lease);
+        if !current(self) {
+            return false;
+        }
+        if self.live_lease().is_none() && !self.lease_lives(lease).await {
+            return false;
+        }
+        let sent = Instant::now();
+        match self.store.keep_alive(lease).await {
+            Ok(ttl) => {
+                let ttl = Duration::from_secs(ttl as u64);
+                self.renewed(lease, self.config.valid_until(sent, ttl));
+            }
+            Err(StoreError::LeaseNotFound(_)) => {
+                self.metrics.keepalive_failures.inc();
+                self.drop_session("the lease expired");
+                return false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "lease keep-alive failed");
+                self.metrics.keepalive_failures.inc();
+            }
+        }
+        current(self)
+    }
+
+    /// After keep-alives failed for longer than the belief lasts: whether
+    /// etcd still has the lease. Only a lease etcd reports gone ends the
+    /// session (and the work running under it); while etcd does not answer
+    /// the session stays lapsed, claiming nothing.
+    async fn lease_lives(&self, lease: LeaseId) -> bool {
+        match self.store.lease_time_to_live(lease).await {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                self.drop_session("the lease expired while keep-alives failed");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot ask etcd whether the lease lives; retrying");
+                true
             }
         }
     }
@@ -91,7 +114,8 @@ impl Replication {
             .await?;
         *lock(&self.session) = Some(Session {
             lease,
-            valid_until: sent + self.config.lease_ttl,
+            valid_until: self.config.valid_until(sent, self.config.lease_ttl),
+            lapsed: false,
         });
         tracing::info!(lease, ttl, "joined as a member");
         Ok(lease)
@@ -120,5 +144,176 @@ impl Replication {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{GetResult, MemoryStore, RangeRequest, Store, TxnResult, WatchStream};
+    use std::sync::atomic::Ordering;
+
+    /// A memory store whose keep-alive replies are lost while `lose` is set:
+    /// the renewal reaches the store (`renew` set) or not, and the replica
+    /// hears "unavailable" either way.
+    struct LossyStore {
+        inner: MemoryStore,
+        lose: AtomicBool,
+        renew: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for LossyStore {
+        async fn get(&self, key: &str) -> crate::store::Result<GetResult> {
+            self.inner.get(key).await
+        }
+        async fn range(&self, request: RangeRequest) -> crate::store::Result<GetResult> {
+            self.inner.range(request).await
+        }
+        async fn txn(&self, txn: Txn) -> crate::store::Result<TxnResult> {
+            self.inner.txn(txn).await
+        }
+        async fn grant_lease(&self, ttl_seconds: i64) -> crate::store::Result<LeaseId> {
+            self.inner.grant_lease(ttl_seconds).await
+        }
+        async fn keep_alive(&self, lease: LeaseId) -> crate::store::Result<i64> {
+            if !self.lose.load(Ordering::SeqCst) {
+                return self.inner.keep_alive(lease).await;
+            }
+            if self.renew.load(Ordering::SeqCst) {
+                let _ = self.inner.keep_alive(lease).await;
+            }
+            Err(StoreError::Unavailable("reply lost by the test".into()))
+        }
+        async fn revoke_lease(&self, lease: LeaseId) -> crate::store::Result<()> {
+            self.inner.revoke_lease(lease).await
+        }
+        async fn lease_time_to_live(&self, lease: LeaseId) -> crate::store::Result<Option<i64>> {
+            self.inner.lease_time_to_live(lease).await
+        }
+        async fn watch(&self, prefix: &str, from: i64) -> crate::store::Result<WatchStream> {
+            self.inner.watch(prefix, from).await
+        }
+        async fn compact(&self, revision: i64) -> crate::store::Result<()> {
+            self.inner.compact(revision).await
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    /// A member of `store` (renewing its lease) that owns cluster `c`.
+    async fn member(store: Arc<LossyStore>) -> (Arc<Replication>, Claim, watch::Sender<bool>) {
+        let keys = KeyLayout::new("/t/");
+        let config = ReplicationConfig {
+            replica_id: "r1".into(),
+            address: "127.0.0.1:1".into(),
+            lease_ttl: TTL,
+            lease_margin: Duration::from_millis(400),
+        };
+        let (replication, _) = Replication::new(store, keys, config, Metrics::new());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&replication).run_membership(stopped));
+        let lease = wait_for(|| replication.session_lease(), "a lease").await;
+        // What an ownership pass would have published.
+        let claim = Claim { lease, epoch: 7 };
+        lock(&replication.owned).insert("c".into(), claim);
+        (replication, claim, stop)
+    }
+
+    async fn wait_for<T>(mut found: impl FnMut() -> Option<T>, what: &str) -> T {
+        let deadline = Instant::now() + 4 * TTL;
+        loop {
+            if let Some(value) = found() {
+                return value;
+            }
+            assert!(Instant::now() < deadline, "no {what} within {:?}", 4 * TTL);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    impl Replication {
+        fn session_lease(&self) -> Option<LeaseId> {
+            lock(&self.session).as_ref().map(|s| s.lease)
+        }
+    }
+
+    fn lossy(renew: bool) -> Arc<LossyStore> {
+        Arc::new(LossyStore {
+            inner: MemoryStore::new(),
+            lose: AtomicBool::new(false),
+            renew: AtomicBool::new(renew),
+        })
+    }
+
+    /// Keep-alive replies lost for longer than the TTL while the renewals
+    /// themselves arrive: once etcd answers again the lease still lives, and
+    /// the session goes on with its claims (it used to be given up, and its
+    /// running operations failed, for a new lease).
+    #[tokio::test]
+    async fn a_lapsed_session_whose_lease_lives_goes_on() {
+        let store = lossy(true);
+        let (replication, claim, _stop) = member(Arc::clone(&store)).await;
+        store.lose.store(true, Ordering::SeqCst);
+        let lapsed = Instant::now();
+        wait_for(|| replication.claim("c").is_none().then_some(()), "lapse").await;
+        // Keep-alives have failed for longer than the TTL.
+        tokio::time::sleep(TTL.saturating_sub(lapsed.elapsed()) + TTL / 4).await;
+        assert_eq!(replication.claim("c"), None, "no claim while lapsed");
+        store.lose.store(false, Ordering::SeqCst);
+        let back = wait_for(|| replication.claim("c"), "claim after the lapse").await;
+        assert_eq!(back, claim);
+        assert_eq!(replication.session_lease(), Some(claim.lease));
+    }
+
+    /// A lapse in which the lease did expire ends the session: its claims
+    /// are gone and a new lease is joined.
+    #[tokio::test]
+    async fn a_lapsed_session_whose_lease_expired_rejoins() {
+        let store = lossy(false);
+        let (replication, claim, _stop) = member(Arc::clone(&store)).await;
+        store.lose.store(true, Ordering::SeqCst);
+        let expired = || async {
+            let lives = store.inner.lease_time_to_live(claim.lease).await.unwrap();
+            lives.is_none()
+        };
+        let deadline = Instant::now() + 4 * TTL;
+        while !expired().await {
+            assert!(Instant::now() < deadline, "the lease never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        store.lose.store(false, Ordering::SeqCst);
+        let lease = wait_for(
+            || replication.session_lease().filter(|l| *l != claim.lease),
+            "a new lease",
+        )
+        .await;
+        assert_ne!(lease, claim.lease);
+        assert_eq!(replication.claim("c"), None);
+        assert!(replication.owned_clusters().is_empty());
+    }
+
+    /// A provider call made while the session has lapsed waits for the
+    /// verdict, and goes ahead when the lease lives.
+    #[tokio::test]
+    async fn a_claim_deadline_waits_out_a_lapse() {
+        let store = lossy(true);
+        let (replication, claim, _stop) = member(Arc::clone(&store)).await;
+        let deadline = replication.claim_deadline("c", claim).await.unwrap();
+        assert!(deadline <= Instant::now() + TTL - Duration::from_millis(400));
+        store.lose.store(true, Ordering::SeqCst);
+        wait_for(|| replication.claim("c").is_none().then_some(()), "lapse").await;
+        let waiting = {
+            let replication = Arc::clone(&replication);
+            tokio::spawn(async move { replication.claim_deadline("c", claim).await })
+        };
+        tokio::time::sleep(TTL / 4).await;
+        store.lose.store(false, Ordering::SeqCst);
+        let after = waiting
+            .await
+            .unwrap()
+            .expect("the claim held through the lapse");
+        assert!(after > Instant::now(), "a deadline ahead");
+        let other = Claim { epoch: 8, ..claim };
+        assert_eq!(replication.claim_deadline("c", other).await, None);
     }
 }

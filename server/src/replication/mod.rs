@@ -4,9 +4,15 @@
 //!
 //! # Guarantees
 //! - [`Replication::claim`] returns a cluster's claim only while this
-//!   replica's lease is believed alive: once keep-alives have failed for
-//!   longer than the TTL (or the lease is gone) every claim is dropped at
-//!   once, before a new lease is granted.
+//!   replica's lease is believed alive: up to the TTL minus a safety margin
+//!   after the last renewal that succeeded was sent. Past that the session
+//!   has lapsed: no claim is returned until etcd answers again. If the lease
+//!   still lives then (LeaseTimeToLive), the session and its claims go on;
+//!   if it is gone, every claim is dropped before a new lease is granted.
+//! - A provider call made under a claim carries a gRPC deadline no later
+//!   than the end of that belief ([`Replication::claim_deadline`]), so a
+//!   call cannot land after the lease could have expired and a peer taken
+//!   over.
 //! - Every owner write compares the owner key's lease and create revision
 //!   ([`Claim::fence`]), so a replica that lost ownership while paused can
 //!   change nothing; its provider calls carry an older epoch than the new
@@ -18,6 +24,12 @@
 //! # Caveats
 //! - A lease TTL is a minimum: after an etcd leader change, failover can
 //!   take up to twice the TTL.
+//! - A provider call that needs longer than the TTL minus the margin (less
+//!   the time since the last renewal) cannot succeed: the provider must
+//!   answer within it.
+//! - etcd releases with the early lease revoke under a slow leader (see
+//!   PRODUCTION.md) may end a lease before its TTL; the margin does not
+//!   cover an arbitrarily slow leader.
 
 mod handoff;
 mod membership;
@@ -84,9 +96,15 @@ impl Claim {
 #[derive(Debug, Clone, Copy)]
 struct Session {
     lease: LeaseId,
-    /// Past this instant the lease may have expired: stop acting as owner.
+    /// Past this instant the lease may have expired: stop acting as owner
+    /// until a renewal succeeds again.
     valid_until: Instant,
+    /// The belief ran out and was not renewed yet (logged once).
+    lapsed: bool,
 }
+
+/// How often a provider call waiting out a lapsed session looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
 
 /// Settings of the replication layer.
 #[derive(Debug, Clone)]
@@ -94,6 +112,16 @@ pub struct ReplicationConfig {
     pub replica_id: String,
     pub address: String,
     pub lease_ttl: Duration,
+    /// How long before the TTL runs out this replica stops believing in its
+    /// lease (less than a third of the TTL leaves time for renewals).
+    pub lease_margin: Duration,
+}
+
+impl ReplicationConfig {
+    /// How long a renewal sent at `sent` makes this replica an owner.
+    fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
+        sent + ttl.saturating_sub(self.lease_margin)
+    }
 }
 
 /// The replication state of this replica; shared by the executor, the
@@ -152,9 +180,31 @@ impl Replication {
         lock(&self.owned).get(cluster).copied()
     }
 
+    /// The deadline for a provider call under `claim` (when this replica's
+    /// belief in its lease ends), or `None` once `claim` no longer holds. A
+    /// lapsed session is waited out for up to a TTL first: if etcd confirms
+    /// the lease, the call goes ahead rather than failing work nobody took.
+    pub async fn claim_deadline(&self, cluster: &str, claim: Claim) -> Option<Instant> {
+        let give_up = Instant::now() + self.config.lease_ttl;
+        loop {
+            let session = (*lock(&self.session))?;
+            if self.claim(cluster) == Some(claim) {
+                return Some(session.valid_until);
+            }
+            let lapsed = Instant::now() >= session.valid_until;
+            if !lapsed
+                || Instant::now() >= give_up
+                || lock(&self.owned).get(cluster) != Some(&claim)
+            {
+                return None;
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
     /// Keeps `cluster` from being handed over to its preferred member until
     /// the returned hold is dropped (a task run in progress). A lost lease
-    /// still loses it.
+    /// still loses it, and a drain releases it (see `handoff`).
     pub fn hold(self: &Arc<Self>, cluster: &str) -> Hold {
         *lock(&self.held).entry(cluster.to_string()).or_insert(0) += 1;
         Hold {
@@ -179,22 +229,37 @@ impl Replication {
         lock(&self.owned).len()
     }
 
+    /// The lease, while this replica believes it alive. Past the belief the
+    /// session lapses (its claims are kept, unused) until a renewal succeeds
+    /// or the lease turns out gone.
     fn live_lease(&self) -> Option<LeaseId> {
         let mut session = lock(&self.session);
-        match *session {
-            Some(s) if Instant::now() < s.valid_until => Some(s.lease),
-            Some(s) => {
-                tracing::warn!(
-                    lease = s.lease,
-                    "lease may have expired: no longer acting as an owner"
+        let s = session.as_mut()?;
+        if Instant::now() < s.valid_until {
+            return Some(s.lease);
+        }
+        if !s.lapsed {
+            s.lapsed = true;
+            tracing::warn!(
+                lease = s.lease,
+                "lease may have expired: not acting as an owner until etcd confirms it"
+            );
+        }
+        None
+    }
+
+    /// Believes in `lease` until `valid_until` (a renewal succeeded), if it
+    /// is still this replica's session.
+    fn renewed(&self, lease: LeaseId, valid_until: Instant) {
+        if let Some(session) = lock(&self.session).as_mut().filter(|s| s.lease == lease) {
+            if session.lapsed {
+                tracing::info!(
+                    lease,
+                    "the lease lived through the lapse: acting as an owner again"
                 );
-                *session = None;
-                drop(session);
-                lock(&self.owned).clear();
-                self.metrics.clusters_owned.set(0);
-                None
             }
-            None => None,
+            session.valid_until = valid_until;
+            session.lapsed = false;
         }
     }
 

@@ -8,8 +8,8 @@ use super::types::{check_ops, prefix_end};
 use super::*;
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient,
-    LeaseClient, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, WatchClient,
-    WatchFilterType, WatchOptions,
+    LeaseClient, MaintenanceClient, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse,
+    WatchClient, WatchFilterType, WatchOptions,
 };
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -46,7 +46,7 @@ impl EtcdOptions {
 
 /// A store backed by an etcd cluster.
 ///
-/// It keeps the three service clients it uses rather than etcd-client's
+/// It keeps the four service clients it uses rather than etcd-client's
 /// `Client`: every request clones its client, and a `Client` clone copies
 /// all eight service clients (a measurable share of a replica's CPU per
 /// operation). They share one connection and one auth token.
@@ -55,6 +55,8 @@ pub struct EtcdStore {
     kv: KvClient,
     watch: WatchClient,
     lease: LeaseClient,
+    /// For the server version only (Status).
+    maintenance: MaintenanceClient,
 }
 
 impl EtcdStore {
@@ -88,6 +90,7 @@ impl EtcdStore {
             kv: client.kv_client(),
             watch: client.watch_client(),
             lease: client.lease_client(),
+            maintenance: client.maintenance_client(),
         })
     }
 }
@@ -482,6 +485,17 @@ impl Store for EtcdStore {
     async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
         self.watch_filtered(prefix, from_revision, vec![WatchFilterType::NoDelete])
             .await
+    }
+
+    async fn server_version(&self) -> Result<Option<String>> {
+        let status = call(
+            &self.maintenance,
+            Retry::Idempotent,
+            |mut client| async move { client.status().await },
+        )
+        .await
+        .map_err(into_store_error)?;
+        Ok(Some(status.version().to_string()))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {

@@ -91,6 +91,10 @@ impl Store for MeteredStore {
         result
     }
 
+    async fn server_version(&self) -> Result<Option<String>> {
+        self.inner.server_version().await
+    }
+
     async fn compact(&self, revision: i64) -> Result<()> {
         let started = Instant::now();
         let result = self.inner.compact(revision).await;

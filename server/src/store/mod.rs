@@ -21,6 +21,7 @@
 //!   full TTL on a leader change.
 
 mod etcd;
+pub mod known_issues;
 mod memory;
 mod metered;
 mod types;
@@ -109,6 +110,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Discards history older than `revision`.
     async fn compact(&self, revision: i64) -> Result<()>;
+
+    /// The version of the etcd server answering (`None`: not etcd).
+    async fn server_version(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
 
     /// Runs a compare-and-swap transaction that must succeed:
     /// [`StoreError::Conflict`] when its compares do not hold.

@@ -30,7 +30,7 @@ use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::{Metrics, TaskRunLabels};
-use crate::provider::Provider;
+use crate::provider::{due_by, Provider};
 use crate::replication::{Claim, Hold, Replication};
 use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
 use chrono::{DateTime, Utc};
@@ -259,7 +259,8 @@ impl TaskScheduler {
         for change in &changes {
             if let Change::Delete { record, .. } = change {
                 if let Some(run) = record.running() {
-                    self.stop_run(&read.cluster.spec.uid, claim, run).await?;
+                    self.stop_run(&read.cluster.spec.name, &read.cluster.spec.uid, claim, run)
+                        .await?;
                 }
             }
         }
@@ -473,12 +474,16 @@ impl TaskScheduler {
         tokio::spawn(async move {
             let _hold = hold;
             let ended = if this.replication.claim(&cluster) == Some(claim) {
+                // The one provider call without the claim's deadline: a run
+                // lasts hours, far past any one renewal, and what it does
+                // after a lost claim the next owner's StopTask (newer epoch)
+                // ends before it starts anything.
                 let mut provider = this.provider.clone();
                 match tokio::time::timeout(this.run_timeout, provider.run_task(request)).await {
                     Ok(ended) => ended,
                     Err(_) => {
                         // Stopped (and fenced) before it counts as failed.
-                        if let Err(error) = this.stop_run(&uid, claim, &run).await {
+                        if let Err(error) = this.stop_run(&cluster, &uid, claim, &run).await {
                             tracing::warn!(cluster, run = %run.id, %error, "could not stop a run that timed out");
                         }
                         Err(tonic::Status::deadline_exceeded(format!(
@@ -604,7 +609,8 @@ impl TaskScheduler {
         claim: Claim,
     ) -> Result<(), TaskError> {
         let name = &read.cluster.spec.name;
-        self.stop_run(&read.cluster.spec.uid, claim, run).await?;
+        self.stop_run(&read.cluster.spec.name, &read.cluster.spec.uid, claim, run)
+            .await?;
         let message = format!(
             "replica {} (epoch {}) was lost while the run was in progress; aborted by {}",
             run.replica,
@@ -629,20 +635,38 @@ impl TaskScheduler {
         Ok(())
     }
 
-    /// StopTask with this owner's token; a run the provider never saw is
+    /// StopTask with this owner's token, while `claim` holds (and due by the
+    /// end of it, like every provider call); a run the provider never saw is
     /// fine (the token still fences it).
-    async fn stop_run(&self, uid: &str, claim: Claim, run: &TaskRun) -> Result<(), TaskError> {
+    async fn stop_run(
+        &self,
+        cluster: &str,
+        uid: &str,
+        claim: Claim,
+        run: &TaskRun,
+    ) -> Result<(), TaskError> {
+        let Some(deadline) = self.replication.claim_deadline(cluster, claim).await else {
+            return Err(TaskError::Provider(format!(
+                "not stopping run {}: this replica no longer owns the cluster",
+                run.id
+            )));
+        };
         let request = pb::StopTaskRequest {
             token: Some(token(uid, claim, &run.id)),
             run_id: run.id.clone(),
         };
         // Bounded: one cluster's provider trouble must not stall the loop.
-        let stopped = tokio::time::timeout(STOP_TIMEOUT, self.provider.clone().stop_task(request))
-            .await
-            .map_err(|_| TaskError::Provider(format!("StopTask took over {STOP_TIMEOUT:?}")))?;
+        let request = due_by(deadline.min(Instant::now() + STOP_TIMEOUT), request);
+        let stopped = self.provider.clone().stop_task(request).await;
         match stopped {
             Ok(_) => Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+            Err(status) if status.code() == tonic::Code::Cancelled => {
+                Err(TaskError::Provider(format!(
+                    "no answer to StopTask by its deadline: {}",
+                    status.message()
+                )))
+            }
             Err(status) => Err(TaskError::Provider(status.message().to_string())),
         }
     }

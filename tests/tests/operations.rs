@@ -546,8 +546,12 @@ async fn failing_steps_end_where_the_table_says() {
     assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
     assert_eq!(f.state("broken").await, S::Running as i32);
 
-    // A hung provider hits the per-kind timeout: Stopping -> Alert.
-    f.sim.fault("StopNodes", 1, true).await;
+    // A hung provider hits the per-kind timeout: Stopping -> Alert. A call
+    // cut at the end of the claim's lease period is asked again, so every
+    // ask hangs.
+    for _ in 0..3 {
+        f.sim.fault("StopNodes", 1, true).await;
+    }
     let op = f
         .client
         .clusters()
@@ -739,7 +743,11 @@ async fn a_hung_look_before_the_first_step_times_out_the_operation() {
     let first_start = created.into_inner().operation.unwrap();
     assert_eq!(f.finish(first_start).await.state, O::Failed as i32);
     assert_eq!(f.state("broken").await, S::Error as i32);
-    f.sim.fault("DescribeCluster", 1, true).await;
+    // Every ask hangs (one cut at the end of the claim's lease period is
+    // asked again).
+    for _ in 0..3 {
+        f.sim.fault("DescribeCluster", 1, true).await;
+    }
     let op = f
         .client
         .clusters()

@@ -210,13 +210,38 @@ impl Holding<'_> {
         })
     }
 
+    /// Runs `step` at the provider, under this replica's claim.
     async fn call(&mut self, step: &Step) -> Result<(), tonic::Status> {
-        let deadline = self.claim_deadline().await?;
+        if *step == Step::HealthCheck {
+            return self.health_check().await;
+        }
+        let started = Instant::now();
+        let response = loop {
+            let deadline = self.claim_deadline().await?;
+            match self.send(step, deadline).await {
+                Err(status) if cut_at_claim_end(&status, deadline) => {
+                    tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
+                }
+                other => break other,
+            }
+        };
+        self.executor
+            .observe_provider(step.provider_call(), started);
+        self.nodes = response?.into_inner().nodes;
+        self.nodes_fresh = true;
+        Ok(())
+    }
+
+    /// Sends `step`'s provider call, due by `deadline`.
+    async fn send(
+        &self,
+        step: &Step,
+        deadline: std::time::Instant,
+    ) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
         let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
         let token = self.token();
-        let started = Instant::now();
-        let response = match step {
+        match step {
             Step::CreateNodes => {
                 provider
                     .create_nodes(due_by(
@@ -274,14 +299,8 @@ impl Holding<'_> {
                     ))
                     .await
             }
-            Step::HealthCheck => return self.health_check().await,
-        };
-        self.executor
-            .observe_provider(step.provider_call(), started);
-        let response = response?;
-        self.nodes = response.into_inner().nodes;
-        self.nodes_fresh = true;
-        Ok(())
+            Step::HealthCheck => unreachable!("the health check describes"),
+        }
     }
 
     /// Every node is on and ready (a read-only step). The provider's last
@@ -316,18 +335,19 @@ impl Holding<'_> {
     async fn describe(&mut self) -> Result<Vec<pb::ProviderNode>, tonic::Status> {
         // Fenced: once this owner has looked, its predecessors' calls are
         // refused (orphan recovery relies on it).
-        let deadline = self.claim_deadline().await?;
-        let request = pb::DescribeClusterRequest {
-            cluster_uid: self.cluster.spec.uid.clone(),
-            token: self.token(),
-        };
         let started = Instant::now();
-        let response = self
-            .executor
-            .provider
-            .clone()
-            .describe_cluster(due_by(deadline, request))
-            .await;
+        let response = loop {
+            let deadline = self.claim_deadline().await?;
+            let request = pb::DescribeClusterRequest {
+                cluster_uid: self.cluster.spec.uid.clone(),
+                token: self.token(),
+            };
+            let mut provider = self.executor.provider.clone();
+            match provider.describe_cluster(due_by(deadline, request)).await {
+                Err(status) if cut_at_claim_end(&status, deadline) => {}
+                other => break other,
+            }
+        };
         self.executor.observe_provider("DescribeCluster", started);
         let nodes = response?.into_inner().nodes;
         self.nodes = nodes.clone();
@@ -563,6 +583,15 @@ fn is_conflict(error: &LifecycleError) -> bool {
             StoreError::Conflict { .. }
         ))
     )
+}
+
+/// Whether `status` ended a call at the end of the claim it was made
+/// under (see [`due_by`]), rather than being the provider's answer. Such a
+/// call is asked again once the claim is renewed: provider calls are
+/// idempotent, and a slow provider is bounded by the operation's timeout,
+/// not by one lease period.
+fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> bool {
+    status.code() == Code::Cancelled && std::time::Instant::now() >= deadline
 }
 
 /// Whether the provider's answer shows nodes, every one at `version`.

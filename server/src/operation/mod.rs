@@ -7,7 +7,11 @@
 //!   [`LifecycleError::Busy`] or [`LifecycleError::Raced`] (ABORTED).
 //! - A request whose event has no transition from the cluster's state (and
 //!   is no go-ahead) is refused with [`LifecycleError::NoTransition`].
-//! - A repeated `request_id` returns the operation it first created.
+//! - A repeated `request_id` returns the operation it first created, while
+//!   that operation is in the history and for at least
+//!   [`REQUEST_RETENTION`] after history collection deleted it (its request
+//!   entry then carries it); it never starts another.
+//! - History collection is an owner write: fenced by the owner's claim.
 
 mod accept;
 mod feed;

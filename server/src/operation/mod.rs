@@ -524,9 +524,10 @@ impl Operations {
             return Ok(count);
         }
         let deleted = collected.len();
-        let lease = match collected.iter().any(|(_, r)| !r.request_id.is_empty()) {
-            true => self.retention_lease().await?,
-            false => 0,
+        let lease = if collected.iter().any(|(_, r)| !r.request_id.is_empty()) {
+            self.retention_lease().await?
+        } else {
+            0
         };
         let mut ops = Vec::new();
         for (key, record) in collected {

@@ -88,7 +88,8 @@ impl KeyLayout {
         format!("{}{id}", self.operations(cluster))
     }
 
-    /// The idempotency index: request id -> operation id.
+    /// The idempotency index: request id -> the operation it created (a
+    /// JSON entry, see `RequestRecord`).
     pub fn request(&self, cluster: &str, request_id: &str) -> String {
         format!("{}requests/{cluster}/{request_id}", self.prefix)
     }

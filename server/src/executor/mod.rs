@@ -144,9 +144,20 @@ impl Executor {
         self.history.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Collects `cluster`'s history and notes its size after.
+    /// Collects `cluster`'s history and notes its size after, as an owner
+    /// write fenced by this replica's claim on the cluster now (the claim
+    /// the operation ran under, or a newer one: either way only its owner
+    /// collects); without a claim there is nothing to collect here.
     async fn collect_history(&self, cluster: &str, expected: usize) -> Result<(), LifecycleError> {
-        match self.operations.collect_garbage(cluster, expected).await {
+        let Some(claim) = self.replication.claim(cluster) else {
+            self.history().remove(cluster);
+            return Ok(());
+        };
+        match self
+            .operations
+            .collect_garbage(cluster, expected, &claim)
+            .await
+        {
             Ok(left) => {
                 self.history().insert(cluster.to_string(), left);
                 Ok(())

@@ -336,7 +336,10 @@ impl Operations {
         if !request.request_id.is_empty() {
             let request_key = self.keys.request(cluster, &request.request_id);
             compares.push(Compare::absent(&request_key));
-            writes.push(Op::put(request_key, record.id.clone()));
+            writes.push(Op::put(
+                request_key,
+                to_json(&RequestRecord::new(&record.id)),
+            ));
         }
         let txn = Txn::new().when(compares).and_then(writes);
         let committed = match (runner, claim) {
@@ -460,7 +463,7 @@ impl Operations {
             if !request_id.is_empty() {
                 writes.push(Op::put(
                     self.keys.request(name, request_id),
-                    record.id.clone(),
+                    to_json(&RequestRecord::new(&record.id)),
                 ));
             }
             let first = FirstOperation {
@@ -630,5 +633,163 @@ mod tests {
             message.contains(&start.id) && message.contains("(start)"),
             "{message}"
         );
+    }
+
+    /// An owner key for `cluster` bound to a fresh lease, and the claim it
+    /// makes (the owner's epoch is the key's create revision).
+    async fn owner(store: &MemoryStore, keys: &KeyLayout, cluster: &str) -> Claim {
+        let lease = store.grant_lease(30).await.unwrap();
+        let written = store
+            .txn(Txn::new().and_then([Op::put_with_lease(keys.owner(cluster), "{}", lease)]))
+            .await
+            .unwrap();
+        Claim {
+            lease,
+            epoch: written.revision,
+        }
+    }
+
+    /// Writes `count` finished operations of `cluster` as accepted with
+    /// request ids `req-<i>`, oldest first; returns them.
+    async fn finished_history(
+        store: &MemoryStore,
+        keys: &KeyLayout,
+        cluster: &ClusterRecord,
+        count: usize,
+    ) -> Vec<OperationRecord> {
+        let mut records = Vec::new();
+        for i in 0..count {
+            let mut record = OperationRecord::pending(
+                new_operation_id(),
+                &cluster.spec.name,
+                &cluster.spec.uid,
+                OperationKind::Stop,
+                Event::StopRequested,
+                OperationParams::default(),
+                ClusterState::Running,
+                ClusterState::Stopping,
+                &format!("req-{i}"),
+                crate::cluster::now_rfc3339(),
+            );
+            record.state = OperationState::Succeeded;
+            let name = &cluster.spec.name;
+            store
+                .txn(Txn::new().and_then([
+                    Op::put(keys.operation(name, &record.id), to_json(&record)),
+                    Op::put(
+                        keys.request(name, &record.request_id),
+                        to_json(&RequestRecord::new(&record.id)),
+                    ),
+                ]))
+                .await
+                .unwrap();
+            records.push(record);
+        }
+        records
+    }
+
+    async fn history_size(store: &MemoryStore, keys: &KeyLayout, cluster: &str) -> usize {
+        store
+            .range(crate::store::RangeRequest::prefix(keys.operations(cluster)))
+            .await
+            .unwrap()
+            .kvs
+            .len()
+    }
+
+    #[tokio::test]
+    async fn history_collection_under_a_claim_that_no_longer_holds_deletes_nothing() {
+        let (store, keys, operations) = on_memory();
+        let (cluster, _) = operations
+            .create_cluster("fenced", spec(), "", false)
+            .await
+            .unwrap();
+        finished_history(&store, &keys, &cluster, 20).await;
+        let claim = owner(&store, &keys, "fenced").await;
+        // The owner key was claimed again since (a new epoch).
+        let stale = Claim {
+            epoch: claim.epoch - 1,
+            ..claim
+        };
+        assert_eq!(
+            operations
+                .collect_garbage("fenced", 20, &stale)
+                .await
+                .unwrap(),
+            20
+        );
+        assert_eq!(history_size(&store, &keys, "fenced").await, 20);
+
+        let left = operations
+            .collect_garbage("fenced", 20, &claim)
+            .await
+            .unwrap();
+        assert_eq!(left, 10, "down to the limit");
+        assert_eq!(history_size(&store, &keys, "fenced").await, 10);
+    }
+
+    #[tokio::test]
+    async fn a_request_id_answers_with_its_operation_after_history_collection() {
+        let (store, keys, operations) = on_memory();
+        let (cluster, _) = operations
+            .create_cluster("kept", spec(), "", false)
+            .await
+            .unwrap();
+        let history = finished_history(&store, &keys, &cluster, 20).await;
+        let claim = owner(&store, &keys, "kept").await;
+        operations
+            .collect_garbage("kept", 20, &claim)
+            .await
+            .unwrap();
+        let oldest = &history[0];
+        assert!(
+            operations.get("kept", &oldest.id).await.is_err(),
+            "the record itself was collected"
+        );
+
+        let retry = LifecycleRequest {
+            request_id: oldest.request_id.clone(),
+            ..request(OperationKind::Stop)
+        };
+        let answer = operations.accept("kept", retry).await.unwrap();
+        assert_eq!(&answer, oldest, "the operation as it ended");
+        assert_eq!(history_size(&store, &keys, "kept").await, 10, "nothing new");
+        let entry = store
+            .get(&keys.request("kept", &oldest.request_id))
+            .await
+            .unwrap()
+            .into_single()
+            .unwrap();
+        assert_ne!(entry.lease, 0, "kept for the retention period only");
+        let ttl = store.lease_time_to_live(entry.lease).await.unwrap();
+        assert!(
+            ttl.unwrap() >= REQUEST_RETENTION.as_secs() as i64,
+            "{ttl:?}"
+        );
+        // A kept one still points at its record.
+        let kept = &history[19];
+        let found = operations.by_request_id("kept", &kept.request_id).await;
+        assert_eq!(found.unwrap().unwrap().record, *kept);
+    }
+
+    #[tokio::test]
+    async fn a_request_entry_written_as_a_bare_id_still_answers() {
+        let (store, keys, operations) = on_memory();
+        let (cluster, _) = operations
+            .create_cluster("old", spec(), "", false)
+            .await
+            .unwrap();
+        let history = finished_history(&store, &keys, &cluster, 1).await;
+        let record = &history[0];
+        // As replicas before the entry became JSON wrote it.
+        store
+            .txn(Txn::new().and_then([Op::put(
+                keys.request("old", &record.request_id),
+                record.id.clone(),
+            )]))
+            .await
+            .unwrap();
+        let found = operations.by_request_id("old", &record.request_id).await;
+        assert_eq!(found.unwrap().unwrap().record, *record);
     }
 }

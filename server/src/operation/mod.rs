@@ -7,7 +7,11 @@
 //!   [`LifecycleError::Busy`] or [`LifecycleError::Raced`] (ABORTED).
 //! - A request whose event has no transition from the cluster's state (and
 //!   is no go-ahead) is refused with [`LifecycleError::NoTransition`].
-//! - A repeated `request_id` returns the operation it first created.
+//! - A repeated `request_id` returns the operation it first created, while
+//!   that operation is in the history and for at least
+//!   [`REQUEST_RETENTION`] after history collection deleted it (its request
+//!   entry then carries it); it never starts another.
+//! - History collection is an owner write: fenced by the owner's claim.
 
 mod accept;
 mod feed;
@@ -18,6 +22,7 @@ pub use accept::LifecycleRequest;
 pub use local::{ClaimedOperation, LocalRunner};
 pub use record::{
     OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
+    RequestRecord,
 };
 
 use crate::cluster::machine::{self, Event};
@@ -26,13 +31,14 @@ use crate::cluster::{
 };
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
+use crate::replication::Claim;
 use crate::store::{
-    CmpOp, Compare, KeyValue, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
+    CmpOp, Compare, KeyValue, LeaseId, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
 };
 use feed::OperationFeed;
 pub(crate) use feed::{Follower, Seen};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -109,6 +115,9 @@ pub struct Operations {
     local_runner: Arc<OnceLock<Arc<dyn LocalRunner>>>,
     /// This replica's watch cache, tried first when accepting.
     cache: Option<Arc<ClusterCache>>,
+    /// The lease request entries of collected operations are bound to
+    /// now, and when it was granted.
+    retention: Arc<Mutex<Option<(LeaseId, Instant)>>>,
 }
 
 impl Operations {
@@ -128,6 +137,7 @@ impl Operations {
             feed: OperationFeed::new(),
             local_runner: Arc::new(OnceLock::new()),
             cache: None,
+            retention: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -234,7 +244,8 @@ impl Operations {
         Ok((cluster, operation))
     }
 
-    /// The operation a request id created, if any.
+    /// The operation a request id created, if any: its record, or the copy
+    /// the request entry carries once history collection deleted it.
     pub async fn by_request_id(
         &self,
         cluster: &str,
@@ -243,16 +254,49 @@ impl Operations {
         if request_id.is_empty() {
             return Ok(None);
         }
-        let Some(kv) = self
-            .store
-            .get(&self.keys.request(cluster, request_id))
-            .await?
-            .into_single()
-        else {
+        let key = self.keys.request(cluster, request_id);
+        let Some((entry, revision)) = self.request_entry(&key).await? else {
             return Ok(None);
         };
-        let id = String::from_utf8_lossy(&kv.value).into_owned();
-        self.get(cluster, &id).await.map(Some)
+        if let Some(record) = entry.operation {
+            return Ok(Some(Versioned {
+                record: *record,
+                revision,
+            }));
+        }
+        match self.get(cluster, &entry.operation_id).await {
+            // Collected between the two reads: the transaction that deleted
+            // the record made the entry carry it.
+            Err(LifecycleError::NotFound { .. }) => match self.request_entry(&key).await? {
+                Some((
+                    RequestRecord {
+                        operation: Some(record),
+                        ..
+                    },
+                    revision,
+                )) => Ok(Some(Versioned {
+                    record: *record,
+                    revision,
+                })),
+                _ => Err(LifecycleError::NotFound {
+                    cluster: cluster.to_string(),
+                    id: entry.operation_id,
+                }),
+            },
+            read => read.map(Some),
+        }
+    }
+
+    /// A request entry, in either form, and its mod revision.
+    async fn request_entry(&self, key: &str) -> Result<Option<(RequestRecord, i64)>> {
+        let Some(kv) = self.store.get(key).await?.into_single() else {
+            return Ok(None);
+        };
+        let entry = RequestRecord::parse(&kv.value).map_err(|error| RegistryError::Corrupt {
+            key: kv.key.clone(),
+            reason: error.to_string(),
+        })?;
+        Ok(Some((entry, kv.mod_revision)))
     }
 
     /// Lists a cluster's operations, newest first, before `before` (an id).
@@ -435,12 +479,23 @@ impl Operations {
         self.history_limit + gc_slack(self.history_limit)
     }
 
-    /// Deletes the oldest finished operations beyond the history limit
-    /// (and their request-id index entries); returns the history size left.
-    /// `expected` is the history size the caller counted on (0: unknown):
-    /// the oldest records over the limit are read in the request that
-    /// counts the history.
-    pub async fn collect_garbage(&self, cluster: &str, expected: usize) -> Result<usize> {
+    /// Deletes the oldest finished operations beyond the history limit and
+    /// returns the history size left. `expected` is the history size the
+    /// caller counted on (0: unknown): the oldest records over the limit are
+    /// read in the request that counts the history. The deletes are an
+    /// owner write, fenced by `claim`: under a claim that no longer holds,
+    /// nothing is collected.
+    ///
+    /// A deleted operation's request entry is rewritten to carry the record
+    /// and bound to a lease of [`REQUEST_RETENTION`]: its request id keeps
+    /// answering with the operation (and starting nothing) that long,
+    /// however short the history.
+    pub async fn collect_garbage(
+        &self,
+        cluster: &str,
+        expected: usize,
+        claim: &Claim,
+    ) -> Result<usize> {
         let prefix = self.keys.operations(cluster);
         // Operation ids are time-ordered, so key order is age order; etcd
         // counts the whole range along with the few records returned.
@@ -458,24 +513,79 @@ impl Operations {
             return Ok(count);
         }
         let excess = count - self.history_limit;
-        let mut ops = Vec::new();
-        let mut deleted = 0;
+        let mut collected = Vec::new();
         for kv in oldest.kvs.iter().take(excess) {
             let record: OperationRecord = from_json(kv)?;
             if record.state.is_terminal() {
-                ops.push(Op::delete(kv.key.clone()));
-                if !record.request_id.is_empty() {
-                    ops.push(Op::delete(self.keys.request(cluster, &record.request_id)));
-                }
-                deleted += 1;
+                collected.push((kv.key.clone(), record));
             }
         }
-        if deleted > 0 {
-            // Deleting a finished record is safe whatever happened since.
-            self.store.txn(Txn::new().and_then(ops)).await?;
+        if collected.is_empty() {
+            return Ok(count);
         }
-        Ok(count - deleted)
+        let deleted = collected.len();
+        let lease = if collected.iter().any(|(_, r)| !r.request_id.is_empty()) {
+            self.retention_lease().await?
+        } else {
+            0
+        };
+        let mut ops = Vec::new();
+        for (key, record) in collected {
+            ops.push(Op::delete(key));
+            if !record.request_id.is_empty() {
+                let entry = self.keys.request(cluster, &record.request_id);
+                let carrying = to_json(&RequestRecord::carrying(record));
+                ops.push(Op::put_with_lease(entry, carrying, lease));
+            }
+        }
+        // A finished record does not change; only the owner's claim is
+        // compared.
+        let txn = Txn::new()
+            .when(claim.fence(&self.keys, cluster))
+            .and_then(ops);
+        match self.store.txn(txn).await {
+            Ok(result) if result.succeeded => Ok(count - deleted),
+            Ok(_) => {
+                tracing::debug!(cluster, "history not collected: the claim no longer holds");
+                Ok(count)
+            }
+            Err(error) => {
+                if matches!(error, StoreError::LeaseNotFound(_)) {
+                    *lock(&self.retention) = None;
+                }
+                Err(error.into())
+            }
+        }
     }
+
+    /// A lease of at least [`REQUEST_RETENTION`] for request entries: one
+    /// is shared by all the collections of [`RETENTION_SHARING`] (one lease
+    /// per collection would be thousands of leases an hour at ten thousand
+    /// clusters).
+    async fn retention_lease(&self) -> Result<LeaseId> {
+        if let Some((lease, granted)) = *lock(&self.retention) {
+            if granted.elapsed() < RETENTION_SHARING {
+                return Ok(lease);
+            }
+        }
+        let ttl = (REQUEST_RETENTION + RETENTION_SHARING).as_secs() as i64;
+        let lease = self.store.grant_lease(ttl).await?;
+        *lock(&self.retention) = Some((lease, Instant::now()));
+        Ok(lease)
+    }
+}
+
+/// How long a request id keeps answering with its operation after history
+/// collection deleted the operation's record: far longer than any client
+/// retries a request (the Rust client gives up within about 20 s).
+pub const REQUEST_RETENTION: Duration = Duration::from_secs(3600);
+
+/// How long one retention lease is used for new request entries; its TTL
+/// is this much longer than [`REQUEST_RETENTION`].
+const RETENTION_SHARING: Duration = Duration::from_secs(60);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How far over the limit the history may grow before it is collected.

@@ -197,3 +197,88 @@ impl OperationRecord {
         }
     }
 }
+
+/// The idempotency index entry, `requests/<cluster>/<request_id>`: the
+/// operation a request id created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub schema: u32,
+    pub operation_id: String,
+    /// The operation as it ended, once history collection deleted its own
+    /// record: a retried request id still answers with it (see
+    /// `REQUEST_RETENTION`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Box<OperationRecord>>,
+}
+
+impl RequestRecord {
+    /// The entry written when the operation is accepted.
+    pub fn new(operation_id: &str) -> Self {
+        Self {
+            schema: SCHEMA_VERSION,
+            operation_id: operation_id.to_string(),
+            operation: None,
+        }
+    }
+
+    /// The entry that outlives the operation's own record, carrying it.
+    pub fn carrying(operation: OperationRecord) -> Self {
+        Self {
+            schema: SCHEMA_VERSION,
+            operation_id: operation.id.clone(),
+            operation: Some(Box::new(operation)),
+        }
+    }
+
+    /// Reads either form: the JSON record, or the bare operation id that
+    /// replicas wrote before the entry became JSON (still found during and
+    /// after a rolling upgrade).
+    pub fn parse(value: &[u8]) -> Result<Self, serde_json::Error> {
+        if value.first() == Some(&b'{') {
+            return serde_json::from_slice(value);
+        }
+        match std::str::from_utf8(value) {
+            Ok(id) if !id.is_empty() && !id.contains(char::is_whitespace) => Ok(Self::new(id)),
+            // Neither form: serde's own error says what is wrong with it.
+            _ => serde_json::from_slice(value),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::machine::Event;
+
+    #[test]
+    fn a_request_entry_reads_in_both_forms() {
+        let id = "0193a4b2-7c1d-7e5f-8a9b-0c1d2e3f4a5b";
+        assert_eq!(
+            RequestRecord::parse(id.as_bytes()).unwrap(),
+            RequestRecord::new(id),
+            "the bare id older replicas wrote"
+        );
+        let json = crate::cluster::to_json(&RequestRecord::new(id));
+        let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["operation_id"], id);
+        assert_eq!(RequestRecord::parse(&json).unwrap(), RequestRecord::new(id));
+
+        let operation = OperationRecord::pending(
+            id.into(),
+            "c",
+            "uid",
+            OperationKind::Stop,
+            Event::StopRequested,
+            OperationParams::default(),
+            ClusterState::Running,
+            ClusterState::Stopping,
+            "stop-1",
+            "2026-01-01T00:00:00Z".into(),
+        );
+        let carrying = RequestRecord::carrying(operation.clone());
+        let read = RequestRecord::parse(&crate::cluster::to_json(&carrying)).unwrap();
+        assert_eq!(read.operation.as_deref(), Some(&operation));
+        assert!(RequestRecord::parse(b"").is_err());
+        assert!(RequestRecord::parse(b"not an id").is_err());
+    }
+}

@@ -18,7 +18,7 @@
 //! any of its other clusters for that hour.
 
 use super::*;
-use crate::cluster::{from_json, to_json, ClusterCache, StateRecord, SCHEMA_VERSION};
+use crate::cluster::{from_json, to_json, ClusterCache, StateRecord};
 use crate::store::{KeyValue, Op, Txn};
 use std::sync::atomic::Ordering;
 
@@ -36,7 +36,7 @@ impl Replication {
             return Ok(());
         };
         let member = MemberRecord {
-            schema: SCHEMA_VERSION,
+            schema: self.schema,
             id: self.config.replica_id.clone(),
             address: self.config.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -81,7 +81,7 @@ impl Replication {
             let Ok(state) = from_json::<StateRecord>(&kv) else {
                 continue;
             };
-            if state.schema > SCHEMA_VERSION {
+            if state.schema > self.schema {
                 continue;
             }
             let mut unchanged = vec![Compare::mod_revision(

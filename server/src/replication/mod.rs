@@ -40,6 +40,7 @@ mod state_memo;
 
 pub use rendezvous::preferred;
 
+use crate::cluster::SCHEMA_VERSION;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
@@ -142,6 +143,9 @@ pub struct Replication {
     owner_writes: AtomicI64,
     /// Shutting down: see [`Replication::begin_draining`].
     draining: AtomicBool,
+    /// The newest record schema this replica understands: clusters with
+    /// newer records are left to replicas that do.
+    schema: u32,
 }
 
 impl Replication {
@@ -152,6 +156,18 @@ impl Replication {
         keys: KeyLayout,
         config: ReplicationConfig,
         metrics: Arc<Metrics>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
+        Self::understanding(store, keys, config, metrics, SCHEMA_VERSION)
+    }
+
+    /// [`Self::new`] for a replica that understands records up to `schema`:
+    /// tests stand in a newer build with it.
+    fn understanding(
+        store: SharedStore,
+        keys: KeyLayout,
+        config: ReplicationConfig,
+        metrics: Arc<Metrics>,
+        schema: u32,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
         let (adopted, adoptions) = mpsc::unbounded_channel();
         let replication = Arc::new(Self {
@@ -165,6 +181,7 @@ impl Replication {
             metrics,
             owner_writes: AtomicI64::new(0),
             draining: AtomicBool::new(false),
+            schema,
         });
         (replication, adoptions)
     }

@@ -2,11 +2,26 @@
 //! idle cluster whose preferred member changed is released so that member
 //! can claim it; a busy one (an operation, or a task run held with
 //! [`Replication::hold`]) is released after that ends.
+//!
+//! # Guarantees
+//! - A cluster's preferred member is chosen among the live members whose
+//!   member record shows they understand its state record's schema: in a
+//!   rolling upgrade, a cluster a newer build wrote is claimed by a newer
+//!   replica, never left to an older preferred member that cannot read it.
+//! - Every release compares what it was decided on: an idle state key at
+//!   the revision seen idle, or, for a cluster this replica can no longer
+//!   read (or no longer finds), its state key at the revision seen (or
+//!   still absent).
+//!
+//! # Assumptions
+//! - Every build chooses among the members that understand a record in the
+//!   same way; for a record every member understands, that is all of them,
+//!   as before member records said what they understand.
 
 use super::owners_view::OwnersView;
-use super::state_memo::StateMemo;
+use super::state_memo::{Member, StateMemo};
 use super::*;
-use crate::cluster::{from_json, to_json, CacheChange, ClusterCache, SCHEMA_VERSION};
+use crate::cluster::{from_json, to_json, CacheChange, ClusterCache};
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
 use std::collections::HashSet;
 use tokio::sync::{broadcast, watch};
@@ -38,7 +53,7 @@ impl Replication {
         let period = self.config.lease_ttl / 3;
         let mut changes = cache.subscribe();
         let mut owners = OwnersView::default();
-        let mut memo = StateMemo::default();
+        let mut memo = StateMemo::new(self.schema);
         loop {
             let started = tokio::time::Instant::now();
             // The pass reads the cache as it is now, which already shows
@@ -123,12 +138,12 @@ impl Replication {
         let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
         // A draining member still owns what it runs, but is preferred for
         // nothing: its idle clusters go to the others.
-        let live: Vec<String> = members_read
+        let live: Vec<Member> = members_read
             .into_iter()
             .filter(|m| !m.draining)
-            .map(|m| m.id)
+            .map(|m| (m.id, m.schema))
             .collect();
-        if self.is_draining() || !live.iter().any(|id| id == &self.config.replica_id) {
+        if self.is_draining() || !live.iter().any(|(id, _)| id == &self.config.replica_id) {
             // Not (yet) visible as a member, or draining: claim nothing.
             return Ok(members.revision);
         }
@@ -160,8 +175,13 @@ impl Replication {
         memo.begin_pass(&live);
         let replica_id = self.config.replica_id.as_str();
         let mut decide = |cluster: &str, kv: &KeyValue| {
-            let (state, mine) = memo.note(cluster, kv, |cluster, live| {
-                preferred(cluster, live.iter().map(String::as_str)) == Some(replica_id)
+            let (state, mine) = memo.note(cluster, kv, |cluster, schema, live| {
+                // Preferred among the members that can read the cluster's
+                // records: a member of an older build never claims a
+                // cluster a newer one wrote, which would otherwise be
+                // stranded whenever that member came first.
+                let able = live.iter().filter(|(_, known)| *known >= schema);
+                preferred(cluster, able.map(|(id, _)| id.as_str())) == Some(replica_id)
             });
             if !state.understood {
                 return;
@@ -205,24 +225,44 @@ impl Replication {
             self.publish_claimed(lease, &claimed);
             owned.extend(claimed);
         }
-        // Owner keys of clusters that no longer exist (or that only newer
-        // replicas understand).
-        let gone: Vec<(String, Claim)> = owned
-            .iter()
-            .filter(|(cluster, _)| !memo.understood(cluster))
-            .map(|(cluster, claim)| (cluster.clone(), *claim))
-            .collect();
-        for (cluster, claim) in gone {
-            if self.release(&cluster, claim, []).await? {
-                owned.remove(&cluster);
-            }
-        }
+        self.release_unreadable(&mut owned, memo).await?;
         // Any owned cluster not yet published is announced too: one whose
         // claim committed in an earlier pass that failed before publishing
         // it (its reply lost, say) shows up in the owner view with this
         // replica's lease.
         self.publish_owned(lease, owned);
         Ok(members.revision)
+    }
+
+    /// Releases the owned clusters that no longer exist, or whose records
+    /// only newer replicas understand (one of those claims it), each only
+    /// as this pass saw it: its state key still absent, or still at the
+    /// revision found unreadable. A view that lags etcd (a cluster created
+    /// since, or an operation accepted on it since) loses the compare and
+    /// releases nothing. A cluster a task run holds stays until it ends.
+    async fn release_unreadable(
+        &self,
+        owned: &mut HashMap<String, Claim>,
+        memo: &StateMemo,
+    ) -> crate::store::Result<()> {
+        let unreadable: Vec<(String, Claim, Compare)> = owned
+            .iter()
+            .filter(|(cluster, _)| !memo.understood(cluster) && !self.is_held(cluster))
+            .map(|(cluster, claim)| {
+                let key = self.keys.cluster_state(cluster);
+                let seen = match memo.revision(cluster) {
+                    Some(revision) => Compare::mod_revision(key, CmpOp::Equal, revision),
+                    None => Compare::absent(key),
+                };
+                (cluster.clone(), *claim, seen)
+            })
+            .collect();
+        for (cluster, claim, seen) in unreadable {
+            if self.release(&cluster, claim, [seen]).await? {
+                owned.remove(&cluster);
+            }
+        }
+        Ok(())
     }
 
     fn is_draining(&self) -> bool {
@@ -286,7 +326,7 @@ impl Replication {
         lease: LeaseId,
     ) -> crate::store::Result<Vec<(String, Claim)>> {
         let owner = to_json(&OwnerRecord {
-            schema: SCHEMA_VERSION,
+            schema: self.schema,
             replica: self.config.replica_id.clone(),
             lease,
         });
@@ -327,7 +367,7 @@ impl Replication {
     ) -> crate::store::Result<Option<Claim>> {
         let key = self.keys.owner(cluster);
         let owner = OwnerRecord {
-            schema: SCHEMA_VERSION,
+            schema: self.schema,
             replica: self.config.replica_id.clone(),
             lease,
         };
@@ -383,5 +423,166 @@ async fn next_change(watch: &mut Option<crate::store::WatchStream>) {
             watch.next().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{ClusterState, OperationSlot, StateRecord};
+    use crate::store::{MemoryStore, SharedStore};
+
+    /// A replica that joined `store`, of a build that understands records
+    /// up to `schema`: above [`SCHEMA_VERSION`], a newer build. Its member
+    /// record says so, as that build's own would.
+    async fn replica(
+        store: &SharedStore,
+        keys: &KeyLayout,
+        id: &str,
+        schema: u32,
+    ) -> Arc<Replication> {
+        let config = ReplicationConfig {
+            replica_id: id.into(),
+            address: "127.0.0.1:1".into(),
+            lease_ttl: Duration::from_secs(30),
+        };
+        let metrics = Metrics::new();
+        let (replication, _) =
+            Replication::understanding(store.clone(), keys.clone(), config, metrics, schema);
+        let lease = replication.join().await.unwrap();
+        let member = MemberRecord {
+            schema,
+            id: id.into(),
+            address: "127.0.0.1:1".into(),
+            version: "test".into(),
+            lease,
+            draining: false,
+        };
+        let put = Op::put_with_lease(keys.member(id), to_json(&member), lease);
+        store.txn(Txn::new().and_then([put])).await.unwrap();
+        replication
+    }
+
+    /// Writes `cluster`'s state key in `schema`, its slot holding an
+    /// operation when `busy`; returns the revision.
+    async fn write_state(
+        store: &SharedStore,
+        keys: &KeyLayout,
+        cluster: &str,
+        schema: u32,
+        busy: bool,
+    ) -> i64 {
+        let state = StateRecord {
+            schema,
+            uid: format!("uid-{cluster}"),
+            state: ClusterState::Running,
+            operation: busy.then(|| OperationSlot {
+                id: format!("op-{cluster}"),
+                kind: "stop".into(),
+            }),
+            changed_at: "2026-12-04T00:00:00Z".into(),
+        };
+        let put = Op::put(keys.cluster_state(cluster), to_json(&state));
+        store
+            .txn(Txn::new().and_then([put]))
+            .await
+            .unwrap()
+            .revision
+    }
+
+    async fn owner_lease(store: &SharedStore, keys: &KeyLayout, cluster: &str) -> Option<LeaseId> {
+        let kv = store.get(&keys.owner(cluster)).await.unwrap().into_single();
+        kv.map(|kv| kv.lease)
+    }
+
+    /// One ownership pass of `replication`, over the clusters listed from
+    /// etcd (the cache is not started).
+    async fn pass(replication: &Replication, store: &SharedStore, keys: &KeyLayout) {
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let mut memo = StateMemo::new(replication.schema);
+        let mut owners = OwnersView::default();
+        replication
+            .reconcile(&cache, &mut owners, &mut memo)
+            .await
+            .unwrap();
+    }
+
+    /// The first of a few names whose preferred member is `first` of
+    /// `members`.
+    fn preferring(first: &str, members: [&str; 2], tag: &str) -> String {
+        (0..64)
+            .map(|i| format!("{tag}-{i}"))
+            .find(|name| preferred(name, members) == Some(first))
+            .expect("one of 64 names prefers each of two members")
+    }
+
+    #[tokio::test]
+    async fn a_newer_replica_claims_what_the_preferred_older_one_cannot_read() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let old = replica(&store, &keys, "old", SCHEMA_VERSION).await;
+        let new = replica(&store, &keys, "new", SCHEMA_VERSION + 1).await;
+        let members = ["old", "new"];
+        // Written by the newer build, with an operation it accepted.
+        let newer = preferring("old", members, "newer");
+        write_state(&store, &keys, &newer, SCHEMA_VERSION + 1, true).await;
+        // Readable by both: stays with its preferred member.
+        let shared = preferring("old", members, "shared");
+        write_state(&store, &keys, &shared, SCHEMA_VERSION, true).await;
+
+        pass(&old, &store, &keys).await;
+        pass(&new, &store, &keys).await;
+
+        let (old_lease, new_lease) = (old.live_lease(), new.live_lease());
+        assert_eq!(owner_lease(&store, &keys, &newer).await, new_lease);
+        assert_eq!(owner_lease(&store, &keys, &shared).await, old_lease);
+        // Passes again change nothing: the two builds agree.
+        pass(&new, &store, &keys).await;
+        pass(&old, &store, &keys).await;
+        assert_eq!(owner_lease(&store, &keys, &newer).await, new_lease);
+        assert_eq!(owner_lease(&store, &keys, &shared).await, old_lease);
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_cluster_is_released_only_as_the_pass_saw_it() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let old = replica(&store, &keys, "old", SCHEMA_VERSION).await;
+        let lease = old.live_lease().unwrap();
+        let mut owned = HashMap::new();
+        for cluster in ["created-since", "rewritten-since", "newer", "gone"] {
+            let claim = old.try_claim(cluster, lease).await.unwrap().unwrap();
+            owned.insert(cluster.to_string(), claim);
+        }
+        // The pass saw neither "created-since" (its view lags etcd, which
+        // holds it busy) nor "gone"; it saw the other two in a newer schema,
+        // and "rewritten-since" has changed since.
+        write_state(&store, &keys, "created-since", SCHEMA_VERSION, true).await;
+        let mut memo = StateMemo::new(SCHEMA_VERSION);
+        memo.begin_pass(&[]);
+        for cluster in ["rewritten-since", "newer"] {
+            write_state(&store, &keys, cluster, SCHEMA_VERSION + 1, true).await;
+            let kv = store.get(&keys.cluster_state(cluster)).await.unwrap();
+            memo.note(cluster, &kv.into_single().unwrap(), |_, _, _| false);
+        }
+        write_state(&store, &keys, "rewritten-since", SCHEMA_VERSION + 1, false).await;
+
+        old.release_unreadable(&mut owned, &memo).await.unwrap();
+
+        let mut kept: Vec<&str> = owned.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["created-since", "rewritten-since"]);
+        for (cluster, owner) in [
+            ("created-since", Some(lease)),
+            ("rewritten-since", Some(lease)),
+            ("newer", None),
+            ("gone", None),
+        ] {
+            assert_eq!(
+                owner_lease(&store, &keys, cluster).await,
+                owner,
+                "{cluster}"
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! ten thousand clusters; the memo parses a state key again only when it
 //! changed, and hashes a name again only when the members changed.
 
-use crate::cluster::{from_json, StateRecord, SCHEMA_VERSION};
+use crate::cluster::{from_json, StateRecord};
 use crate::store::KeyValue;
 use std::collections::HashMap;
 
@@ -20,6 +20,8 @@ pub(super) struct StateSummary {
     /// Readable, in a schema this replica understands (others are left to
     /// replicas that do: a rolling upgrade).
     pub understood: bool,
+    /// The state record's schema (0 when unreadable).
+    pub schema: u32,
     /// Whether this replica is the cluster's preferred member, for the
     /// members of [`StateMemo::begin_pass`]; `None` until asked.
     mine: Option<bool>,
@@ -27,16 +29,30 @@ pub(super) struct StateSummary {
     seen: u64,
 }
 
-#[derive(Default)]
+/// A live member as a pass needs it: its id and the newest record schema
+/// it understands.
+pub(super) type Member = (String, u32);
+
 pub(super) struct StateMemo {
     clusters: HashMap<String, StateSummary>,
     pass: u64,
-    members: Vec<String>,
+    members: Vec<Member>,
+    /// The newest record schema this replica understands.
+    known: u32,
 }
 
 impl StateMemo {
+    pub(super) fn new(known: u32) -> Self {
+        Self {
+            clusters: HashMap::new(),
+            pass: 0,
+            members: Vec::new(),
+            known,
+        }
+    }
+
     /// Starts a pass over the clusters with `members` live.
-    pub(super) fn begin_pass(&mut self, members: &[String]) {
+    pub(super) fn begin_pass(&mut self, members: &[Member]) {
         self.pass += 1;
         if self.members != members {
             self.members = members.to_vec();
@@ -47,13 +63,13 @@ impl StateMemo {
     }
 
     /// Notes `cluster`'s state key as `kv` and returns what a pass needs of
-    /// it; `is_mine` answers whether this replica is preferred, once per
-    /// cluster and member list.
+    /// it; `is_mine` answers whether this replica is preferred (given the
+    /// state record's schema), once per state revision and member list.
     pub(super) fn note(
         &mut self,
         cluster: &str,
         kv: &KeyValue,
-        is_mine: impl FnOnce(&str, &[String]) -> bool,
+        is_mine: impl FnOnce(&str, u32, &[Member]) -> bool,
     ) -> (StateSummary, bool) {
         let fresh = self
             .clusters
@@ -64,7 +80,8 @@ impl StateMemo {
             let summary = StateSummary {
                 revision: kv.mod_revision,
                 idle: state.as_ref().is_some_and(|s| s.operation.is_none()),
-                understood: state.is_some_and(|s| s.schema <= SCHEMA_VERSION),
+                understood: state.as_ref().is_some_and(|s| s.schema <= self.known),
+                schema: state.map_or(0, |s| s.schema),
                 mine: None,
                 seen: self.pass,
             };
@@ -78,9 +95,10 @@ impl StateMemo {
         let members = &self.members;
         let summary = self.clusters.get_mut(cluster).expect("noted above");
         summary.seen = self.pass;
+        let schema = summary.schema;
         let mine = *summary
             .mine
-            .get_or_insert_with(|| is_mine(cluster, members));
+            .get_or_insert_with(|| is_mine(cluster, schema, members));
         (*summary, mine)
     }
 
@@ -97,12 +115,18 @@ impl StateMemo {
             .get(cluster)
             .is_some_and(|summary| summary.understood)
     }
+
+    /// The state key's mod revision as this pass saw it, if it saw the
+    /// cluster.
+    pub(super) fn revision(&self, cluster: &str) -> Option<i64> {
+        self.clusters.get(cluster).map(|summary| summary.revision)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{to_json, ClusterState, OperationSlot};
+    use crate::cluster::{to_json, ClusterState, OperationSlot, SCHEMA_VERSION};
 
     fn state(revision: i64, operation: bool, schema: u32) -> KeyValue {
         let record = StateRecord {
@@ -127,10 +151,10 @@ mod tests {
 
     #[test]
     fn parses_and_hashes_again_only_what_changed() {
-        let mut memo = StateMemo::default();
-        let members = vec!["r1".to_string()];
+        let mut memo = StateMemo::new(SCHEMA_VERSION);
+        let members = vec![("r1".to_string(), SCHEMA_VERSION)];
         let asked = std::cell::Cell::new(0);
-        let is_mine = |_: &str, _: &[String]| {
+        let is_mine = |_: &str, _: u32, _: &[Member]| {
             asked.set(asked.get() + 1);
             true
         };
@@ -151,7 +175,10 @@ mod tests {
         memo.end_pass();
 
         // A new revision is parsed again; new members are asked again.
-        memo.begin_pass(&["r1".to_string(), "r2".to_string()]);
+        memo.begin_pass(&[
+            ("r1".to_string(), SCHEMA_VERSION),
+            ("r2".to_string(), SCHEMA_VERSION),
+        ]);
         let (summary, _) = memo.note("a", &state(9, true, SCHEMA_VERSION), is_mine);
         assert!(!summary.idle);
         assert_eq!(summary.revision, 9);

@@ -586,7 +586,7 @@ impl TaskScheduler {
                 Ok(_) => {
                     self.count(&record, status);
                     tracing::info!(cluster, task = %record.name, run = %run.id, ?status, error = ?ended.error, next = ?updated.next_activation, "task run ended");
-                    if let Err(error) = self.tasks.trim_runs(cluster, &run.task_id).await {
+                    if let Err(error) = self.tasks.trim_runs(cluster, &run.task_id, claim).await {
                         tracing::debug!(cluster, %error, "run history not trimmed");
                     }
                     return Ok(());

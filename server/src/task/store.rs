@@ -5,6 +5,7 @@ use super::record::{TaskRun, TaskSetRecord};
 use super::TaskError;
 use crate::cluster::{from_json, ClusterRecord, Registry, SCHEMA_VERSION};
 use crate::keys::KeyLayout;
+use crate::replication::Claim;
 use crate::store::{Op, RangeRequest, SharedStore, Txn};
 
 /// Runs kept per task; older ones are deleted in batches.
@@ -122,8 +123,14 @@ impl TaskStore {
     }
 
     /// Deletes the oldest runs of a task beyond [`RUN_HISTORY`], once the
-    /// history is a few runs over it.
-    pub async fn trim_runs(&self, cluster: &str, task_id: &str) -> Result<usize, TaskError> {
+    /// history is a few runs over it. An owner write, fenced by `claim`:
+    /// under a claim that no longer holds, nothing is deleted (0).
+    pub async fn trim_runs(
+        &self,
+        cluster: &str,
+        task_id: &str,
+        claim: Claim,
+    ) -> Result<usize, TaskError> {
         let all = self
             .store
             .range(RangeRequest::prefix(self.keys.task_runs(cluster, task_id)))
@@ -140,10 +147,71 @@ impl TaskStore {
                 deletes.push(Op::delete(kv.key.clone()));
             }
         }
-        let deleted = deletes.len();
-        if deleted > 0 {
-            self.store.txn(Txn::new().and_then(deletes)).await?;
+        if deletes.is_empty() {
+            return Ok(0);
         }
-        Ok(deleted)
+        let deleted = deletes.len();
+        let txn = Txn::new()
+            .when(claim.fence(&self.keys, cluster))
+            .and_then(deletes);
+        let trimmed = self.store.txn(txn).await?.succeeded;
+        Ok(if trimmed { deleted } else { 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::to_json;
+    use crate::store::{MemoryStore, Store};
+    use crate::task::record::RunStatus;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn run_history_is_trimmed_only_under_a_claim_that_holds() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let tasks = TaskStore::new(store.clone(), keys.clone());
+        let runs = RUN_HISTORY + RUN_HISTORY_SLACK;
+        for slot in 0..runs as i64 {
+            let run = TaskRun {
+                schema: SCHEMA_VERSION,
+                id: format!("t1.{slot}"),
+                task_id: "t1".into(),
+                status: RunStatus::Done,
+                slot: String::new(),
+                attempt: 0,
+                replica: "r1".into(),
+                epoch: 1,
+                started_at: None,
+                finished_at: None,
+                error: None,
+            };
+            let key = keys.task_run("c", "t1", slot);
+            store
+                .txn(Txn::new().and_then([Op::put(key, to_json(&run))]))
+                .await
+                .unwrap();
+        }
+        let lease = store.grant_lease(30).await.unwrap();
+        let owner = Op::put_with_lease(keys.owner("c"), "{}", lease);
+        let epoch = store.txn(Txn::new().and_then([owner])).await.unwrap();
+        let claim = Claim {
+            lease,
+            epoch: epoch.revision,
+        };
+        // Another lease holds the owner key now: a lost claim.
+        let lost = Claim {
+            lease: lease + 1,
+            ..claim
+        };
+        assert_eq!(tasks.trim_runs("c", "t1", lost).await.unwrap(), 0);
+        assert_eq!(tasks.runs("c", "t1", 100).await.unwrap().len(), runs);
+
+        assert_eq!(
+            tasks.trim_runs("c", "t1", claim).await.unwrap(),
+            RUN_HISTORY_SLACK
+        );
+        assert_eq!(tasks.runs("c", "t1", 100).await.unwrap().len(), RUN_HISTORY);
     }
 }

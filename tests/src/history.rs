@@ -244,10 +244,14 @@ mod tests {
             ready: true,
         };
         assert_eq!(
-            node_violations("c", &[shown.clone()], &[real.clone()]),
+            node_violations(
+                "c",
+                std::slice::from_ref(&shown),
+                std::slice::from_ref(&real)
+            ),
             None
         );
-        assert!(node_violations("c", &[], &[real.clone()]).is_some());
+        assert!(node_violations("c", &[], std::slice::from_ref(&real)).is_some());
         let off = v1::Node {
             power_state: "off".into(),
             ready: false,

@@ -31,7 +31,7 @@ use drover_tests::history::{
 };
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, owner, wait_until, Lcg};
+use drover_tests::{create_running, owner, Lcg};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -514,7 +514,8 @@ async fn a_random_load_under_provider_and_replica_faults_keeps_every_invariant()
     );
     assert!(
         accepted.len() >= settings.ops.min(100),
-        "the load was too light: {} operations",
+        "soak seed {}: the load was too light: {} operations",
+        settings.seed,
         accepted.len()
     );
     assert!(
@@ -575,7 +576,11 @@ async fn check(
         }
     }
     // 2. Every cluster comes to rest: no operation held, a live owner.
-    wait_at_rest(world, uids).await;
+    if !at_rest(world, uids).await {
+        violations.push(format!(
+            "the clusters did not come to rest within {SETTLE:?}"
+        ));
+    }
     // Operations the replicas started themselves (the scanner's) too.
     for name in uids.keys() {
         ended.extend(drover_tests::operations_of(&client, name).await);
@@ -594,12 +599,14 @@ async fn check(
     violations
 }
 
-/// Polls until no cluster holds an operation and each has a live owner.
-async fn wait_at_rest(world: &World, uids: &BTreeMap<String, String>) {
+/// Polls (for at most [`SETTLE`]) until no cluster holds an operation and
+/// each has a live owner; whether they came to rest.
+async fn at_rest(world: &World, uids: &BTreeMap<String, String>) -> bool {
     let endpoint = world.replicas[0].endpoint();
-    wait_until(SETTLE, "every cluster at rest with a live owner", || {
+    let deadline = Instant::now() + SETTLE;
+    while Instant::now() < deadline {
         let endpoint = endpoint.clone();
-        async move {
+        let rested = async move {
             let Ok(mut client) = Client::connect(&endpoint).await else {
                 return false;
             };
@@ -616,9 +623,13 @@ async fn wait_at_rest(world: &World, uids: &BTreeMap<String, String>) {
                 }
             }
             true
+        };
+        if rested.await {
+            return true;
         }
-    })
-    .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// The status of a cluster at rest shows the provider's nodes; a status
@@ -627,7 +638,10 @@ async fn wait_at_rest(world: &World, uids: &BTreeMap<String, String>) {
 async fn nodes_match(client: &Client, sim: &SimProcess, name: &str, uid: &str) -> Option<String> {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let status = client.clone().get_cluster(name).await.ok()?.status?;
+        let status = match client.clone().get_cluster(name).await {
+            Ok(cluster) => cluster.status.unwrap_or_default(),
+            Err(error) => return Some(format!("cluster {name} cannot be read: {error}")),
+        };
         let difference = node_violations(name, &status.nodes, &sim.nodes(uid).await);
         if difference.is_none() || Instant::now() >= deadline {
             return difference;

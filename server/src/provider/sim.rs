@@ -153,25 +153,27 @@ impl SimProvider {
         Ok(())
     }
 
-    /// Appends the entry of a call landing now, admitted at `admitted_at`.
+    /// Appends the entry of a call landing now, admitted at `admitted_at`
+    /// (`None`: admitted as it lands, atomically).
     fn audit(
         state: &mut State,
         method: &str,
         token: pb::FencingToken,
-        admitted_at: u64,
+        admitted_at: Option<u64>,
         detail: String,
         error: String,
     ) {
         let sequence = state.audit.len() as u64 + 1;
         let newest = state.newest_epoch.get(&token.cluster_uid).copied();
+        let landed_at = now_ms();
         state.audit.push(pb::AuditEntry {
             sequence,
             method: method.to_string(),
             newest_epoch_at_landing: newest.unwrap_or(token.epoch),
             token: Some(token),
             detail,
-            admitted_at_ms: admitted_at,
-            landed_at_ms: now_ms(),
+            admitted_at_ms: admitted_at.unwrap_or(landed_at),
+            landed_at_ms: landed_at,
             error,
         });
     }
@@ -229,13 +231,13 @@ impl SimProvider {
         let draw = self
             .on_entry(method, MULTI_NODE.contains(&method), true)
             .await?;
-        let admitted_at = now_ms();
         let Some(delay) = draw.late else {
             let mut state = self.lock();
             Self::fence(&mut state, &token)?;
-            return Self::land(&mut state, method, token, admitted_at, draw.partial, apply);
+            return Self::land(&mut state, method, token, None, draw.partial, apply);
         };
         Self::fence(&mut self.lock(), &token)?;
+        let admitted_at = Some(now_ms());
         // Detached from the request: the effect lands even if the caller has
         // gone away (timed out, or its process died) in the meantime.
         let (answer, answered) = tokio::sync::oneshot::channel();
@@ -256,7 +258,7 @@ impl SimProvider {
         state: &mut State,
         method: &'static str,
         token: pb::FencingToken,
-        admitted_at: u64,
+        admitted_at: Option<u64>,
         partial: bool,
         apply: F,
     ) -> Result<pb::NodesResponse, Status>
@@ -555,14 +557,7 @@ impl Provider for SimProvider {
                 r.task_type,
                 r.task_name
             );
-            Self::audit(
-                &mut state,
-                "RunTask",
-                token,
-                now_ms(),
-                detail,
-                String::new(),
-            );
+            Self::audit(&mut state, "RunTask", token, None, detail, String::new());
             (watch.0, watch.1, state.task_latency)
         };
         if let Some(outcome) = ended {
@@ -599,14 +594,7 @@ impl Provider for SimProvider {
         let mut state = self.lock();
         Self::fence(&mut state, &token)?;
         let detail = format!("stop {}", r.run_id);
-        Self::audit(
-            &mut state,
-            "StopTask",
-            token,
-            now_ms(),
-            detail,
-            String::new(),
-        );
+        Self::audit(&mut state, "StopTask", token, None, detail, String::new());
         let run = state
             .runs
             .get_mut(&r.run_id)

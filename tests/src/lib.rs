@@ -69,6 +69,21 @@ where
     }
 }
 
+/// A deterministic pseudo-random sequence, so that a randomized test's
+/// failure can be replayed from its seed.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next number in `0..bound`.
+    pub fn next(&mut self, bound: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % bound
+    }
+}
+
 /// A directory removed on drop.
 pub struct TempDir(PathBuf);
 

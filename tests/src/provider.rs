@@ -15,9 +15,15 @@ pub struct SimProcess {
 
 impl SimProcess {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`Self::start`], with extra flags (e.g. `--faults PLAN`).
+    pub async fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
         let child = Command::new(workspace_binary("drover-sim-provider"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -50,7 +56,7 @@ impl SimProcess {
     pub async fn set_latency(&self, latency: Duration) {
         self.configure(pb::SimulatorConfig {
             step_latency_ms: Some(latency.as_millis() as u64),
-            task_latency_ms: None,
+            ..Default::default()
         })
         .await;
     }
@@ -58,8 +64,20 @@ impl SimProcess {
     /// How long each task run takes.
     pub async fn set_task_latency(&self, latency: Duration) {
         self.configure(pb::SimulatorConfig {
-            step_latency_ms: None,
             task_latency_ms: Some(latency.as_millis() as u64),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    /// Switches the seeded random faults to `plan` (see the simulator's
+    /// `--faults`; empty: none), each delay at most `max_delay`.
+    pub async fn set_faults(&self, plan: &str, seed: u64, max_delay: Duration) {
+        self.configure(pb::SimulatorConfig {
+            faults: Some(plan.into()),
+            fault_seed: Some(seed),
+            fault_delay_ms: Some(max_delay.as_millis() as u64),
+            ..Default::default()
         })
         .await;
     }
@@ -112,6 +130,32 @@ impl SimProcess {
             .expect("audit log")
             .into_inner()
             .entries
+    }
+
+    /// The whole audit log, with the count of random faults injected.
+    pub async fn history(&self) -> pb::AuditLog {
+        self.control()
+            .await
+            .get_audit_log(pb::AuditLogRequest::default())
+            .await
+            .expect("audit log")
+            .into_inner()
+    }
+
+    /// The nodes the provider holds for a cluster (an unfenced look).
+    pub async fn nodes(&self, cluster_uid: &str) -> Vec<pb::ProviderNode> {
+        let request = pb::DescribeClusterRequest {
+            cluster_uid: cluster_uid.into(),
+            token: None,
+        };
+        pb::provider_client::ProviderClient::connect(self.endpoint())
+            .await
+            .expect("connect to the provider")
+            .describe_cluster(request)
+            .await
+            .expect("describe")
+            .into_inner()
+            .nodes
     }
 }
 

@@ -17,7 +17,7 @@ use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, wait_until};
+use drover_tests::{create_running, wait_until, Lcg};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,19 +57,6 @@ impl World {
 
     fn endpoints(&self) -> Vec<String> {
         self.replicas.iter().map(|(_, r)| r.endpoint()).collect()
-    }
-}
-
-/// A deterministic pseudo-random sequence, so a failure can be replayed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, bound: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) as usize) % bound
     }
 }
 

@@ -1,9 +1,11 @@
 //! The simulated provider as its own process: drover.provider.v1.Provider
 //! plus the Simulator control service (latency, faults, audit log).
+//! Without `--faults` it is kind; with them, hostile from the first call.
 
 use clap::Parser;
-use drover_server::provider::sim::{self, SimProvider};
+use drover_server::provider::sim::{self, faults::FaultPlan, SimProvider};
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -15,6 +17,19 @@ struct Args {
     /// gRPC listen address.
     #[arg(long, env = "DROVER_SIM_LISTEN", default_value = "127.0.0.1:7080")]
     listen: std::net::SocketAddr,
+    /// Random faults per method, METHOD:KIND=P[,KIND=P...][;METHOD:...]
+    /// with kinds error, latency, hang, partial, late and "*" for every
+    /// method not named, e.g. "UpgradeNode:error=0.1,late=0.2;*:latency=0.3".
+    /// None by default.
+    #[arg(long, env = "DROVER_SIM_FAULTS", default_value = "")]
+    faults: FaultPlan,
+    /// Seed of the random faults: the same seed draws the same faults.
+    #[arg(long, env = "DROVER_SIM_FAULT_SEED", default_value_t = 0)]
+    fault_seed: u64,
+    /// Upper bound of an injected delay (extra latency, late landing), in
+    /// milliseconds.
+    #[arg(long, env = "DROVER_SIM_FAULT_DELAY_MS", default_value_t = 200)]
+    fault_delay_ms: u64,
 }
 
 #[tokio::main]
@@ -41,7 +56,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(69);
         }
     };
-    tracing::info!(address = %args.listen, "simulated provider serving");
+    tracing::info!(
+        address = %args.listen,
+        faults = !args.faults.is_empty(),
+        seed = args.fault_seed,
+        "simulated provider serving"
+    );
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("install SIGTERM handler");
@@ -50,7 +70,9 @@ async fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
         }
     };
-    match sim::serve(SimProvider::new(), listener, shutdown).await {
+    let delay = Duration::from_millis(args.fault_delay_ms);
+    let provider = SimProvider::with_faults(args.faults, args.fault_seed, delay);
+    match sim::serve(provider, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("drover-sim-provider: {error}");

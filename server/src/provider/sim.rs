@@ -1,24 +1,63 @@
 //! The simulated provider: serves drover.provider.v1.Provider over nodes
 //! held in memory, plus the Simulator control service for tests.
 //!
+//! Without a fault plan it is kind: every call lands at once or fails
+//! whole. With one ([`faults`]) it is hostile: seeded random errors, extra
+//! latency, hangs, calls over several nodes that do some and then fail, and
+//! calls admitted now that land later.
+//!
 //! # Guarantees
 //! - A mutating call whose token epoch is older than the newest epoch seen
-//!   for that cluster uid is refused (FAILED_PRECONDITION) and changes
-//!   nothing; it is not in the audit log.
-//! - Every accepted mutating call is in the audit log, in order.
+//!   for that cluster uid on entry is refused (FAILED_PRECONDITION) and
+//!   changes nothing; it is not in the audit log.
+//! - Every mutating call that changed something (fully, or partly and then
+//!   failed) is in the audit log, in the order its effect landed, with its
+//!   admission epoch and time, its landing time and the newest epoch the
+//!   provider had accepted by then: the history a checker replays.
+//! - Every call is idempotent: creating finds the nodes already there (and
+//!   makes those still missing), deleting a node already gone succeeds.
+//!
+//! # Caveats
+//! - A call drawn to land late (fault kind `late`) is checked on entry only:
+//!   it lands even if a newer epoch was accepted meanwhile, or its caller
+//!   went away. That breaks the fencing promise of drover.provider.v1 on
+//!   purpose, as a real provider's admitted call would; the audit log shows
+//!   it.
+
+pub mod faults;
 
 use drover_proto::provider::v1::{
     self as pb, provider_server::Provider, simulator_server::Simulator,
 };
+use faults::{Draw, FaultPlan, Faults};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
+
+/// The calls that act on several nodes at once, so can do part of it.
+const MULTI_NODE: [&str; 5] = [
+    "CreateNodes",
+    "StartNodes",
+    "StopNodes",
+    "DeleteNodes",
+    "ResizeNodes",
+];
 
 #[derive(Default)]
 struct SimCluster {
     nodes: Vec<pb::ProviderNode>,
     next_worker: u32,
+    /// A CreateNodes made every node it asked for.
+    provisioned: bool,
+}
+
+/// What an admitted call did to its cluster.
+enum Landed {
+    /// All of it; the detail is for the audit log.
+    Done(String),
+    /// Part of it, then an injected fault: audited, answered with an error.
+    Partial(String),
 }
 
 /// One task run: its outcome once it ended, and the switch StopTask flips.
@@ -34,7 +73,10 @@ struct State {
     runs: HashMap<String, SimRun>,
     step_latency: Duration,
     task_latency: Duration,
-    faults: Vec<pb::Fault>,
+    /// Faults armed for the nth next call of a method.
+    armed: Vec<pb::Fault>,
+    /// The seeded random faults.
+    faults: Faults,
     audit: Vec<pb::AuditEntry>,
 }
 
@@ -54,6 +96,16 @@ impl SimProvider {
         Self::default()
     }
 
+    /// A simulator drawing random faults from `plan`, seeded, each delay
+    /// at most `max_delay`.
+    pub fn with_faults(plan: FaultPlan, seed: u64, max_delay: Duration) -> Self {
+        let sim = Self::default();
+        sim.lock()
+            .faults
+            .configure(Some(plan), Some(seed), Some(max_delay));
+        sim
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -62,7 +114,7 @@ impl SimProvider {
     fn take_fault(&self, method: &str) -> Option<FaultAction> {
         let mut state = self.lock();
         let mut fired = None;
-        state.faults.retain_mut(|fault| {
+        state.armed.retain_mut(|fault| {
             if fault.method != method || fired.is_some() {
                 return true;
             }
@@ -101,32 +153,40 @@ impl SimProvider {
         Ok(())
     }
 
-    fn audit(state: &mut State, method: &str, token: pb::FencingToken, detail: String) {
+    /// Appends the entry of a call landing now, admitted at `admitted_at`
+    /// (`None`: admitted as it lands, atomically).
+    fn audit(
+        state: &mut State,
+        method: &str,
+        token: pb::FencingToken,
+        admitted_at: Option<u64>,
+        detail: String,
+        error: String,
+    ) {
         let sequence = state.audit.len() as u64 + 1;
+        let newest = state.newest_epoch.get(&token.cluster_uid).copied();
+        let landed_at = now_ms();
         state.audit.push(pb::AuditEntry {
             sequence,
             method: method.to_string(),
+            newest_epoch_at_landing: newest.unwrap_or(token.epoch),
             token: Some(token),
             detail,
+            admitted_at_ms: admitted_at.unwrap_or(landed_at),
+            landed_at_ms: landed_at,
+            error,
         });
     }
 
-    /// Runs a mutating call: latency, faults, fencing, then `apply` and the
-    /// audit entry, atomically with the fencing check.
-    async fn mutate<F>(
+    /// What happens to a call before it reaches its cluster: an armed fault,
+    /// then the random ones (error, hang, extra latency). Returns the draw,
+    /// for the faults that act later (partial, late).
+    async fn on_entry(
         &self,
         method: &str,
-        token: Option<pb::FencingToken>,
-        apply: F,
-    ) -> Result<pb::NodesResponse, Status>
-    where
-        F: FnOnce(&mut SimCluster) -> Result<String, Status>,
-    {
-        let token = checked_token(token)?;
-        let latency = self.lock().step_latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
+        multi_node: bool,
+        can_land_late: bool,
+    ) -> Result<Draw, Status> {
         match self.take_fault(method) {
             Some(FaultAction::Hang) => std::future::pending::<()>().await,
             Some(FaultAction::Fail(message)) => {
@@ -136,13 +196,108 @@ impl SimProvider {
             }
             None => {}
         }
-        let mut state = self.lock();
-        Self::fence(&mut state, &token)?;
+        let draw = self.lock().faults.draw(method, multi_node, can_land_late);
+        if draw.error {
+            return Err(Status::unavailable(format!(
+                "injected fault in {method}: the provider is unavailable"
+            )));
+        }
+        if draw.hang {
+            std::future::pending::<()>().await;
+        }
+        if let Some(delay) = draw.delay {
+            tokio::time::sleep(delay).await;
+        }
+        Ok(draw)
+    }
+
+    /// Runs a mutating call: latency, faults, fencing, then `apply` and the
+    /// audit entry, atomically with the fencing check, or, for a call drawn
+    /// to land late, after a delay and whatever was fenced meanwhile.
+    async fn mutate<F>(
+        &self,
+        method: &'static str,
+        token: Option<pb::FencingToken>,
+        apply: F,
+    ) -> Result<pb::NodesResponse, Status>
+    where
+        F: FnOnce(&mut SimCluster, bool) -> Result<Landed, Status> + Send + 'static,
+    {
+        let token = checked_token(token)?;
+        let latency = self.lock().step_latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let draw = self
+            .on_entry(method, MULTI_NODE.contains(&method), true)
+            .await?;
+        let Some(delay) = draw.late else {
+            let mut state = self.lock();
+            Self::fence(&mut state, &token)?;
+            return Self::land(&mut state, method, token, None, draw.partial, apply);
+        };
+        Self::fence(&mut self.lock(), &token)?;
+        let admitted_at = Some(now_ms());
+        // Detached from the request: the effect lands even if the caller has
+        // gone away (timed out, or its process died) in the meantime.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let sim = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut state = sim.lock();
+            let landed = Self::land(&mut state, method, token, admitted_at, draw.partial, apply);
+            let _ = answer.send(landed);
+        });
+        answered
+            .await
+            .map_err(|_| Status::internal(format!("{method}: the late call was lost")))?
+    }
+
+    /// Applies an admitted call to its cluster and audits what it did.
+    fn land<F>(
+        state: &mut State,
+        method: &'static str,
+        token: pb::FencingToken,
+        admitted_at: Option<u64>,
+        partial: bool,
+        apply: F,
+    ) -> Result<pb::NodesResponse, Status>
+    where
+        F: FnOnce(&mut SimCluster, bool) -> Result<Landed, Status>,
+    {
         let cluster = state.clusters.entry(token.cluster_uid.clone()).or_default();
-        let detail = apply(cluster)?;
+        let landed = apply(cluster, partial)?;
         let nodes = cluster.nodes.clone();
-        Self::audit(&mut state, method, token, detail);
-        Ok(pb::NodesResponse { nodes })
+        let (detail, error) = match landed {
+            Landed::Done(detail) => (detail, None),
+            Landed::Partial(detail) => {
+                let error = format!("injected partial failure in {method}: {detail}");
+                (detail, Some(error))
+            }
+        };
+        let logged = error.clone().unwrap_or_default();
+        Self::audit(state, method, token, admitted_at, detail, logged);
+        match error {
+            Some(error) => Err(Status::unavailable(error)),
+            None => Ok(pb::NodesResponse { nodes }),
+        }
+    }
+}
+
+/// The wall clock in Unix milliseconds: the history's times are compared
+/// with operation records written by other processes on the same host.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How many of `n` items a call does: all, or (cut short) the first half.
+fn share(n: usize, partial: bool) -> usize {
+    if partial {
+        n / 2
+    } else {
+        n
     }
 }
 
@@ -157,18 +312,123 @@ fn node(role: &str, index: u32, version: &str, offering: &str) -> pb::ProviderNo
     }
 }
 
-fn set_power(cluster: &mut SimCluster, on: bool) -> Result<String, Status> {
+fn set_power(cluster: &mut SimCluster, on: bool, partial: bool) -> Result<Landed, Status> {
     if cluster.nodes.is_empty() {
         return Err(Status::not_found("the cluster has no nodes"));
     }
-    for node in &mut cluster.nodes {
-        node.power_state = if on { "on" } else { "off" }.to_string();
+    let power = if on { "on" } else { "off" };
+    let done = share(cluster.nodes.len(), partial);
+    for node in cluster.nodes.iter_mut().take(done) {
+        node.power_state = power.to_string();
     }
-    Ok(format!(
-        "powered {} {} nodes",
-        if on { "on" } else { "off" },
-        cluster.nodes.len()
+    let detail = format!("powered {power} {done} of {} nodes", cluster.nodes.len());
+    Ok(if partial {
+        Landed::Partial(detail)
+    } else {
+        Landed::Done(detail)
+    })
+}
+
+/// Creates the nodes `r` asks for that do not exist yet: a retry after a
+/// provisioning that did only part of its work completes it.
+fn create(cluster: &mut SimCluster, r: &pb::CreateNodesRequest, partial: bool) -> Landed {
+    if cluster.provisioned && !cluster.nodes.is_empty() {
+        // Idempotent: a retried provisioning finds its nodes.
+        return Landed::Done("nodes already exist".to_string());
+    }
+    let missing: Vec<pb::ProviderNode> = (0..r.control_nodes)
+        .map(|i| node("control", i, &r.version, &r.offering))
+        .chain((0..r.worker_nodes).map(|i| node("worker", i, &r.version, &r.offering)))
+        .filter(|new| !cluster.nodes.iter().any(|n| n.id == new.id))
+        .collect();
+    let wanted = missing.len();
+    cluster
+        .nodes
+        .extend(missing.into_iter().take(share(wanted, partial)));
+    cluster.next_worker = cluster.next_worker.max(r.worker_nodes);
+    if partial {
+        let done = share(wanted, partial);
+        return Landed::Partial(format!("created {done} of {wanted} missing nodes"));
+    }
+    cluster.provisioned = true;
+    Landed::Done(format!(
+        "created {} control and {} worker nodes",
+        r.control_nodes, r.worker_nodes
     ))
+}
+
+/// Deletes the named nodes (all when none are named). A node already gone
+/// is no error: a retried delete succeeds.
+fn delete(cluster: &mut SimCluster, ids: &[String], partial: bool) -> Landed {
+    let targets: Vec<String> = if ids.is_empty() {
+        cluster.nodes.iter().map(|n| n.id.clone()).collect()
+    } else {
+        ids.iter()
+            .filter(|id| cluster.nodes.iter().any(|n| &n.id == *id))
+            .cloned()
+            .collect()
+    };
+    let gone: Vec<&str> = ids
+        .iter()
+        .filter(|id| !targets.contains(id))
+        .map(String::as_str)
+        .collect();
+    let deleted = &targets[..share(targets.len(), partial)];
+    cluster.nodes.retain(|n| !deleted.contains(&n.id));
+    let mut detail = format!("deleted nodes {}", deleted.join(","));
+    if !gone.is_empty() {
+        detail.push_str(&format!(" (already gone: {})", gone.join(",")));
+    }
+    if partial {
+        Landed::Partial(format!("{detail} of {}", targets.join(",")))
+    } else {
+        Landed::Done(detail)
+    }
+}
+
+/// Sets the worker count and/or offering; cut short, it goes half way to
+/// the worker count asked for.
+fn resize(
+    cluster: &mut SimCluster,
+    r: &pb::ResizeNodesRequest,
+    partial: bool,
+) -> Result<Landed, Status> {
+    let template = cluster
+        .nodes
+        .first()
+        .cloned()
+        .ok_or_else(|| Status::not_found("the cluster has no nodes"))?;
+    if let Some(offering) = &r.offering {
+        for node in &mut cluster.nodes {
+            node.offering = offering.clone();
+        }
+    }
+    if let Some(target) = r.worker_nodes {
+        let workers = cluster.nodes.iter().filter(|n| n.role == "worker").count() as u32;
+        let offering = r.offering.clone().unwrap_or(template.offering.clone());
+        let add = share(target.saturating_sub(workers) as usize, partial) as u32;
+        for _ in 0..add {
+            let mut new = node("worker", cluster.next_worker, &template.version, &offering);
+            new.power_state = template.power_state.clone();
+            cluster.nodes.push(new);
+            cluster.next_worker += 1;
+        }
+        let excess = share(workers.saturating_sub(target) as usize, partial);
+        for _ in 0..excess {
+            if let Some(last) = cluster.nodes.iter().rposition(|n| n.role == "worker") {
+                cluster.nodes.remove(last);
+            }
+        }
+    }
+    let detail = format!(
+        "resized to workers={:?} offering={:?}",
+        r.worker_nodes, r.offering
+    );
+    Ok(if partial {
+        Landed::Partial(format!("{detail}, half way"))
+    } else {
+        Landed::Done(detail)
+    })
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -180,20 +440,9 @@ impl Provider for SimProvider {
         request: Request<pb::CreateNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("CreateNodes", r.token, |cluster| {
-            if !cluster.nodes.is_empty() {
-                // Idempotent: a retried provisioning finds its nodes.
-                return Ok("nodes already exist".to_string());
-            }
-            cluster.nodes = (0..r.control_nodes)
-                .map(|i| node("control", i, &r.version, &r.offering))
-                .chain((0..r.worker_nodes).map(|i| node("worker", i, &r.version, &r.offering)))
-                .collect();
-            cluster.next_worker = r.worker_nodes;
-            Ok(format!(
-                "created {} control and {} worker nodes",
-                r.control_nodes, r.worker_nodes
-            ))
+        let token = r.token.clone();
+        self.mutate("CreateNodes", token, move |cluster, partial| {
+            Ok(create(cluster, &r, partial))
         })
         .await
         .map(Response::new)
@@ -201,16 +450,20 @@ impl Provider for SimProvider {
 
     async fn start_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("StartNodes", r.token, |c| set_power(c, true))
-            .await
-            .map(Response::new)
+        self.mutate("StartNodes", r.token, |c, partial| {
+            set_power(c, true, partial)
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn stop_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("StopNodes", r.token, |c| set_power(c, false))
-            .await
-            .map(Response::new)
+        self.mutate("StopNodes", r.token, |c, partial| {
+            set_power(c, false, partial)
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn delete_nodes(
@@ -218,19 +471,8 @@ impl Provider for SimProvider {
         request: Request<pb::DeleteNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("DeleteNodes", r.token, |cluster| {
-            if r.node_ids.is_empty() {
-                let count = cluster.nodes.len();
-                cluster.nodes.clear();
-                return Ok(format!("deleted all {count} nodes"));
-            }
-            for id in &r.node_ids {
-                if !cluster.nodes.iter().any(|n| &n.id == id) {
-                    return Err(Status::not_found(format!("node {id} does not exist")));
-                }
-            }
-            cluster.nodes.retain(|n| !r.node_ids.contains(&n.id));
-            Ok(format!("deleted nodes {}", r.node_ids.join(",")))
+        self.mutate("DeleteNodes", r.token, move |cluster, partial| {
+            Ok(delete(cluster, &r.node_ids, partial))
         })
         .await
         .map(Response::new)
@@ -241,38 +483,9 @@ impl Provider for SimProvider {
         request: Request<pb::ResizeNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("ResizeNodes", r.token, |cluster| {
-            let template = cluster
-                .nodes
-                .first()
-                .cloned()
-                .ok_or_else(|| Status::not_found("the cluster has no nodes"))?;
-            if let Some(offering) = &r.offering {
-                for node in &mut cluster.nodes {
-                    node.offering = offering.clone();
-                }
-            }
-            if let Some(target) = r.worker_nodes {
-                let workers = cluster.nodes.iter().filter(|n| n.role == "worker").count() as u32;
-                let offering = r.offering.clone().unwrap_or(template.offering.clone());
-                for _ in workers..target {
-                    let mut new = node("worker", cluster.next_worker, &template.version, &offering);
-                    new.power_state = template.power_state.clone();
-                    cluster.nodes.push(new);
-                    cluster.next_worker += 1;
-                }
-                let mut excess = workers.saturating_sub(target);
-                while excess > 0 {
-                    if let Some(last) = cluster.nodes.iter().rposition(|n| n.role == "worker") {
-                        cluster.nodes.remove(last);
-                    }
-                    excess -= 1;
-                }
-            }
-            Ok(format!(
-                "resized to workers={:?} offering={:?}",
-                r.worker_nodes, r.offering
-            ))
+        let token = r.token.clone();
+        self.mutate("ResizeNodes", token, move |cluster, partial| {
+            resize(cluster, &r, partial)
         })
         .await
         .map(Response::new)
@@ -283,17 +496,17 @@ impl Provider for SimProvider {
         request: Request<pb::UpgradeNodeRequest>,
     ) -> Reply<pb::NodesResponse> {
         let r = request.into_inner();
-        self.mutate("UpgradeNode", r.token, |cluster| {
+        self.mutate("UpgradeNode", r.token, move |cluster, _| {
             let node = cluster
                 .nodes
                 .iter_mut()
                 .find(|n| n.id == r.node_id)
                 .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.node_id)))?;
             let from = std::mem::replace(&mut node.version, r.version.clone());
-            Ok(format!(
+            Ok(Landed::Done(format!(
                 "upgraded {} from {from} to {}",
                 r.node_id, r.version
-            ))
+            )))
         })
         .await
         .map(Response::new)
@@ -304,15 +517,7 @@ impl Provider for SimProvider {
         request: Request<pb::DescribeClusterRequest>,
     ) -> Reply<pb::NodesResponse> {
         let request = request.into_inner();
-        match self.take_fault("DescribeCluster") {
-            Some(FaultAction::Hang) => std::future::pending::<()>().await,
-            Some(FaultAction::Fail(message)) => {
-                return Err(Status::internal(format!(
-                    "injected fault in DescribeCluster: {message}"
-                )))
-            }
-            None => {}
-        }
+        self.on_entry("DescribeCluster", false, false).await?;
         let mut state = self.lock();
         if let Some(token) = &request.token {
             Self::fence(&mut state, token)?;
@@ -352,7 +557,7 @@ impl Provider for SimProvider {
                 r.task_type,
                 r.task_name
             );
-            Self::audit(&mut state, "RunTask", token, detail);
+            Self::audit(&mut state, "RunTask", token, None, detail, String::new());
             (watch.0, watch.1, state.task_latency)
         };
         if let Some(outcome) = ended {
@@ -388,7 +593,8 @@ impl Provider for SimProvider {
         let token = checked_token(r.token)?;
         let mut state = self.lock();
         Self::fence(&mut state, &token)?;
-        Self::audit(&mut state, "StopTask", token, format!("stop {}", r.run_id));
+        let detail = format!("stop {}", r.run_id);
+        Self::audit(&mut state, "StopTask", token, None, detail, String::new());
         let run = state
             .runs
             .get_mut(&r.run_id)
@@ -421,7 +627,17 @@ fn checked_token(token: Option<pb::FencingToken>) -> Result<pb::FencingToken, St
 impl Simulator for SimProvider {
     async fn configure(&self, request: Request<pb::SimulatorConfig>) -> Reply<pb::SimulatorReply> {
         let config = request.into_inner();
+        let plan = match config.faults.as_deref().map(str::parse::<FaultPlan>) {
+            Some(Err(error)) => return Err(Status::invalid_argument(error.to_string())),
+            Some(Ok(plan)) => Some(plan),
+            None => None,
+        };
         let mut state = self.lock();
+        state.faults.configure(
+            plan,
+            config.fault_seed,
+            config.fault_delay_ms.map(Duration::from_millis),
+        );
         if let Some(step_latency) = config.step_latency_ms {
             state.step_latency = Duration::from_millis(step_latency);
         }
@@ -440,7 +656,7 @@ impl Simulator for SimProvider {
             nth: fault.nth.max(1),
             ..fault
         };
-        self.lock().faults.push(fault);
+        self.lock().armed.push(fault);
         Ok(Response::new(pb::SimulatorReply {}))
     }
 
@@ -468,7 +684,8 @@ impl Simulator for SimProvider {
             .filter(|e| uid.is_empty() || e.token.as_ref().is_some_and(|t| t.cluster_uid == uid))
             .cloned()
             .collect();
-        Ok(Response::new(pb::AuditLog { entries }))
+        let injected = state.faults.injected().clone().into_iter().collect();
+        Ok(Response::new(pb::AuditLog { entries, injected }))
     }
 }
 
@@ -575,5 +792,150 @@ mod tests {
         assert!(start().await.is_ok());
         assert_eq!(start().await.unwrap_err().code(), tonic::Code::Internal);
         assert!(start().await.is_ok());
+    }
+
+    fn faulty(plan: &str) -> SimProvider {
+        SimProvider::with_faults(plan.parse().unwrap(), 1, Duration::from_millis(200))
+    }
+
+    async fn created(sim: &SimProvider, workers: u32) {
+        let create = pb::CreateNodesRequest {
+            token: token(5),
+            control_nodes: 1,
+            worker_nodes: workers,
+            ..Default::default()
+        };
+        sim.create_nodes(Request::new(create)).await.unwrap();
+    }
+
+    async fn audit(sim: &SimProvider) -> pb::AuditLog {
+        sim.get_audit_log(Request::new(pb::AuditLogRequest::default()))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    #[tokio::test]
+    async fn deleting_a_node_already_gone_succeeds() {
+        let sim = SimProvider::new();
+        created(&sim, 2).await;
+        let delete = || {
+            sim.delete_nodes(Request::new(pb::DeleteNodesRequest {
+                token: token(5),
+                node_ids: vec!["worker-1".into()],
+            }))
+        };
+        delete().await.unwrap();
+        let again = delete().await.unwrap().into_inner();
+        let ids: Vec<&str> = again.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["control-0", "worker-0"]);
+        let log = audit(&sim).await;
+        assert!(
+            log.entries[2].detail.contains("already gone: worker-1"),
+            "{log:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_partial_call_does_some_nodes_then_fails_and_a_retry_completes() {
+        let sim = faulty("CreateNodes:partial=1");
+        let create = pb::CreateNodesRequest {
+            token: token(5),
+            control_nodes: 1,
+            worker_nodes: 3,
+            ..Default::default()
+        };
+        let cut = sim
+            .create_nodes(Request::new(create.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(cut.code(), tonic::Code::Unavailable);
+        let log = audit(&sim).await;
+        assert!(log.entries[0].error.contains("partial"), "{log:?}");
+        assert_eq!(log.injected["CreateNodes/partial"], 1);
+        let describe = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: None,
+        };
+        let half = sim.describe_cluster(Request::new(describe.clone())).await;
+        assert_eq!(half.unwrap().into_inner().nodes.len(), 2);
+        sim.configure(Request::new(pb::SimulatorConfig {
+            faults: Some(String::new()),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        sim.create_nodes(Request::new(create)).await.unwrap();
+        let whole = sim.describe_cluster(Request::new(describe)).await;
+        assert_eq!(whole.unwrap().into_inner().nodes.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_call_admitted_before_a_fence_lands_after_it_even_without_its_caller() {
+        let sim = SimProvider::new();
+        created(&sim, 1).await;
+        sim.configure(Request::new(pb::SimulatorConfig {
+            faults: Some("StopNodes:late=1".into()),
+            fault_delay_ms: Some(300),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let caller = {
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                sim.stop_nodes(Request::new(pb::PowerRequest { token: token(5) }))
+                    .await
+            })
+        };
+        // Admitted (the fence is checked on entry), not landed yet: it lands
+        // 150 ms to 300 ms after admission.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(audit(&sim)
+            .await
+            .entries
+            .iter()
+            .all(|e| e.method != "StopNodes"));
+        let fence = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: token(9),
+        };
+        sim.describe_cluster(Request::new(fence)).await.unwrap();
+        caller.abort();
+        let mut landed = None;
+        for _ in 0..100 {
+            landed = audit(&sim)
+                .await
+                .entries
+                .into_iter()
+                .find(|e| e.method == "StopNodes");
+            if landed.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let landed = landed.expect("the late call landed");
+        assert_eq!(landed.token.as_ref().unwrap().epoch, 5);
+        assert_eq!(landed.newest_epoch_at_landing, 9);
+        assert!(landed.landed_at_ms > landed.admitted_at_ms, "{landed:?}");
+    }
+
+    #[tokio::test]
+    async fn a_describe_can_fail_at_random() {
+        let sim = faulty("DescribeCluster:error=1");
+        let describe = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: None,
+        };
+        let failed = sim.describe_cluster(Request::new(describe)).await;
+        assert_eq!(failed.unwrap_err().code(), tonic::Code::Unavailable);
+        let bad = sim
+            .configure(Request::new(pb::SimulatorConfig {
+                faults: Some("*:error=3".into()),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
     }
 }

@@ -16,8 +16,6 @@
 //! - `DROVER_SOAK_OPS` (default 400) and `DROVER_SOAK_SECONDS` (default
 //!   60): the run stops at whichever bound comes first; raise both for a
 //!   longer soak.
-//! - `DROVER_SOAK_KNOWN_BUGS=1`: also draw the provider faults that hit the
-//!   bugs being fixed (see [`provider_faults`]).
 //!
 //! Bounded: the load stops at its count or time bound, every wait has a
 //! deadline; loopback only; only processes this test started are
@@ -43,26 +41,19 @@ const REPLICAS: usize = 3;
 /// above the operation timeout the replicas are given, plus a hand-over.
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// The provider faults drawn in every run: they hit no bug known to be
-/// open. Delays are at most 200 ms, far below the 2 s lease TTL.
-const FAULTS: &str = "*:latency=0.2,late=0.1;UpgradeNode:error=0.05,latency=0.2,late=0.1";
-
-/// Also drawn with `DROVER_SOAK_KNOWN_BUGS=1`; each hits a bug being fixed
-/// (issue 19):
-/// - a failing or hanging DescribeCluster: an upgrade planned from a failed
-///   read ends SUCCEEDED with zero steps (item 1);
-/// - errors, hangs and partial calls of the first step of stop, resize or
-///   remove-nodes: the failed operation wipes `status.nodes` (item 2), and
-///   even a failed step that did part of its work leaves a status that is
-///   not what the provider has.
-const KNOWN_BUG_FAULTS: &str = "*:error=0.05,latency=0.2,hang=0.01,partial=0.1,late=0.1;\
+/// The provider faults drawn in every run: random errors, extra latency,
+/// hangs, partial calls and late landings on every method, and failing or
+/// hanging describes. Delays are at most 200 ms, far below the 2 s lease
+/// TTL. These found an upgrade planned from a failed describe that ended
+/// SUCCEEDED with no node upgraded, and failed operations that wiped
+/// `status.nodes` or left it showing nodes from before a partial call.
+const FAULTS: &str = "*:error=0.05,latency=0.2,hang=0.01,partial=0.1,late=0.1;\
      DescribeCluster:error=0.1,latency=0.2,hang=0.01";
 
 struct Settings {
     seed: u64,
     ops: usize,
     time: Duration,
-    known_bugs: bool,
 }
 
 impl Settings {
@@ -81,17 +72,7 @@ impl Settings {
             seed: number("DROVER_SOAK_SEED", clock % 1_000_000_007),
             ops: number("DROVER_SOAK_OPS", 400) as usize,
             time: Duration::from_secs(number("DROVER_SOAK_SECONDS", 60)),
-            known_bugs: var("DROVER_SOAK_KNOWN_BUGS").is_some_and(|v| v != "0"),
         }
-    }
-}
-
-/// The provider faults of a run.
-fn provider_faults(known_bugs: bool) -> &'static str {
-    if known_bugs {
-        KNOWN_BUG_FAULTS
-    } else {
-        FAULTS
     }
 }
 
@@ -439,13 +420,8 @@ async fn disrupt(world: &mut World, rng: &mut Lcg, load: &Load) -> Vec<ReplicaFa
 async fn a_random_load_under_provider_and_replica_faults_keeps_every_invariant() {
     let settings = Settings::from_env();
     eprintln!(
-        "soak: seed {} (DROVER_SOAK_SEED={} replays it), up to {} operations or {:?}, \
-         known-bug faults {}",
-        settings.seed,
-        settings.seed,
-        settings.ops,
-        settings.time,
-        if settings.known_bugs { "on" } else { "off" }
+        "soak: seed {} (DROVER_SOAK_SEED={} replays it), up to {} operations or {:?}",
+        settings.seed, settings.seed, settings.ops, settings.time,
     );
     let started = Instant::now();
     let mut world = World {
@@ -466,9 +442,8 @@ async fn a_random_load_under_provider_and_replica_faults_keeps_every_invariant()
             create_running(&mut client, &name, 2).await.uid,
         );
     }
-    let faults = provider_faults(settings.known_bugs);
     let max_delay = Duration::from_millis(200);
-    world.sim.set_faults(faults, settings.seed, max_delay).await;
+    world.sim.set_faults(FAULTS, settings.seed, max_delay).await;
 
     let load = Arc::new(Load {
         accepted: Mutex::new(Vec::new()),

@@ -6,7 +6,7 @@
 //! replica rejoins with a new lease.
 
 use super::*;
-use crate::cluster::{to_json, SCHEMA_VERSION};
+use crate::cluster::to_json;
 use crate::store::{Op, StoreError, Txn};
 use tokio::sync::watch;
 
@@ -101,7 +101,7 @@ impl Replication {
         let ttl = self.config.lease_ttl.as_secs() as i64;
         let lease = self.store.grant_lease(ttl).await?;
         let member = MemberRecord {
-            schema: SCHEMA_VERSION,
+            schema: self.schema,
             id: self.config.replica_id.clone(),
             address: self.config.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -445,6 +445,7 @@ mod tests {
             replica_id: id.into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(30),
+            lease_margin: Duration::from_secs(6),
         };
         let metrics = Metrics::new();
         let (replication, _) =

@@ -100,8 +100,9 @@ pub mod store;
 use protocol::{Action, State};
 use stateright::{Model, Property};
 
-/// The bounds of one check, and the protocol's safeguards (both on in
-/// Drover; the negative tests turn one off to show the checker notices).
+/// The bounds of one check, and the flaw seeded into the protocol, if any
+/// (none in Drover; the negative tests seed one each to show the checker
+/// notices).
 #[derive(Debug, Clone, Copy)]
 pub struct Drover {
     pub replicas: usize,
@@ -111,27 +112,66 @@ pub struct Drover {
     /// Lease losses: expiries of a lease its replica still uses, and
     /// replicas giving theirs up after failed keep-alives.
     pub faults: u8,
-    /// Whether executor writes compare the owner key's lease and create
-    /// revision.
-    pub fencing: bool,
-    /// Whether a new owner fails an operation RUNNING under another epoch.
-    pub orphan_recovery: bool,
-    /// Whether it first announces its epoch to the provider.
-    pub fence_orphans: bool,
+    /// Provider reads that fail: the fencing describe of orphan recovery and
+    /// the describe an upgrade is planned from.
+    pub read_errors: u8,
+    /// Drives that end early and leave their operation in the slot while
+    /// their replica keeps its claim (a write that met an error other than
+    /// a conflict); the next scan resumes the operation.
+    pub stalls: u8,
+    pub flaw: Option<Flaw>,
+}
+
+/// A way to break the protocol, each a safeguard removed or a fix undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flaw {
+    /// Executor writes, and an accept that claims, do not compare the owner
+    /// key's lease and create revision.
+    NoOwnerCompare,
+    /// An accept on the owner claims its operation without comparing the
+    /// owner key (its other writes still do).
+    UnfencedClaimAtAccept,
+    /// A new owner leaves an operation RUNNING under another epoch alone.
+    NoOrphanRecovery,
+    /// Orphan recovery fails the orphan without announcing its epoch to
+    /// the provider first.
+    UnfencedOrphans,
+    /// Orphan recovery fails the orphan anyway when its fencing describe
+    /// fails (Drover did, before it kept the slot and retried).
+    OrphanFailedWhenFenceFails,
+    /// A describe that fails plans no steps (Drover did, before a failed
+    /// read failed the operation).
+    PlanFromFailedRead,
+    /// A drive resumed under the same claim starts again at the first step
+    /// instead of the persisted one.
+    ResumeFromFirstStep,
 }
 
 impl Drover {
-    /// The protocol as Drover runs it, within these bounds.
+    /// The protocol as Drover runs it, within these bounds, with one failed
+    /// provider read and one drive ending early.
     pub fn new(replicas: usize, clusters: usize, requests: u8, faults: u8) -> Self {
         Drover {
             replicas,
             clusters,
             requests,
             faults,
-            fencing: true,
-            orphan_recovery: true,
-            fence_orphans: true,
+            read_errors: 1,
+            stalls: 1,
+            flaw: None,
         }
+    }
+
+    /// This model with `flaw` seeded.
+    pub fn with(self, flaw: Flaw) -> Self {
+        Drover {
+            flaw: Some(flaw),
+            ..self
+        }
+    }
+
+    pub fn has(&self, flaw: Flaw) -> bool {
+        self.flaw == Some(flaw)
     }
 }
 

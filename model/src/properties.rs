@@ -1,7 +1,7 @@
 //! What the checker asserts. `always` properties hold in every reachable
 //! state; the `eventually` one holds on every path by the time it ends;
-//! `sometimes` ones are scenarios that must be reachable, so that the
-//! others are not true for want of trying.
+//! `sometimes` ones are scenarios that must be reachable (where the check's
+//! budgets allow them), so that the others are not true for want of trying.
 
 use crate::protocol::State;
 use crate::store::Status;

@@ -5,7 +5,8 @@
 //! operation it drives) are local and may be stale: etcd can let a lease
 //! expire at any step without the replica knowing, and the replica keeps
 //! acting on its beliefs until it notices (a paused replica that wakes up is
-//! exactly that).
+//! exactly that). A call on its way to the provider is no replica's: it
+//! outlives the drive and the session that sent it.
 
 use crate::machine::{self, Admission, ClusterState, Event};
 use crate::provider::{Provider, Token};

@@ -1,5 +1,6 @@
-//! Exhaustive checks of the protocol, and of two broken variants that the
-//! checker must catch. Run with `--nocapture` to see the states explored.
+//! Exhaustive checks of the protocol, and of variants with one flaw seeded
+//! each, which the checker must catch. Run with `--nocapture` to see the
+//! states explored and the counterexamples.
 
 use drover_model::properties::{
     EVERYTHING_ENDS, LIVE_LEASE_WRITES, NO_LATE_CALL, RESUMED, STEPS_FORWARD, SUCCESS_SHOWN,

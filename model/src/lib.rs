@@ -1,13 +1,15 @@
 //! An exhaustive model check of Drover's coordination protocol, with
-//! [stateright]: accepting requests into a cluster's operation slot, the
-//! owner driving the operation through the provider, leases, ownership,
-//! fencing and orphan recovery (README, "How it works").
+//! [stateright]: accepting requests into a cluster's operation slot (on the
+//! owner, with the claim folded in), the owner driving the operation step
+//! by step through the provider, leases, ownership, fencing and orphan
+//! recovery (README, "How it works").
 //!
 //! The model is a state machine over the whole deployment: etcd
-//! ([`store`]), the provider ([`provider`]) and every replica's local
-//! beliefs ([`protocol`]). Each action is one atomic step: a transaction
-//! (its compares and writes together), a provider call, a purely local step,
-//! or a fault. The checker walks every interleaving within the bounds of a
+//! ([`store`]), the provider ([`provider`]), the calls on their way to it,
+//! and every replica's local beliefs ([`protocol`]). Each action is one
+//! atomic step: a transaction (its compares and writes together), a
+//! provider call arriving or a fenced read, a purely local step, or a
+//! fault. The checker walks every interleaving within the bounds of a
 //! [`Drover`] configuration.
 //!
 //! # Guarantees
@@ -18,19 +20,35 @@
 //!   other operation of the cluster is live;
 //! - every change of a cluster's state is an edge of the table, judged
 //!   against the state etcd held just before the write;
-//! - per cluster, the epochs of the calls the provider accepted never
-//!   decrease, and every operation's accepted calls carry a single epoch;
-//! - no owner write (claim, start, completion, release) takes effect after
-//!   etcd dropped the writer's lease;
+//! - per cluster, the epochs of the calls the provider took never
+//!   decrease (no call lands under an epoch older than one it already
+//!   took), and every operation's calls carry a single epoch;
+//! - no call lands after its operation ended, even when the new owner's
+//!   fencing describe fails: orphan recovery keeps the slot and retries;
+//! - an operation's steps land in order: a drive resumed under its claim
+//!   repeats at most the step it recorded;
+//! - an operation SUCCEEDED only if the provider took and carried out each
+//!   step of its plan (an upgrade is never planned from a describe that
+//!   failed);
+//! - no owner write (claim, accept that claims, step record, completion,
+//!   release) takes effect after etcd dropped the writer's lease;
 //! - once the faults allowed are spent, every request is made and every
 //!   operation ends (see Caveats for exactly what this covers).
 //!
 //! The checks are not vacuous: the `sometimes` properties show that a
 //! zombie and a new owner both believe they own a cluster, that orphans are
-//! failed, that stale epochs are refused and that idle clusters move to
-//! their preferred member, and the negative tests show that dropping the
-//! owner-key compare lets a dead lease's write land and that dropping orphan
-//! recovery leaves an operation unfinished.
+//! failed, that a failed fence keeps the slot, that a call is still in
+//! flight after its drive ended with its session, that a stale call is on
+//! its way to a refusal, that an accept on the owner claims its operation,
+//! that a drive that ended early is resumed and that idle clusters move to
+//! their preferred member. Each negative test seeds one [`Flaw`] and the
+//! checker finds its counterexample: without the owner-key compare (in the
+//! executor's writes or in the accept's claim) a dead lease's write lands;
+//! without orphan recovery an operation never ends; failing an orphan
+//! without a fence, or when the fence fails (as Drover did), lets the old
+//! owner's call land after the operation ended; planning from a failed
+//! describe (as Drover did) reports an upgrade that never ran; resuming at
+//! the first step runs a step again after a later one.
 //!
 //! # Assumptions
 //!
@@ -47,49 +65,73 @@
 //!   list is at its claim's transaction. The real reconcile reads the list
 //!   first; who claims matters for progress only, never for safety, which
 //!   rests on the compares.
-//! - The provider checks a token and applies the call atomically, as
-//!   `server/src/provider/sim.rs` does under one lock.
+//! - The provider checks a token and applies the call in one step when the
+//!   call arrives, as `server/src/provider/sim.rs` does under one lock; a
+//!   fenced DescribeCluster that it answers refuses older epochs from then
+//!   on. A provider that admits a call and applies it later must not let a
+//!   newer epoch's answered call come between, or the fence proves nothing.
 //! - Accepting a request is one step: the replica's read and its
 //!   transaction on the read revision are collapsed, since a transaction
 //!   that misses writes nothing.
+//! - A drive sends a step's call in the same step as the write that records
+//!   the step (or the accept that claims, or the read that resumes). A call
+//!   in flight changes nothing until it lands, so one sent at once and
+//!   landing late covers one sent late, and one never sent (its claim
+//!   check failed) is one that lands after everything the checker looks at.
 //!
 //! # Caveats
 //!
-//! - Bounds: 2–3 replicas, 1–2 clusters, 2 requests, 1–2 lease losses (see
-//!   the tests). A slice of the state table (Created, Starting, Running,
-//!   Stopping, Stopped, Alert; start and stop requests; success and
-//!   failure), copied in [`machine`]. One provider call per operation: more
-//!   steps would repeat the start write and the call with the same compares
-//!   and token.
+//! - Bounds: 2–3 replicas, 1–2 clusters, 1–2 requests, 1–2 lease losses,
+//!   one failed provider read, at most one drive ending early (see the
+//!   tests: not every combination, or the states run into tens of
+//!   millions). A slice of the state table (Created, Starting, Running,
+//!   Stopping, Stopped, Upgrading, Alert; start, stop and upgrade requests;
+//!   success and failure), copied in [`machine`]. Steps are abstract
+//!   mutating calls, each recorded before it is sent: a start has two (in
+//!   Drover, provisioning or power-on and then a read-only health check,
+//!   which is not recorded), a stop and an upgrade one (an upgrade has one
+//!   per node not yet at the target). Only the upgrade is planned from a
+//!   describe; the go-ahead stop from Created is planned without one here.
+//! - A failed provider read changes nothing at the provider. One that the
+//!   provider answered but whose answer was lost is, to the replica, a
+//!   failure it retries, and to everyone else a fence that succeeded.
+//! - When a replica drops its session its drives end with it, but the calls
+//!   they sent go on and land whenever they arrive. A drive that goes on
+//!   writing after its session is not modelled: each such write compares
+//!   the owner key and lands only while etcd still holds the lease, where
+//!   it is the same as a write taken just before the session ended. So the
+//!   lapsed session that fails a drive's operation because its claim check
+//!   failed while etcd still held the lease is not modelled either (it is
+//!   no safety matter: the write is fenced).
+//! - A drive ends early (a write that met an error other than a conflict)
+//!   only after the first step of a two-step operation, where resuming at
+//!   the recorded step differs from starting again.
 //! - Not modelled: cancel requests, request ids, spec and status writes,
 //!   the scanner, schema versions, graceful shutdown (a revoke is an expiry
 //!   its replica knows of), etcd being unreachable and the retried write
 //!   with an unknown outcome, watches and compaction, garbage collection,
-//!   clusters being deleted or re-created.
-//! - A transaction whose compares miss is not a step: its replica keeps
-//!   the operation it held until it drops its session, where the real one
-//!   would stop and read again later. That loses no behaviour only because
-//!   a miss always comes from a claim that is dead for good, which is itself
-//!   checked (the property "a missed compare comes from a dead claim").
+//!   clusters being deleted or re-created, call deadlines.
+//! - A transaction whose compares miss, and a fenced read the provider
+//!   refuses, are not steps: the replica keeps the operation it held until
+//!   it drops its session, where the real one would stop and read again
+//!   later. That loses no behaviour only because a miss always comes from a
+//!   claim that is dead for good, which is itself checked (the property "a
+//!   missed compare comes from a dead claim").
 //! - Liveness: stateright judges `eventually` only where a path ends. Here
-//!   every path ends: each step spends a budget, bumps the revision, or
-//!   moves a replica's session or operation forward, and nothing undoes
-//!   them, so the state graph is acyclic; at its ends nothing is enabled:
-//!   the faults are spent, every replica has rejoined, every given-up lease
-//!   has expired and no request is left. The property is stable once true,
-//!   so stateright not following a second path into a state it has already
-//!   seen misses nothing. What it shows is therefore: after at most the
-//!   budgeted lease losses, in every run where each replica keeps taking the
-//!   steps open to it, every request is made and every operation ends. It
-//!   says nothing about runs with unbounded failures (a replica that loses
-//!   its lease again and again can starve a cluster), nor about how long
-//!   anything takes.
-//! - Orphan recovery announces the new owner's epoch to the provider
-//!   (a fenced DescribeCluster) before it fails the orphan, so a zombie's
-//!   call that arrives after its operation ended is refused: the property
-//!   "no call lands after its operation ended". The model takes the read
-//!   and the announcement as one step; in Drover the announcement follows
-//!   the read, which only matters for calls before the operation ended.
+//!   every path ends: each step spends a budget, bumps the revision, lands
+//!   a call, or moves a replica's session or operation forward, and nothing
+//!   undoes them, so the state graph is acyclic (a fence that fails spends
+//!   a read error; once they are spent, fences succeed). At its ends nothing
+//!   is enabled: the faults are spent, every replica has rejoined, every
+//!   given-up lease has expired, every call has landed and no request is
+//!   left. The property is stable once true, so stateright not following a
+//!   second path into a state it has already seen misses nothing. What it
+//!   shows is therefore: after at most the budgeted faults, in every run
+//!   where each replica keeps taking the steps open to it, every request is
+//!   made and every operation ends. It says nothing about runs with
+//!   unbounded failures (a replica that loses its lease again and again can
+//!   starve a cluster, and a fence that always fails keeps its orphan's
+//!   slot for ever, by design), nor about how long anything takes.
 
 pub mod machine;
 pub mod properties;
@@ -100,8 +142,9 @@ pub mod store;
 use protocol::{Action, State};
 use stateright::{Model, Property};
 
-/// The bounds of one check, and the protocol's safeguards (both on in
-/// Drover; the negative tests turn one off to show the checker notices).
+/// The bounds of one check, and the flaw seeded into the protocol, if any
+/// (none in Drover; the negative tests seed one each to show the checker
+/// notices).
 #[derive(Debug, Clone, Copy)]
 pub struct Drover {
     pub replicas: usize,
@@ -111,27 +154,66 @@ pub struct Drover {
     /// Lease losses: expiries of a lease its replica still uses, and
     /// replicas giving theirs up after failed keep-alives.
     pub faults: u8,
-    /// Whether executor writes compare the owner key's lease and create
-    /// revision.
-    pub fencing: bool,
-    /// Whether a new owner fails an operation RUNNING under another epoch.
-    pub orphan_recovery: bool,
-    /// Whether it first announces its epoch to the provider.
-    pub fence_orphans: bool,
+    /// Provider reads that fail: the fencing describe of orphan recovery and
+    /// the describe an upgrade is planned from.
+    pub read_errors: u8,
+    /// Drives that end early and leave their operation in the slot while
+    /// their replica keeps its claim (a write that met an error other than
+    /// a conflict); the next scan resumes the operation.
+    pub stalls: u8,
+    pub flaw: Option<Flaw>,
+}
+
+/// A way to break the protocol, each a safeguard removed or a fix undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flaw {
+    /// Executor writes, and an accept that claims, do not compare the owner
+    /// key's lease and create revision.
+    NoOwnerCompare,
+    /// An accept on the owner claims its operation without comparing the
+    /// owner key (its other writes still do).
+    UnfencedClaimAtAccept,
+    /// A new owner leaves an operation RUNNING under another epoch alone.
+    NoOrphanRecovery,
+    /// Orphan recovery fails the orphan without announcing its epoch to
+    /// the provider first.
+    UnfencedOrphans,
+    /// Orphan recovery fails the orphan anyway when its fencing describe
+    /// fails (Drover did, before it kept the slot and retried).
+    OrphanFailedWhenFenceFails,
+    /// A describe that fails plans no steps (Drover did, before a failed
+    /// read failed the operation).
+    PlanFromFailedRead,
+    /// A drive resumed under the same claim starts again at the first step
+    /// instead of the persisted one.
+    ResumeFromFirstStep,
 }
 
 impl Drover {
-    /// The protocol as Drover runs it, within these bounds.
+    /// The protocol as Drover runs it, within these bounds, with one failed
+    /// provider read and one drive ending early.
     pub fn new(replicas: usize, clusters: usize, requests: u8, faults: u8) -> Self {
         Drover {
             replicas,
             clusters,
             requests,
             faults,
-            fencing: true,
-            orphan_recovery: true,
-            fence_orphans: true,
+            read_errors: 1,
+            stalls: 1,
+            flaw: None,
         }
+    }
+
+    /// This model with `flaw` seeded.
+    pub fn with(self, flaw: Flaw) -> Self {
+        Drover {
+            flaw: Some(flaw),
+            ..self
+        }
+    }
+
+    pub fn has(&self, flaw: Flaw) -> bool {
+        self.flaw == Some(flaw)
     }
 }
 

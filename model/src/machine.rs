@@ -2,7 +2,8 @@
 //!
 //! These rows are copied from `server/src/cluster/machine.rs` (the only
 //! table Drover has), restricted to the states and events below: enough for
-//! starts and stops that succeed, fail or are orphaned, and for a go-ahead.
+//! starts, stops and upgrades that succeed, fail or are orphaned, and for a
+//! go-ahead.
 //! The copy keeps the model's own code free of the server's dependency
 //! tree; `tests/table.rs` checks it against Drover's table on every state
 //! and event it covers, so the two cannot drift apart.
@@ -17,6 +18,7 @@ pub enum ClusterState {
     Running,
     Stopping,
     Stopped,
+    Upgrading,
     Alert,
 }
 
@@ -24,6 +26,7 @@ pub enum ClusterState {
 pub enum Event {
     StartRequested,
     StopRequested,
+    UpgradeRequested,
     OperationSucceeded,
     OperationFailed,
 }
@@ -41,6 +44,9 @@ const TRANSITIONS: &[(ClusterState, Event, ClusterState)] = &[
     (Stopped, StartRequested, Starting),
     (Stopped, OperationSucceeded, Stopped),
     (Running, OperationSucceeded, Running),
+    (Running, UpgradeRequested, Upgrading),
+    (Upgrading, OperationSucceeded, Running),
+    (Upgrading, OperationFailed, Alert),
     (Alert, OperationSucceeded, Running),
     (Alert, StartRequested, Starting),
 ];

@@ -1,11 +1,11 @@
 //! What the checker asserts. `always` properties hold in every reachable
 //! state; the `eventually` one holds on every path by the time it ends;
-//! `sometimes` ones are scenarios that must be reachable, so that the
-//! others are not true for want of trying.
+//! `sometimes` ones are scenarios that must be reachable (where the check's
+//! budgets allow them), so that the others are not true for want of trying.
 
 use crate::protocol::State;
 use crate::store::Status;
-use crate::Drover;
+use crate::{Drover, Flaw};
 use stateright::Property;
 
 pub const ONE_OPERATION: &str = "at most one operation holds a cluster";
@@ -20,6 +20,12 @@ pub const TWO_BELIEVERS: &str = "a zombie and a new owner both believe they own 
 pub const HANDED_BACK: &str = "an idle cluster is released to its preferred member";
 pub const SUCCEEDS: &str = "an operation succeeds";
 pub const NO_LATE_CALL: &str = "no call lands after its operation ended";
+pub const STEPS_FORWARD: &str = "an operation's steps land in order";
+pub const SUCCESS_SHOWN: &str = "an operation succeeds only after each of its steps worked";
+pub const FENCE_RETRIED: &str = "a failed fence keeps the orphan's slot";
+pub const RESUMED: &str = "a drive that ended early is resumed under its claim";
+pub const CLAIMED_AT_ACCEPT: &str = "an accept on the owner claims its operation";
+pub const CALL_OUTLIVES_DRIVE: &str = "a call is in flight after its drive ended";
 
 pub fn all() -> Vec<Property<Drover>> {
     vec![
@@ -35,7 +41,7 @@ pub fn all() -> Vec<Property<Drover>> {
                 .iter()
                 .any(|o| o.status == Status::Orphaned)
         }),
-        Property::sometimes(STALE_REFUSED, |_, s: &State| s.history.refused_stale),
+        Property::sometimes(STALE_REFUSED, stale_call_in_flight),
         Property::sometimes(TWO_BELIEVERS, two_believers),
         Property::sometimes(HANDED_BACK, |_, s: &State| s.history.released),
         Property::sometimes(SUCCEEDS, |_, s: &State| {
@@ -45,6 +51,12 @@ pub fn all() -> Vec<Property<Drover>> {
                 .any(|o| o.status == Status::Succeeded)
         }),
         Property::always(NO_LATE_CALL, |_, s: &State| !s.history.call_after_end),
+        Property::always(STEPS_FORWARD, steps_forward),
+        Property::always(SUCCESS_SHOWN, success_shown),
+        Property::sometimes(FENCE_RETRIED, |_, s: &State| s.history.fence_retried),
+        Property::sometimes(RESUMED, |_, s: &State| s.history.resumed),
+        Property::sometimes(CLAIMED_AT_ACCEPT, claimed_at_accept),
+        Property::sometimes(CALL_OUTLIVES_DRIVE, call_outlives_drive),
     ]
 }
 
@@ -75,12 +87,40 @@ fn edges_only(_: &Drover, state: &State) -> bool {
 fn epochs_grow(_: &Drover, state: &State) -> bool {
     state.provider.accepted.iter().all(|calls| {
         calls.iter().enumerate().all(|(i, earlier)| {
+            let earlier = earlier.token;
             calls[i + 1..].iter().all(|later| {
+                let later = later.token;
                 later.epoch >= earlier.epoch
                     && (later.operation != earlier.operation || later.epoch == earlier.epoch)
             })
         })
     })
+}
+
+/// Per operation, no step's call lands after a call of a later step did:
+/// a drive resumed under its claim repeats at most the step it recorded
+/// (steps are idempotent), never one before it.
+fn steps_forward(_: &Drover, state: &State) -> bool {
+    state.provider.accepted.iter().all(|calls| {
+        calls.iter().enumerate().all(|(i, earlier)| {
+            calls[i + 1..].iter().all(|later| {
+                later.token.operation != earlier.token.operation
+                    || later.token.step >= earlier.token.step
+            })
+        })
+    })
+}
+
+/// Drover never reports a success the provider did not show: an operation
+/// that SUCCEEDED had every step of its plan taken and worked.
+fn success_shown(_: &Drover, state: &State) -> bool {
+    state
+        .store
+        .operations
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.status == Status::Succeeded)
+        .all(|(id, o)| (1..=o.kind.steps()).all(|step| state.provider.did(o.cluster, id, step)))
 }
 
 /// Every owner write (claim, start, completion, release) that took effect
@@ -100,12 +140,13 @@ fn everything_ends(_: &Drover, state: &State) -> bool {
             .all(|o| o.status.is_terminal())
 }
 
-/// The model turns a transaction whose compares miss into no step, and its
-/// replica then holds the operation until it drops its session. That loses
-/// no behaviour only if a miss means the claim is dead for good: the owner
-/// key it compares is gone and, its create revision being in the past, can
-/// never come back.
+/// The model turns a transaction whose compares miss, and a fenced read
+/// the provider refuses, into no step, and its replica then holds the
+/// operation until it drops its session. That loses no behaviour only if a
+/// miss means the claim is dead for good: the owner key it compares is gone
+/// and, its create revision being in the past, can never come back.
 fn misses_are_dead(model: &Drover, state: &State) -> bool {
+    let fencing = !model.has(Flaw::NoOwnerCompare);
     state.replicas.iter().all(|replica| {
         replica
             .holding
@@ -113,9 +154,10 @@ fn misses_are_dead(model: &Drover, state: &State) -> bool {
             .enumerate()
             .all(|(cluster, holding)| {
                 holding.is_none_or(|h| {
-                    !h.phase.writes_next()
-                        || state.store.holds(&h.guard(cluster, model.fencing))
-                        || !state.store.owner_is(cluster, h.claim)
+                    let misses = (h.phase.writes_next()
+                        && !state.store.holds(&h.guard(cluster, fencing)))
+                        || (h.phase.reads_next() && state.provider.refuses(cluster, h.claim.epoch));
+                    !misses || !state.store.owner_is(cluster, h.claim)
                 })
             })
     })
@@ -131,4 +173,38 @@ fn two_believers(_: &Drover, state: &State) -> bool {
             .count()
             > 1
     })
+}
+
+/// A slot's operation is RUNNING as of the revision that filled the slot:
+/// the accept wrote it so (these are observations of the present state, not
+/// history kept in it, so that they do not multiply the states).
+fn claimed_at_accept(_: &Drover, state: &State) -> bool {
+    state.store.states.iter().any(|key| {
+        key.slot.is_some_and(|id| {
+            let record = &state.store.operations[id];
+            matches!(record.status, Status::Running { .. })
+                && record.mod_revision == key.mod_revision
+        })
+    })
+}
+
+/// A call is in flight that no drive waits for: its drive ended with its
+/// replica's session, and the call lands whenever it arrives.
+fn call_outlives_drive(_: &Drover, state: &State) -> bool {
+    state.calls.iter().any(|&call| {
+        !state
+            .replicas
+            .iter()
+            .filter_map(|r| r.holding[call.cluster])
+            .any(|h| h.awaits(call))
+    })
+}
+
+/// A call in flight carries an epoch older than one the provider has seen:
+/// it will be refused when it lands.
+fn stale_call_in_flight(_: &Drover, state: &State) -> bool {
+    state
+        .calls
+        .iter()
+        .any(|c| state.provider.refuses(c.cluster, c.epoch))
 }

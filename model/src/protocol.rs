@@ -5,7 +5,8 @@
 //! operation it drives) are local and may be stale: etcd can let a lease
 //! expire at any step without the replica knowing, and the replica keeps
 //! acting on its beliefs until it notices (a paused replica that wakes up is
-//! exactly that).
+//! exactly that). A call on its way to the provider is no replica's: it
+//! outlives the drive and the session that sent it.
 
 use crate::machine::{self, Admission, ClusterState, Event};
 use crate::provider::{Provider, Token};
@@ -13,18 +14,26 @@ use crate::store::{
     Claim, ClusterId, Guard, Kind, LeaseId, Operation, OperationId, OwnerKey, ReplicaId, Revision,
     Status, Store,
 };
-use crate::Drover;
+use crate::{Drover, Flaw};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
     pub store: Store,
     pub replicas: Vec<Replica>,
     pub provider: Provider,
+    /// Provider calls sent and not answered yet, sorted. A call outlives
+    /// the drive that sent it and that drive's session: the provider takes
+    /// or refuses it whenever it arrives.
+    pub calls: Vec<Token>,
     /// Client requests still to be made.
     pub requests_left: u8,
     /// Lease losses still to happen (an expiry of a lease its replica
     /// still uses, or a replica giving its lease up).
     pub faults_left: u8,
+    /// Provider reads still to fail.
+    pub read_errors_left: u8,
+    /// Drives still to end early.
+    pub stalls_left: u8,
     pub history: History,
 }
 
@@ -38,12 +47,14 @@ pub struct History {
     /// An owner write took effect while etcd no longer held the writer's
     /// lease.
     pub write_without_lease: bool,
-    /// The provider refused a call with a stale epoch.
-    pub refused_stale: bool,
     /// The provider accepted a call for an operation that had already ended.
     pub call_after_end: bool,
     /// An owner released a cluster to its preferred member.
     pub released: bool,
+    /// A fencing describe failed and orphan recovery kept the slot.
+    pub fence_retried: bool,
+    /// A drive resumed an operation RUNNING under its own claim.
+    pub resumed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -66,8 +77,9 @@ impl Replica {
         })
     }
 
-    /// Stops acting as an owner at once: every claim and every operation in
-    /// flight goes with the session.
+    /// Stops acting as an owner at once: every claim and every drive goes
+    /// with the session. A call a drive already sent goes on
+    /// ([`State::calls`]).
     fn drop_session(&mut self) {
         self.session = None;
         self.owned.fill(None);
@@ -86,6 +98,8 @@ pub struct Holding {
     /// The cluster's state as read: completion moves it from there.
     pub held: ClusterState,
     pub phase: Phase,
+    /// The step of the plan it is at (1-based; 0 for an orphan).
+    pub step: u8,
 }
 
 impl Holding {
@@ -100,33 +114,66 @@ impl Holding {
             owner: fencing.then_some(self.claim),
         }
     }
+
+    /// Whether this drive waits for the answer to `call`.
+    pub fn awaits(&self, call: Token) -> bool {
+        self.phase == Phase::Calling && self.token(call.cluster) == call
+    }
+
+    fn token(&self, cluster: ClusterId) -> Token {
+        Token {
+            cluster,
+            epoch: self.claim.epoch,
+            operation: self.operation,
+            step: self.step,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
-    /// Read PENDING: next, the write that starts it.
+    /// Read PENDING, planned from the nodes: next, the describe.
     Pending,
-    /// RUNNING under this claim: next, the provider call.
-    Running,
-    /// The provider answered: next, completion.
-    Called { ok: bool },
-    /// Read RUNNING under another epoch: next, failing it as an orphan.
+    /// Next, the write that records the operation RUNNING under this claim
+    /// at this step (`save_operation` at a step boundary).
+    Boundary,
+    /// The step's call is out: next, the provider's answer.
+    Calling,
+    /// Every step worked, or one failed: next, completion.
+    Done { ok: bool },
+    /// Read RUNNING under another epoch: next, the fencing describe.
+    Fencing,
+    /// Fenced: next, failing the orphan.
     Orphan,
 }
 
 impl Phase {
-    /// Whether the next step is a write (the others are a provider call).
+    /// Whether the next step is a write.
     pub fn writes_next(self) -> bool {
-        !matches!(self, Phase::Running)
+        matches!(self, Phase::Boundary | Phase::Done { .. } | Phase::Orphan)
+    }
+
+    /// Whether the next step is a fenced provider read.
+    pub fn reads_next(self) -> bool {
+        matches!(self, Phase::Pending | Phase::Fencing)
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// A client's request, accepted by any replica: one transaction on the
-    /// state key's revision with no fencing, so which replica serves it does
-    /// not matter and the action names none.
+    /// A client's request, accepted by a replica that does not claim it:
+    /// one transaction on the state key's revision with no fencing, so
+    /// which replica serves it does not matter and the action names none.
     Accept { cluster: ClusterId, kind: Kind },
+    /// The same request accepted on the owner, with the claim folded in:
+    /// the record is written RUNNING at the first step under the owner's
+    /// epoch, the owner key compared, and the owner drives it at once.
+    /// Only for a kind planned without the provider.
+    AcceptClaimed {
+        replica: ReplicaId,
+        cluster: ClusterId,
+        kind: Kind,
+    },
     /// The preferred live member puts the absent owner key, bound to its
     /// lease; the new key's create revision is the epoch.
     Claim {
@@ -144,21 +191,32 @@ pub enum Action {
         replica: ReplicaId,
         cluster: ClusterId,
     },
-    /// Writes the operation RUNNING under the owner's epoch.
-    Start {
+    /// A fenced DescribeCluster: the one an upgrade is planned from, or
+    /// orphan recovery's announcement of the new epoch. `fails` spends a
+    /// read error.
+    Describe {
+        replica: ReplicaId,
+        cluster: ClusterId,
+        fails: bool,
+    },
+    /// Records the operation RUNNING under the owner's epoch at its step,
+    /// and sends the step's call.
+    Record {
         replica: ReplicaId,
         cluster: ClusterId,
     },
-    /// The provider call with the owner's token; `succeeds` is the step's
-    /// outcome if the provider takes the token.
-    Call {
-        replica: ReplicaId,
-        cluster: ClusterId,
-        succeeds: bool,
-    },
+    /// A call arrives at the provider, which checks its token and applies
+    /// it in one step; `succeeds` is the step's outcome if it takes it. The
+    /// drive that sent it, if it still runs, gets the answer.
+    Land { call: Token, succeeds: bool },
     /// Ends the operation (succeeded, failed, or failed as an orphan):
     /// moves the cluster by the table and clears the slot.
     Finish {
+        replica: ReplicaId,
+        cluster: ClusterId,
+    },
+    /// The drive ends early before a write; its replica keeps the claim.
+    Stall {
         replica: ReplicaId,
         cluster: ClusterId,
     },
@@ -166,7 +224,7 @@ pub enum Action {
     /// know.
     LeaseExpires { lease: LeaseId },
     /// A keep-alive answers "lease not found": the replica drops its
-    /// session and claims.
+    /// session, its claims and its drives.
     LeaseNotFound { replica: ReplicaId },
     /// Keep-alives failed for longer than the TTL while etcd still holds the
     /// lease: the replica gives up on it (it expires later, on its own).
@@ -181,9 +239,12 @@ impl Kind {
         match self {
             Kind::Start => Event::StartRequested,
             Kind::Stop => Event::StopRequested,
+            Kind::Upgrade => Event::UpgradeRequested,
         }
     }
 }
+
+const KINDS: [Kind; 3] = [Kind::Start, Kind::Stop, Kind::Upgrade];
 
 /// The member `cluster` should be owned by. Stands in for rendezvous
 /// hashing: the model only needs every replica to compute the same answer
@@ -206,28 +267,20 @@ impl State {
         State {
             replicas: (0..model.replicas).map(replica).collect(),
             provider: Provider::new(model.clusters),
+            calls: Vec::new(),
             requests_left: model.requests,
             faults_left: model.faults,
+            read_errors_left: model.read_errors,
+            stalls_left: model.stalls,
             history: History::default(),
             store,
         }
     }
 
     /// Every action enabled in this state. A transaction whose compares
-    /// would miss is still offered: [`step`] turns it into no step.
+    /// would miss is still offered: [`State::step`] turns it into no step.
     pub fn actions(&self, actions: &mut Vec<Action>) {
-        let clusters = self.store.states.len();
-        for cluster in 0..clusters {
-            let key = &self.store.states[cluster];
-            for kind in [Kind::Start, Kind::Stop] {
-                if self.requests_left > 0
-                    && key.slot.is_none()
-                    && machine::admit(key.state, kind.event()).is_some()
-                {
-                    actions.push(Action::Accept { cluster, kind });
-                }
-            }
-        }
+        self.requests(actions);
         for (replica, local) in self.replicas.iter().enumerate() {
             let Some(lease) = local.session else {
                 actions.push(Action::Rejoin { replica });
@@ -238,56 +291,19 @@ impl State {
             } else if self.faults_left > 0 {
                 actions.push(Action::KeepAliveTimeout { replica });
             }
-            // Reconciling needs the replica in the member list it reads.
-            let member = self.store.members[replica].is_some();
-            for cluster in 0..clusters {
-                let mine = preferred(&self.store, cluster) == Some(replica);
-                match (local.owned[cluster], local.holding[cluster]) {
-                    (None, _) if member && mine && self.store.owners[cluster].is_none() => {
-                        actions.push(Action::Claim { replica, cluster })
-                    }
-                    (None, _) => {}
-                    (Some(_), None) => {
-                        if member && !mine {
-                            // The real reconcile reads the slot empty and
-                            // then releases without comparing it, so a
-                            // request accepted in between is released with
-                            // the cluster: offered whenever nothing is in
-                            // flight here.
-                            actions.push(Action::Release { replica, cluster });
-                        }
-                        if self.store.states[cluster].slot.is_some() {
-                            actions.push(Action::Read { replica, cluster });
-                        }
-                    }
-                    (Some(_), Some(holding)) => match holding.phase {
-                        Phase::Pending => actions.push(Action::Start { replica, cluster }),
-                        Phase::Running => {
-                            let token = Token {
-                                cluster,
-                                epoch: holding.claim.epoch,
-                                operation: holding.operation,
-                            };
-                            // A refused call fails whatever the step would
-                            // have done: one outcome only.
-                            let outcomes: &[bool] = if self.provider.refuses(token) {
-                                &[false]
-                            } else {
-                                &[true, false]
-                            };
-                            for &succeeds in outcomes {
-                                actions.push(Action::Call {
-                                    replica,
-                                    cluster,
-                                    succeeds,
-                                });
-                            }
-                        }
-                        Phase::Called { .. } | Phase::Orphan => {
-                            actions.push(Action::Finish { replica, cluster })
-                        }
-                    },
-                }
+            for cluster in 0..self.store.states.len() {
+                self.reconcile(replica, cluster, actions);
+            }
+        }
+        for (i, &call) in self.calls.iter().enumerate() {
+            if self.calls[..i].contains(&call) {
+                continue;
+            }
+            // A refused call fails whatever the step would have done: one
+            // outcome only.
+            let refused = self.provider.refuses(call.cluster, call.epoch);
+            for succeeds in [false, true].into_iter().take(if refused { 1 } else { 2 }) {
+                actions.push(Action::Land { call, succeeds });
             }
         }
         for &lease in &self.store.leases {
@@ -300,6 +316,92 @@ impl State {
         }
     }
 
+    /// The requests a client can make now, on any replica or on the owner.
+    fn requests(&self, actions: &mut Vec<Action>) {
+        if self.requests_left == 0 {
+            return;
+        }
+        for (cluster, key) in self.store.states.iter().enumerate() {
+            if key.slot.is_some() {
+                continue;
+            }
+            for kind in KINDS {
+                if machine::admit(key.state, kind.event()).is_none() {
+                    continue;
+                }
+                actions.push(Action::Accept { cluster, kind });
+                if kind.needs_nodes() {
+                    continue;
+                }
+                for (replica, local) in self.replicas.iter().enumerate() {
+                    if local.claim(cluster).is_some() && local.holding[cluster].is_none() {
+                        actions.push(Action::AcceptClaimed {
+                            replica,
+                            cluster,
+                            kind,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// What `replica`, whose session is alive as far as it knows, does next
+    /// about `cluster`.
+    fn reconcile(&self, replica: ReplicaId, cluster: ClusterId, actions: &mut Vec<Action>) {
+        let local = &self.replicas[replica];
+        // Reconciling needs the replica in the member list it reads.
+        let member = self.store.members[replica].is_some();
+        let mine = preferred(&self.store, cluster) == Some(replica);
+        let holding = match (local.owned[cluster], local.holding[cluster]) {
+            (None, _) => {
+                if member && mine && self.store.owners[cluster].is_none() {
+                    actions.push(Action::Claim { replica, cluster });
+                }
+                return;
+            }
+            (Some(_), None) => {
+                if member && !mine {
+                    // The real reconcile reads the slot empty and then
+                    // releases without comparing it, so a request accepted
+                    // in between is released with the cluster: offered
+                    // whenever nothing is in flight here.
+                    actions.push(Action::Release { replica, cluster });
+                }
+                if self.store.states[cluster].slot.is_some() {
+                    actions.push(Action::Read { replica, cluster });
+                }
+                return;
+            }
+            (Some(_), Some(holding)) => holding,
+        };
+        match holding.phase {
+            Phase::Pending | Phase::Fencing => {
+                actions.push(Action::Describe {
+                    replica,
+                    cluster,
+                    fails: false,
+                });
+                if self.read_errors_left > 0 {
+                    actions.push(Action::Describe {
+                        replica,
+                        cluster,
+                        fails: true,
+                    });
+                }
+            }
+            Phase::Boundary => actions.push(Action::Record { replica, cluster }),
+            Phase::Calling => {}
+            Phase::Done { .. } | Phase::Orphan => actions.push(Action::Finish { replica, cluster }),
+        }
+        // Only past a multi-step operation's first step, where resuming at
+        // the recorded step differs from starting again.
+        let stalls = matches!(holding.phase, Phase::Boundary | Phase::Done { .. });
+        if self.stalls_left > 0 && stalls && holding.step > 1 {
+            actions.push(Action::Stall { replica, cluster });
+        }
+    }
+
     /// The state after `action`, or `None` when it changes nothing (a
     /// transaction whose compares miss writes nothing, and its replica
     /// stops driving; see the property "a missed compare comes from a dead
@@ -307,17 +409,29 @@ impl State {
     pub fn step(&self, model: &Drover, action: Action) -> Option<State> {
         let mut next = self.clone();
         match action {
-            Action::Accept { cluster, kind } => next.accept(cluster, kind)?,
+            Action::Accept { cluster, kind } => {
+                next.accept(cluster, kind, Status::Pending)?;
+            }
+            Action::AcceptClaimed {
+                replica,
+                cluster,
+                kind,
+            } => next.accept_claimed(model, replica, cluster, kind)?,
             Action::Claim { replica, cluster } => next.claim(replica, cluster)?,
             Action::Release { replica, cluster } => next.release(replica, cluster)?,
             Action::Read { replica, cluster } => next.read(model, replica, cluster)?,
-            Action::Start { replica, cluster } => next.start(model, replica, cluster)?,
-            Action::Call {
+            Action::Describe {
                 replica,
                 cluster,
-                succeeds,
-            } => next.call(replica, cluster, succeeds)?,
+                fails,
+            } => next.describe(model, replica, cluster, fails)?,
+            Action::Record { replica, cluster } => next.record(model, replica, cluster)?,
+            Action::Land { call, succeeds } => next.land(call, succeeds)?,
             Action::Finish { replica, cluster } => next.finish(model, replica, cluster)?,
+            Action::Stall { replica, cluster } => {
+                next.stalls_left -= 1;
+                next.replicas[replica].holding[cluster] = None;
+            }
             Action::LeaseExpires { lease } => {
                 if self.replicas.iter().any(|r| r.session == Some(lease)) {
                     next.faults_left -= 1;
@@ -355,8 +469,14 @@ impl State {
     }
 
     /// `Operations::accept`: compare the state key's revision (the slot is
-    /// empty as read), move the state, fill the slot, write the record.
-    fn accept(&mut self, cluster: ClusterId, kind: Kind) -> Option<()> {
+    /// empty as read), move the state, fill the slot, write the record with
+    /// `status`. The new operation, the revision and the state entered.
+    fn accept(
+        &mut self,
+        cluster: ClusterId,
+        kind: Kind,
+        status: Status,
+    ) -> Option<(OperationId, Revision, ClusterState)> {
         let from = self.store.states[cluster].state;
         let admission = machine::admit(from, kind.event())?;
         let (entered, go_ahead) = match admission {
@@ -369,7 +489,7 @@ impl State {
             cluster,
             kind,
             go_ahead,
-            status: Status::Pending,
+            status,
             mod_revision: revision,
         });
         let key = &mut self.store.states[cluster];
@@ -377,6 +497,45 @@ impl State {
         key.slot = Some(id);
         key.mod_revision = revision;
         self.requests_left -= 1;
+        Some((id, revision, entered))
+    }
+
+    /// The accept on the owner (`LocalRunner::claim_at_accept`): the same
+    /// transaction also compares the owner key and writes the record
+    /// RUNNING at the first step under the owner's epoch; the owner's drive
+    /// starts from what it wrote.
+    fn accept_claimed(
+        &mut self,
+        model: &Drover,
+        replica: ReplicaId,
+        cluster: ClusterId,
+        kind: Kind,
+    ) -> Option<()> {
+        let local = &self.replicas[replica];
+        let claim = local.claim(cluster)?;
+        if kind.needs_nodes() || local.holding[cluster].is_some() {
+            return None;
+        }
+        let fenced = !model.has(Flaw::NoOwnerCompare) && !model.has(Flaw::UnfencedClaimAtAccept);
+        if fenced && !self.store.owner_is(cluster, claim) {
+            return None;
+        }
+        self.owner_wrote(claim.lease);
+        let status = Status::Running {
+            epoch: claim.epoch,
+            step: 1,
+        };
+        let (operation, revision, held) = self.accept(cluster, kind, status)?;
+        let holding = Holding {
+            claim,
+            operation,
+            state_revision: revision,
+            operation_revision: revision,
+            held,
+            phase: Phase::Calling,
+            step: 1,
+        };
+        self.send(replica, cluster, holding);
         Some(())
     }
 
@@ -410,35 +569,88 @@ impl State {
         Some(())
     }
 
-    /// The start of `Executor::drive`: read the slot's operation and decide.
+    /// The start of `Executor::drive`: read the slot's operation and decide
+    /// where to start.
     fn read(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
         let claim = self.replicas[replica].claim(cluster)?;
         let key = &self.store.states[cluster];
         let operation = key.slot?;
         let record = &self.store.operations[operation];
-        let phase = match record.status {
-            Status::Pending => Phase::Pending,
-            Status::Running { epoch } if epoch == claim.epoch => Phase::Running,
-            Status::Running { .. } if model.orphan_recovery => {
-                if model.fence_orphans {
-                    self.provider.fence(cluster, claim.epoch);
+        let (phase, step) = match record.status {
+            Status::Pending if record.kind.needs_nodes() => (Phase::Pending, 1),
+            Status::Pending => (Phase::Boundary, 1),
+            // Its own drive ended early: resume at the step recorded.
+            Status::Running { epoch, step } if epoch == claim.epoch => {
+                self.history.resumed = true;
+                if model.has(Flaw::ResumeFromFirstStep) {
+                    (Phase::Boundary, 1)
+                } else {
+                    (Phase::Calling, step)
                 }
-                Phase::Orphan
             }
-            Status::Running { .. } => return None,
+            Status::Running { .. } if model.has(Flaw::NoOrphanRecovery) => return None,
+            Status::Running { .. } if model.has(Flaw::UnfencedOrphans) => (Phase::Orphan, 0),
+            Status::Running { .. } => (Phase::Fencing, 0),
             // Completion clears the slot in the same transaction: a
             // terminal operation in the slot is ignored, as drive does
             // (and "one operation per cluster" says it cannot happen).
             _ => return None,
         };
-        self.replicas[replica].holding[cluster] = Some(Holding {
+        let holding = Holding {
             claim,
             operation,
             state_revision: key.mod_revision,
             operation_revision: record.mod_revision,
             held: key.state,
             phase,
-        });
+            step,
+        };
+        if phase == Phase::Calling {
+            self.send(replica, cluster, holding);
+        } else {
+            self.replicas[replica].holding[cluster] = Some(holding);
+        }
+        Some(())
+    }
+
+    /// `Holding::describe`, fenced: an upgrade plans from its answer, and
+    /// orphan recovery fails the orphan only once it has been answered. A
+    /// describe the provider refuses (a newer epoch was seen, so this claim
+    /// is dead for good) is no step, like a write whose compares miss.
+    fn describe(
+        &mut self,
+        model: &Drover,
+        replica: ReplicaId,
+        cluster: ClusterId,
+        fails: bool,
+    ) -> Option<()> {
+        let mut holding = self.replicas[replica].holding[cluster]?;
+        if self.provider.refuses(cluster, holding.claim.epoch) {
+            return None;
+        }
+        if fails {
+            self.read_errors_left -= 1;
+        } else {
+            self.provider.fence(cluster, holding.claim.epoch);
+        }
+        holding.phase = match (holding.phase, fails) {
+            (Phase::Pending, false) => Phase::Boundary,
+            // No nodes to plan from: no steps, and "success".
+            (Phase::Pending, true) if model.has(Flaw::PlanFromFailedRead) => {
+                Phase::Done { ok: true }
+            }
+            // The operation fails with the provider's error.
+            (Phase::Pending, true) => Phase::Done { ok: false },
+            (Phase::Fencing, false) => Phase::Orphan,
+            (Phase::Fencing, true) if model.has(Flaw::OrphanFailedWhenFenceFails) => Phase::Orphan,
+            // The slot is kept and the fence tried again.
+            (Phase::Fencing, true) => {
+                self.history.fence_retried = true;
+                Phase::Fencing
+            }
+            _ => return None,
+        };
+        self.replicas[replica].holding[cluster] = Some(holding);
         Some(())
     }
 
@@ -451,52 +663,70 @@ impl State {
         cluster: ClusterId,
     ) -> Option<Holding> {
         let holding = self.replicas[replica].holding[cluster]?;
-        if !self.store.holds(&holding.guard(cluster, model.fencing)) {
+        let fencing = !model.has(Flaw::NoOwnerCompare);
+        if !self.store.holds(&holding.guard(cluster, fencing)) {
             return None;
         }
         self.owner_wrote(holding.claim.lease);
         Some(holding)
     }
 
-    /// The first step boundary's `save_operation`: RUNNING under my epoch.
-    fn start(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+    /// A step boundary's `save_operation`: RUNNING under my epoch at this
+    /// step.
+    fn record(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
         let mut holding = self.fenced_write(model, replica, cluster)?;
         let revision = self.store.commit();
         let record = &mut self.store.operations[holding.operation];
         record.status = Status::Running {
             epoch: holding.claim.epoch,
+            step: holding.step,
         };
         record.mod_revision = revision;
         holding.operation_revision = revision;
-        holding.phase = Phase::Running;
-        self.replicas[replica].holding[cluster] = Some(holding);
+        self.send(replica, cluster, holding);
         Some(())
     }
 
-    /// `Holding::call`: the replica still believes it owns the cluster
-    /// (else it holds nothing), so the call goes out with its token.
-    fn call(&mut self, replica: ReplicaId, cluster: ClusterId, succeeds: bool) -> Option<()> {
-        let mut holding = self.replicas[replica].holding[cluster]?;
-        let token = Token {
-            cluster,
-            epoch: holding.claim.epoch,
-            operation: holding.operation,
-        };
-        let ok = if self.provider.refuses(token) {
-            self.history.refused_stale = true;
+    /// `Holding::call` up to the wire: the drive sends its step's call and
+    /// waits for the answer. The replica believes it owns the cluster
+    /// (else it would hold nothing), so its claim check passes.
+    fn send(&mut self, replica: ReplicaId, cluster: ClusterId, mut holding: Holding) {
+        holding.phase = Phase::Calling;
+        let call = holding.token(cluster);
+        let at = self.calls.partition_point(|c| *c < call);
+        self.calls.insert(at, call);
+        self.replicas[replica].holding[cluster] = Some(holding);
+    }
+
+    /// The provider takes or refuses `call`; the drive that sent it, if it
+    /// still runs, moves on to its next step or to completion.
+    fn land(&mut self, call: Token, succeeds: bool) -> Option<()> {
+        let at = self.calls.iter().position(|c| *c == call)?;
+        self.calls.remove(at);
+        let ok = if self.provider.refuses(call.cluster, call.epoch) {
             false
         } else {
-            if self.store.operations[holding.operation]
-                .status
-                .is_terminal()
-            {
+            if self.store.operations[call.operation].status.is_terminal() {
                 self.history.call_after_end = true;
             }
-            self.provider.accept(token);
+            self.provider.accept(call, succeeds);
             succeeds
         };
-        holding.phase = Phase::Called { ok };
-        self.replicas[replica].holding[cluster] = Some(holding);
+        let steps = self.store.operations[call.operation].kind.steps();
+        let drive = self
+            .replicas
+            .iter_mut()
+            .filter_map(|r| r.holding[call.cluster].as_mut())
+            .find(|h| h.awaits(call));
+        let Some(drive) = drive else {
+            return Some(());
+        };
+        if ok && drive.step < steps {
+            drive.step += 1;
+            drive.phase = Phase::Boundary;
+        } else {
+            drive.phase = Phase::Done { ok };
+        }
         Some(())
     }
 
@@ -505,10 +735,10 @@ impl State {
     fn finish(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
         let holding = self.fenced_write(model, replica, cluster)?;
         let (status, event) = match holding.phase {
-            Phase::Called { ok: true } => (Status::Succeeded, Event::OperationSucceeded),
-            Phase::Called { ok: false } => (Status::Failed, Event::OperationFailed),
+            Phase::Done { ok: true } => (Status::Succeeded, Event::OperationSucceeded),
+            Phase::Done { ok: false } => (Status::Failed, Event::OperationFailed),
             Phase::Orphan => (Status::Orphaned, Event::OperationFailed),
-            Phase::Pending | Phase::Running => return None,
+            _ => return None,
         };
         let revision = self.store.commit();
         let record = &mut self.store.operations[holding.operation];

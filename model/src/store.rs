@@ -20,15 +20,39 @@ pub type OperationId = usize;
 pub enum Kind {
     Start,
     Stop,
+    Upgrade,
+}
+
+impl Kind {
+    /// How many steps its plan has, each a mutating provider call whose
+    /// index is recorded before the call. A start is two (provision or
+    /// power on, then bring up), so that a drive can stop between steps and
+    /// resume; the others are one.
+    pub fn steps(self) -> u8 {
+        match self {
+            Kind::Start => 2,
+            Kind::Stop | Kind::Upgrade => 1,
+        }
+    }
+
+    /// Whether its plan is made from the nodes as the provider describes
+    /// them (`executor::needs_nodes`): an upgrade plans one step per node
+    /// not yet at the target. The others are planned without asking, so an
+    /// accept on the owner can claim them.
+    pub fn needs_nodes(self) -> bool {
+        matches!(self, Kind::Upgrade)
+    }
 }
 
 /// An operation record's state (`operations/<cluster>/<id>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     Pending,
-    /// Started by the owner whose claim had this epoch.
+    /// Run by the owner whose claim had this epoch, at this step (the
+    /// progress recorded before the step's call).
     Running {
         epoch: Revision,
+        step: u8,
     },
     Succeeded,
     Failed,

@@ -1,13 +1,18 @@
-//! Exhaustive checks of the protocol, and of two broken variants that the
-//! checker must catch. Run with `--nocapture` to see the states explored.
+//! Exhaustive checks of the protocol, and of variants with one flaw seeded
+//! each, which the checker must catch. Run with `--nocapture` to see the
+//! states explored and the counterexamples.
 
-use drover_model::properties::{EVERYTHING_ENDS, LIVE_LEASE_WRITES, NO_LATE_CALL};
-use drover_model::Drover;
-use stateright::{Checker, HasDiscoveries, Model};
+use drover_model::properties::{
+    EVERYTHING_ENDS, LIVE_LEASE_WRITES, NO_LATE_CALL, RESUMED, STEPS_FORWARD, SUCCESS_SHOWN,
+};
+use drover_model::{Drover, Flaw};
+use stateright::{Checker, Expectation, HasDiscoveries, Model};
 use std::time::Instant;
 
-/// Explores every reachable state and asserts every property.
-fn check(model: Drover) {
+/// Explores every reachable state and asserts every property, except that
+/// the scenarios in `beyond` are asserted unreachable (their budget is not
+/// given here), which keeps that list honest.
+fn check(model: Drover, beyond: &[&str]) {
     let started = Instant::now();
     let checker = model.checker().spawn_bfs().join();
     println!(
@@ -17,7 +22,14 @@ fn check(model: Drover) {
         checker.max_depth(),
         started.elapsed()
     );
-    checker.assert_properties();
+    for property in model.properties() {
+        match property.expectation {
+            Expectation::Sometimes if !beyond.contains(&property.name) => {
+                checker.assert_any_discovery(property.name);
+            }
+            _ => checker.assert_no_discovery(property.name),
+        }
+    }
 }
 
 /// Asserts that the checker finds a counterexample for `property`, and
@@ -40,31 +52,51 @@ fn refute(model: Drover, property: &'static str) {
     }
 }
 
+/// Two lease losses and a failed provider read: a new owner whose fence
+/// fails, then loses its own lease, and the like. (No drive ends early:
+/// with that too the states run into tens of millions.)
 #[test]
 fn two_replicas_one_cluster() {
-    check(Drover::new(2, 1, 2, 2));
+    let model = Drover {
+        stalls: 0,
+        ..Drover::new(2, 1, 2, 2)
+    };
+    check(model, &[RESUMED]);
+}
+
+/// One of each fault: a lease loss, a failed provider read, a drive that
+/// ends early.
+#[test]
+fn two_replicas_one_cluster_every_fault() {
+    check(Drover::new(2, 1, 2, 1), &[]);
 }
 
 #[test]
 fn three_replicas_one_cluster() {
-    check(Drover::new(3, 1, 2, 2));
+    check(Drover::new(3, 1, 2, 1), &[]);
 }
 
-/// One fault only: with two, the interleavings of two clusters take
-/// minutes.
+/// One request only: with two, the interleavings of two clusters' drives
+/// take minutes.
 #[test]
 fn two_replicas_two_clusters() {
-    check(Drover::new(2, 2, 2, 1));
+    check(Drover::new(2, 2, 1, 1), &[]);
 }
 
 /// Without the owner-key compare a replica whose lease expired while it
 /// held an operation writes it anyway.
 #[test]
 fn without_fencing_a_dead_lease_writes() {
-    let model = Drover {
-        fencing: false,
-        ..Drover::new(2, 1, 1, 1)
-    };
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::NoOwnerCompare);
+    refute(model, LIVE_LEASE_WRITES);
+}
+
+/// An accept on the owner that claims without comparing the owner key:
+/// a replica whose lease expired unknown to it writes the record RUNNING
+/// under its dead epoch.
+#[test]
+fn claiming_at_accept_without_fencing_a_dead_lease_writes() {
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::UnfencedClaimAtAccept);
     refute(model, LIVE_LEASE_WRITES);
 }
 
@@ -72,10 +104,7 @@ fn without_fencing_a_dead_lease_writes() {
 /// never ends: the liveness check has teeth too.
 #[test]
 fn without_orphan_recovery_an_operation_never_ends() {
-    let model = Drover {
-        orphan_recovery: false,
-        ..Drover::new(2, 1, 1, 1)
-    };
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::NoOrphanRecovery);
     refute(model, EVERYTHING_ENDS);
 }
 
@@ -83,9 +112,31 @@ fn without_orphan_recovery_an_operation_never_ends() {
 /// call can land after its operation ended.
 #[test]
 fn without_fencing_orphans_a_zombie_call_lands_late() {
-    let model = Drover {
-        fence_orphans: false,
-        ..Drover::new(2, 1, 1, 1)
-    };
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::UnfencedOrphans);
     refute(model, NO_LATE_CALL);
+}
+
+/// Failing the orphan when the fencing describe fails, as Drover did: the
+/// old owner's call, sent before and still in flight, lands after the
+/// operation is FAILED.
+#[test]
+fn failing_the_orphan_without_a_fence_lets_a_stale_call_land_late() {
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::OrphanFailedWhenFenceFails);
+    refute(model, NO_LATE_CALL);
+}
+
+/// Planning from a describe that failed, as Drover did: no steps, and an
+/// upgrade reported SUCCEEDED with no node upgraded.
+#[test]
+fn planning_from_a_failed_read_reports_success_not_shown() {
+    let model = Drover::new(2, 1, 2, 0).with(Flaw::PlanFromFailedRead);
+    refute(model, SUCCESS_SHOWN);
+}
+
+/// A drive resumed under its claim that starts again at the first step
+/// runs a step after a later one landed.
+#[test]
+fn resuming_at_the_first_step_runs_a_step_again() {
+    let model = Drover::new(2, 1, 1, 0).with(Flaw::ResumeFromFirstStep);
+    refute(model, STEPS_FORWARD);
 }

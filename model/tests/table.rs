@@ -5,18 +5,20 @@ use drover_model::machine as slice;
 use drover_server::cluster::machine as drover;
 use drover_server::cluster::ClusterState;
 
-const STATES: [slice::ClusterState; 6] = [
+const STATES: [slice::ClusterState; 7] = [
     slice::ClusterState::Created,
     slice::ClusterState::Starting,
     slice::ClusterState::Running,
     slice::ClusterState::Stopping,
     slice::ClusterState::Stopped,
+    slice::ClusterState::Upgrading,
     slice::ClusterState::Alert,
 ];
 
-const EVENTS: [slice::Event; 4] = [
+const EVENTS: [slice::Event; 5] = [
     slice::Event::StartRequested,
     slice::Event::StopRequested,
+    slice::Event::UpgradeRequested,
     slice::Event::OperationSucceeded,
     slice::Event::OperationFailed,
 ];

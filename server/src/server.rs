@@ -229,7 +229,15 @@ pub async fn serve(
         let _ = stop_work.send(true);
         if let Some((replication, executor, _)) = workers {
             hand_off(&replication, &executor, &drain_cache, handoff_grace).await;
-            replication.resign().await;
+            if executor.in_flight() == 0 {
+                replication.resign().await;
+            } else {
+                tracing::warn!(
+                    running = executor.in_flight(),
+                    "operations still running: leaving without revoking the lease, peers take over after the TTL"
+                );
+                replication.leave();
+            }
         }
         let _ = stop_cache.send(true);
         tracing::info!(grace = ?DRAIN_GRACE, "shutting down: draining in-flight requests");

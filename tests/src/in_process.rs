@@ -40,6 +40,9 @@ pub struct InjectingStore {
     etcd: EtcdStore,
     rules: Mutex<Vec<(Picks, Injection)>>,
     failing_reads: Mutex<Vec<PicksRead>>,
+    /// Keep-alives reach etcd (the lease is renewed) but their replies are
+    /// lost, while this is set.
+    losing_keep_alive_replies: std::sync::atomic::AtomicBool,
 }
 
 impl InjectingStore {
@@ -57,6 +60,13 @@ impl InjectingStore {
     /// itself) fails with "etcd unavailable", until [`Self::heal_reads`].
     pub fn fail_reads(&self, picks: impl Fn(&RangeRequest) -> bool + Send + Sync + 'static) {
         lock(&self.failing_reads).push(Box::new(picks));
+    }
+
+    /// Keep-alives still renew the lease in etcd, but the replica hears
+    /// "etcd unavailable" instead of their replies (`false`: heard again).
+    pub fn lose_keep_alive_replies(&self, lose: bool) {
+        use std::sync::atomic::Ordering;
+        self.losing_keep_alive_replies.store(lose, Ordering::SeqCst);
     }
 
     /// Reads succeed again.
@@ -136,7 +146,14 @@ impl Store for InjectingStore {
         self.etcd.grant_lease(ttl_seconds).await
     }
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
-        self.etcd.keep_alive(lease).await
+        let ttl = self.etcd.keep_alive(lease).await?;
+        if self
+            .losing_keep_alive_replies
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Unavailable("reply lost by the test".into()));
+        }
+        Ok(ttl)
     }
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         self.etcd.revoke_lease(lease).await
@@ -188,6 +205,7 @@ impl InProcessReplica {
             etcd: etcd.store().await,
             rules: Mutex::new(Vec::new()),
             failing_reads: Mutex::new(Vec::new()),
+            losing_keep_alive_replies: Default::default(),
         });
         let provider = drover_server::provider::connect_lazy(provider).expect("provider URL");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -312,6 +312,43 @@ async fn an_orphan_is_failed_only_once_its_new_owner_has_fenced_the_provider() {
     adopter.stop().await;
 }
 
+/// A replica that hears no keep-alive reply for longer than its TTL stops
+/// acting as an owner, but its lease lives (the keep-alives reached etcd):
+/// the upgrade it was running must go on once etcd answers again. Its
+/// provider call, refused for want of a live claim, used to fail the
+/// operation (the fenced write still passed: the lease lived), and then
+/// nothing resumed it before the executor's 30 s rescan.
+#[tokio::test]
+async fn an_upgrade_through_a_lapse_whose_lease_lives_goes_on() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let owner = InProcessReplica::serve(&etcd, "owner", &sim.endpoint(), 2).await;
+    let mut client = owner.client().await;
+    create_running(&mut client, "db", 3).await;
+    // Four node upgrades of 700 ms each: the lapse begins during the first.
+    sim.set_latency(Duration::from_millis(700)).await;
+    let request = v1::UpgradeClusterRequest {
+        name: "db".into(),
+        version: "1.30.0".into(),
+        request_id: String::new(),
+    };
+    let upgrade = client.clusters().upgrade_cluster(request).await.unwrap();
+    let upgrade = upgrade.into_inner();
+    wait_running(&client, "db", &upgrade.id, WAIT).await;
+    owner.store.lose_keep_alive_replies(true);
+    // The fault lasts past the belief (1.6 s) and the TTL a provider call
+    // then waits for etcd's word (2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    owner.store.lose_keep_alive_replies(false);
+    sim.set_latency(Duration::ZERO).await;
+    let done = client.wait_operation(&upgrade, WAIT).await.expect("wait");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    let cluster = client.get_cluster("db").await.unwrap();
+    let status = cluster.status.unwrap();
+    assert_eq!(status.current_version.as_deref(), Some("1.30.0"));
+    owner.stop().await;
+}
+
 /// The claim of a dead peer's clusters commits and its reply is lost: the
 /// pass fails, and the next one finds the clusters owned by this replica in
 /// the owner view. They used to be taken as owned without being announced

@@ -44,7 +44,7 @@ const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 pub const DEFAULT_LEASE_MARGIN_PERCENT: u32 = 20;
 /// At most half: renewals come every third of the TTL, so a larger margin
 /// would leave the belief lapsing between two renewals at the slightest delay.
-const LEASE_MARGIN_RANGE: std::ops::RangeInclusive<u32> = 5..=50;
+const LEASE_MARGIN_RANGE: std::ops::RangeInclusive<u32> = 5..=30;
 
 /// The command line of the `drover` binary.
 #[derive(Debug, Parser)]
@@ -110,7 +110,7 @@ pub struct Settings {
     /// Replica lease TTL in seconds, 2-60 [default: 5].
     #[arg(long, env = "DROVER_LEASE_TTL")]
     pub lease_ttl: Option<i64>,
-    /// Safety margin in percent of the lease TTL, 5-50: the replica acts as
+    /// Safety margin in percent of the lease TTL, 5-30: the replica acts as
     /// an owner (and gives provider calls a deadline) only up to TTL minus
     /// this after a renewal was sent [default: 20].
     #[arg(long, env = "DROVER_LEASE_MARGIN_PERCENT")]
@@ -608,7 +608,7 @@ mod tests {
             ),
             (
                 Settings {
-                    lease_margin_percent: Some(51),
+                    lease_margin_percent: Some(31),
                     ..settings()
                 },
                 "lease_margin_percent",

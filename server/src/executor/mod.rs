@@ -87,6 +87,8 @@ pub struct Executor {
     /// left PENDING for the clusters' next owners, which run them (started
     /// here, one that outlasted the hand-off would be failed as an orphan).
     stopping: AtomicBool,
+    /// Wakes what waits out a backoff once `stopping` is set.
+    stopped: tokio::sync::Notify,
     /// Each owned cluster's history size as this replica last counted it,
     /// plus the operations it finished since: history collection counts
     /// the records only when this says a batch is due (or the cluster was
@@ -111,6 +113,7 @@ impl Executor {
             timeouts,
             in_flight: Mutex::new(HashSet::new()),
             stopping: AtomicBool::new(false),
+            stopped: tokio::sync::Notify::new(),
             history: Mutex::new(HashMap::new()),
         })
     }
@@ -118,6 +121,22 @@ impl Executor {
     /// Starts no operation from now on (the replica is shutting down).
     pub fn stop_taking_work(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        self.stopped.notify_waiters();
+    }
+
+    /// Sleeps `delay`, or less when the replica starts shutting down
+    /// meanwhile; `false` then (or when it already was).
+    async fn pause_unless_stopping(&self, delay: Duration) -> bool {
+        let stopped = self.stopped.notified();
+        tokio::pin!(stopped);
+        stopped.as_mut().enable();
+        if self.is_stopping() {
+            return false;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = stopped => false,
+        }
     }
 
     fn is_stopping(&self) -> bool {

@@ -6,7 +6,7 @@ use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     from_json, now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus,
-    StateRecord, SCHEMA_VERSION,
+    StateRecord, StatusRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{
@@ -29,9 +29,9 @@ const FEED_CATCH_UP: Duration = Duration::from_millis(50);
 const FENCE_RETRY_FIRST: Duration = Duration::from_millis(500);
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Attempts at describing the nodes before planning, when the provider's
-/// error says it may pass (UNAVAILABLE, RESOURCE_EXHAUSTED).
-const PLAN_LOOK_ATTEMPTS: u32 = 3;
+/// Attempts at describing the nodes (before planning, after a failed step)
+/// when the provider's error says it may pass.
+const LOOK_ATTEMPTS: u32 = 3;
 
 /// How a drive ends early.
 enum Interrupt {
@@ -191,6 +191,11 @@ impl Holding<'_> {
         }
     }
 
+    /// Whether this replica still holds the cluster under this claim.
+    fn holds_claim(&self) -> bool {
+        self.executor.replication.claim(&self.cluster.spec.name) == Some(self.claim)
+    }
+
     /// The deadline of a provider call under this operation's claim, or
     /// ABORTED once the claim no longer holds.
     async fn claim_deadline(&self) -> Result<std::time::Instant, tonic::Status> {
@@ -210,16 +215,26 @@ impl Holding<'_> {
         })
     }
 
-    /// Runs `step` at the provider, under this replica's claim.
-    async fn call(&mut self, step: &Step) -> Result<(), tonic::Status> {
+    /// Runs `step` at the provider, under this replica's claim and by the
+    /// operation's deadline (the gRPC deadline the provider learns is the
+    /// earlier of the two, so no call lands after the operation ended).
+    async fn call(
+        &mut self,
+        step: &Step,
+        operation_deadline: tokio::time::Instant,
+    ) -> Result<(), tonic::Status> {
         if *step == Step::HealthCheck {
             return self.health_check().await;
         }
+        let operation_deadline = operation_deadline.into_std();
         let started = Instant::now();
         let response = loop {
-            let deadline = self.claim_deadline().await?;
+            let deadline = self.claim_deadline().await?.min(operation_deadline);
             match self.send(step, deadline).await {
-                Err(status) if cut_at_claim_end(&status, deadline) => {
+                Err(status)
+                    if cut_at_claim_end(&status, deadline)
+                        && Instant::now() < operation_deadline =>
+                {
                     tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
                 }
                 other => break other,
@@ -378,42 +393,63 @@ impl Holding<'_> {
         &mut self,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<pb::ProviderNode>, Option<OperationError>> {
-        let mut delay = Duration::from_millis(200);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let status = match tokio::time::timeout_at(deadline, self.describe()).await {
-                Ok(Ok(nodes)) => return Ok(nodes),
-                Ok(Err(status)) => status,
-                Err(_) => {
-                    let message = "timed out describing the cluster's nodes before the first step";
-                    return Err(error(Code::DeadlineExceeded, message));
-                }
-            };
-            let transient = matches!(status.code(), Code::Unavailable | Code::ResourceExhausted);
-            if !transient || attempt == PLAN_LOOK_ATTEMPTS {
+        match self.look(deadline).await {
+            Ok(nodes) => Ok(nodes),
+            Err(Some(status)) => {
                 let message = format!(
                     "describing the cluster's nodes before the first step failed: {}",
                     status.message()
                 );
-                return Err(error(status.code(), message));
+                Err(error(status.code(), message))
             }
-            tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?delay, "describing the nodes failed; retrying");
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+            Err(None) => {
+                let message = "timed out describing the cluster's nodes before the first step";
+                Err(error(Code::DeadlineExceeded, message))
+            }
         }
     }
 
     /// After a failed mutating step: learns what exists, so the status
-    /// mirrors it (the step may have done part of its work). Bounded; a
-    /// look that fails leaves the nodes unknown.
-    async fn look_after_failure(&mut self) {
+    /// mirrors it (the step may have done part of its work). Bounded by the
+    /// operation's deadline and [`DESCRIBE_TIMEOUT`]; a look that fails
+    /// leaves the nodes unknown, and the status message says so.
+    async fn look_after_failure(&mut self, deadline: tokio::time::Instant) {
         self.nodes_fresh = false;
-        if self.executor.replication.claim(&self.cluster.spec.name) != Some(self.claim) {
+        let now = tokio::time::Instant::now();
+        if !self.holds_claim() || now >= deadline {
             return;
         }
-        if let Err(error) = tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
+        if let Err(error) = self.look(deadline.min(now + DESCRIBE_TIMEOUT)).await {
+            let error = error.map_or("no answer".to_string(), |s| s.to_string());
             tracing::warn!(cluster = %self.cluster.spec.name, %error, "cannot describe the nodes after a failed step");
+        }
+    }
+
+    /// Describes the nodes by `deadline`, asking again (with backoff) when
+    /// the provider's error says it may pass (UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED), [`LOOK_ATTEMPTS`] times in all. `Err(None)`: no
+    /// answer by the deadline.
+    async fn look(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<pb::ProviderNode>, Option<tonic::Status>> {
+        let looking = async {
+            let mut delay = Duration::from_millis(200);
+            for _ in 1..LOOK_ATTEMPTS {
+                match self.describe().await {
+                    Err(status) if is_transient(&status) => {
+                        tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?delay, "describing the nodes failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    answer => return answer,
+                }
+            }
+            self.describe().await
+        };
+        match tokio::time::timeout_at(deadline, looking).await {
+            Ok(answer) => answer.map_err(Some),
+            Err(_) => Err(None),
         }
     }
 
@@ -449,7 +485,9 @@ impl Holding<'_> {
                 );
                 said = self.say_in_status(message).await;
             }
-            tokio::time::sleep(delay).await;
+            if !self.executor.pause_unless_stopping(delay).await {
+                return false;
+            }
             delay = (delay * 2).min(FENCE_RETRY_MAX);
         }
     }
@@ -467,6 +505,39 @@ impl Holding<'_> {
         self.commit(vec![Op::put(key, to_json(&status))])
             .await
             .is_ok()
+    }
+
+    /// The status an operation ending in `state` leaves: the nodes only
+    /// from a provider answer (an operation that ended without one, its
+    /// first call failed, leaves them as last observed), the version only
+    /// as the provider shows it, and the outcome.
+    fn final_status(&self, state: OperationState, error: Option<OperationError>) -> StatusRecord {
+        let mut status = self.cluster.status.clone().unwrap_or_default();
+        status.schema = SCHEMA_VERSION;
+        if self.nodes_fresh {
+            status.nodes = self.nodes.iter().map(node_status).collect();
+        }
+        if state == OperationState::Succeeded {
+            status.observed_generation = Some(self.cluster.spec.generation);
+            let version = &self.cluster.spec.spec.version;
+            if self.nodes_fresh && all_at_version(&self.nodes, version) {
+                status.current_version = Some(version.clone());
+            }
+            if self.operation.kind == OperationKind::Destroy {
+                status.nodes.clear();
+            }
+        }
+        status.message = error.as_ref().map(|e| match state {
+            OperationState::Failed => format!("{}{}", e.message, self.worker_gap()),
+            _ => e.message.clone(),
+        });
+        status.last_operation = Some(LastOperation {
+            id: self.operation.id.clone(),
+            kind: self.operation.kind.name().to_string(),
+            state: format!("{state:?}"),
+            message: error.map(|e| e.message),
+        });
+        status
     }
 
     /// Ends the operation: moves the cluster as the table says (only if it
@@ -496,33 +567,7 @@ impl Holding<'_> {
                 now
             },
         };
-        let mut status = self.cluster.status.clone().unwrap_or_default();
-        status.schema = SCHEMA_VERSION;
-        // Only a provider answer replaces the nodes: an operation that ended
-        // without one (its first call failed) leaves them as last observed.
-        if self.nodes_fresh {
-            status.nodes = self.nodes.iter().map(node_status).collect();
-        }
-        if state == OperationState::Succeeded {
-            status.observed_generation = Some(self.cluster.spec.generation);
-            let version = &self.cluster.spec.spec.version;
-            if self.nodes_fresh && all_at_version(&self.nodes, version) {
-                status.current_version = Some(version.clone());
-            }
-            if self.operation.kind == OperationKind::Destroy {
-                status.nodes.clear();
-            }
-        }
-        status.message = error.as_ref().map(|e| match state {
-            OperationState::Failed => format!("{}{}", e.message, self.worker_gap()),
-            _ => e.message.clone(),
-        });
-        status.last_operation = Some(LastOperation {
-            id: self.operation.id.clone(),
-            kind: self.operation.kind.name().to_string(),
-            state: format!("{state:?}"),
-            message: error.map(|e| e.message),
-        });
+        let status = self.final_status(state, error);
         // A cancel that lands after the last step began cannot stop it: the
         // operation ends as it did, with the cancel request kept on record.
         let mut cancels_seen = 0;
@@ -592,6 +637,11 @@ fn is_conflict(error: &LifecycleError) -> bool {
 /// not by one lease period.
 fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> bool {
     status.code() == Code::Cancelled && std::time::Instant::now() >= deadline
+}
+
+/// Whether the provider's error says that asking again may work.
+fn is_transient(status: &tonic::Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::ResourceExhausted)
 }
 
 /// Whether the provider's answer shows nodes, every one at `version`.
@@ -820,6 +870,9 @@ impl Executor {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
         let steps = match holding.plan_steps(deadline).await {
             Ok(steps) => steps,
+            // The claim ended (or lapsed past a TTL) meanwhile: whoever holds
+            // the cluster next decides, nothing is written here.
+            Err(_) if !holding.holds_claim() => return Ok(()),
             Err(failure) => {
                 return holding
                     .finish(OperationState::Failed, Event::OperationFailed, failure)
@@ -932,13 +985,17 @@ impl Holding<'_> {
                 Err(Interrupt::Lost) => return Err(StepEnd::Interrupted),
             }
         }
-        let failure = match tokio::time::timeout_at(deadline, self.call(step)).await {
+        let failure = match tokio::time::timeout_at(deadline, self.call(step, deadline)).await {
             Ok(Ok(())) => return Ok(()),
+            // Not the provider's answer: this replica stopped holding the
+            // cluster (a lapse whose lease may yet live, or a lost claim).
+            // Stop without writing; the holder next resumes or recovers.
+            Ok(Err(_)) if !self.holds_claim() => return Err(StepEnd::Interrupted),
             Ok(Err(status)) => error(status.code(), format!("{at} failed: {}", status.message())),
             Err(_) => error(Code::DeadlineExceeded, format!("timed out during {at}")),
         };
         if step.is_mutating() {
-            self.look_after_failure().await;
+            self.look_after_failure(deadline).await;
         }
         Err(StepEnd::Ended(
             OperationState::Failed,

@@ -121,14 +121,27 @@ impl Replication {
         Ok(lease)
     }
 
+    /// Stops acting as a member: drops the session and every claim, and
+    /// keeps the lease, which runs out after the TTL. For a shutdown with
+    /// provider calls still in flight: they were sent with deadlines up to
+    /// the end of this lease period, and a revoke would let a peer fence and
+    /// fail their operations while the calls can still land.
+    pub fn leave(&self) {
+        self.take_session();
+    }
+
+    fn take_session(&self) -> Option<Session> {
+        let session = lock(&self.session).take();
+        lock(&self.owned).clear();
+        self.metrics.clusters_owned.set(0);
+        session
+    }
+
     /// Leaves at once: drops every claim and revokes the lease, which
     /// deletes this replica's member and owner keys so peers take over now
     /// instead of after the TTL.
     pub async fn resign(&self) {
-        let session = lock(&self.session).take();
-        lock(&self.owned).clear();
-        self.metrics.clusters_owned.set(0);
-        if let Some(session) = session {
+        if let Some(session) = self.take_session() {
             // An unreachable etcd must not hold the shutdown for longer than
             // the lease would live anyway.
             let revoke = self.store.revoke_lease(session.lease);

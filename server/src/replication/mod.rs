@@ -269,14 +269,22 @@ impl Replication {
     /// is still this replica's session.
     fn renewed(&self, lease: LeaseId, valid_until: Instant) {
         if let Some(session) = lock(&self.session).as_mut().filter(|s| s.lease == lease) {
-            if session.lapsed {
+            let was_lapsed = session.lapsed;
+            session.valid_until = valid_until;
+            session.lapsed = false;
+            if was_lapsed {
                 tracing::info!(
                     lease,
                     "the lease lived through the lapse: acting as an owner again"
                 );
+                // During the lapse no operation started and drives stopped
+                // without writing; the epochs did not change, so nothing
+                // else would send the executor back to these clusters
+                // before its rescan.
+                for cluster in lock(&self.owned).keys() {
+                    let _ = self.adopted.send(cluster.clone());
+                }
             }
-            session.valid_until = valid_until;
-            session.lapsed = false;
         }
     }
 

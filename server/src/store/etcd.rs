@@ -475,7 +475,8 @@ impl Store for EtcdStore {
         })
         .await
         .map_err(into_store_error)?;
-        Ok((response.ttl() > 0).then_some(response.ttl()))
+        // -1: expired or unknown; 0: alive for under a second more.
+        Ok((response.ttl() >= 0).then_some(response.ttl()))
     }
 
     async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {

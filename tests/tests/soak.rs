@@ -1,8 +1,8 @@
 //! Soak: a seeded random load of every kind of lifecycle request over
 //! several clusters and three replica processes, with the simulated provider
 //! hostile (random errors, extra latency, hangs, calls over several nodes
-//! that do some and then fail, calls admitted before a fence that land after
-//! it, failing describes), while replicas are killed (SIGKILL), paused
+//! that do some and then fail, calls admitted on their token that land
+//! later, just before their gRPC deadline, failing describes), while replicas are killed (SIGKILL), paused
 //! (SIGSTOP, then SIGCONT) and terminated (SIGTERM, then replaced). Then the
 //! history checker: every accepted operation ended; no provider call landed
 //! under an epoch older than one the provider had accepted, nor after its

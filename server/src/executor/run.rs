@@ -25,6 +25,10 @@ use tonic::Code;
 /// from etcd instead.
 const FEED_CATCH_UP: Duration = Duration::from_millis(50);
 
+/// How much earlier than the operation's deadline a step's provider call is
+/// due (see `Holding::call`).
+const OPERATION_DEADLINE_SLACK: Duration = Duration::from_millis(200);
+
 /// The first and the longest pause between fencing looks of an orphan.
 const FENCE_RETRY_FIRST: Duration = Duration::from_millis(500);
 const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
@@ -226,16 +230,22 @@ impl Holding<'_> {
         if *step == Step::HealthCheck {
             return self.health_check().await;
         }
-        let operation_deadline = operation_deadline.into_std();
+        // The provider learns a deadline a little before the operation's: a
+        // deadline travels as time left, so the provider's clock for it
+        // starts when the call arrives, and a call it lands just in time
+        // must not land after this replica has written the operation off.
+        let cutoff = operation_deadline.into_std() - OPERATION_DEADLINE_SLACK;
         let started = Instant::now();
         let response = loop {
-            let deadline = self.claim_deadline().await?.min(operation_deadline);
+            let deadline = self.claim_deadline().await?.min(cutoff);
             match self.send(step, deadline).await {
-                Err(status)
-                    if cut_at_claim_end(&status, deadline)
-                        && Instant::now() < operation_deadline =>
-                {
+                Err(status) if cut_at_claim_end(&status, deadline) && Instant::now() < cutoff => {
                     tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
+                }
+                // Cut at the cutoff: the operation's own timeout, moments
+                // away, ends the step (the caller bounds it by that deadline).
+                Err(status) if cut_at_claim_end(&status, deadline) => {
+                    std::future::pending::<()>().await;
                 }
                 other => break other,
             }

@@ -44,6 +44,26 @@ const MULTI_NODE: [&str; 5] = [
     "ResizeNodes",
 ];
 
+/// How long before its gRPC deadline a late call lands.
+const LAND_BEFORE_DEADLINE: Duration = Duration::from_millis(5);
+
+/// The time left of a request's gRPC deadline (its `grpc-timeout`
+/// header: digits and a unit, H M S m u n), if it has one.
+fn time_left<T>(request: &Request<T>) -> Option<Duration> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 #[derive(Default)]
 struct SimCluster {
     nodes: Vec<pb::ProviderNode>,
@@ -213,16 +233,22 @@ impl SimProvider {
 
     /// Runs a mutating call: latency, faults, fencing, then `apply` and the
     /// audit entry, atomically with the fencing check, or, for a call drawn
-    /// to land late, after a delay and whatever was fenced meanwhile.
+    /// to land late, after a delay and whatever was fenced meanwhile. A late
+    /// call that carries a gRPC deadline (`due`: the time left at entry)
+    /// lands just before it, the latest a provider that honours deadlines
+    /// may apply it: the caller's deadline is what keeps it from landing
+    /// after a newer owner's first call.
     async fn mutate<F>(
         &self,
         method: &'static str,
         token: Option<pb::FencingToken>,
+        due: Option<Duration>,
         apply: F,
     ) -> Result<pb::NodesResponse, Status>
     where
         F: FnOnce(&mut SimCluster, bool) -> Result<Landed, Status> + Send + 'static,
     {
+        let due_at = due.map(|left| tokio::time::Instant::now() + left);
         let token = checked_token(token)?;
         let latency = self.lock().step_latency;
         if !latency.is_zero() {
@@ -242,8 +268,12 @@ impl SimProvider {
         // gone away (timed out, or its process died) in the meantime.
         let (answer, answered) = tokio::sync::oneshot::channel();
         let sim = self.clone();
+        let lands_at = match due_at {
+            Some(at) => at.checked_sub(LAND_BEFORE_DEADLINE).unwrap_or(at),
+            None => tokio::time::Instant::now() + delay,
+        };
         tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep_until(lands_at).await;
             let mut state = sim.lock();
             let landed = Self::land(&mut state, method, token, admitted_at, draw.partial, apply);
             let _ = answer.send(landed);
@@ -439,9 +469,10 @@ impl Provider for SimProvider {
         &self,
         request: Request<pb::CreateNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
         let token = r.token.clone();
-        self.mutate("CreateNodes", token, move |cluster, partial| {
+        self.mutate("CreateNodes", token, due, move |cluster, partial| {
             Ok(create(cluster, &r, partial))
         })
         .await
@@ -449,8 +480,9 @@ impl Provider for SimProvider {
     }
 
     async fn start_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("StartNodes", r.token, |c, partial| {
+        self.mutate("StartNodes", r.token, due, |c, partial| {
             set_power(c, true, partial)
         })
         .await
@@ -458,8 +490,9 @@ impl Provider for SimProvider {
     }
 
     async fn stop_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("StopNodes", r.token, |c, partial| {
+        self.mutate("StopNodes", r.token, due, |c, partial| {
             set_power(c, false, partial)
         })
         .await
@@ -470,8 +503,9 @@ impl Provider for SimProvider {
         &self,
         request: Request<pb::DeleteNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("DeleteNodes", r.token, move |cluster, partial| {
+        self.mutate("DeleteNodes", r.token, due, move |cluster, partial| {
             Ok(delete(cluster, &r.node_ids, partial))
         })
         .await
@@ -482,9 +516,10 @@ impl Provider for SimProvider {
         &self,
         request: Request<pb::ResizeNodesRequest>,
     ) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
         let token = r.token.clone();
-        self.mutate("ResizeNodes", token, move |cluster, partial| {
+        self.mutate("ResizeNodes", token, due, move |cluster, partial| {
             resize(cluster, &r, partial)
         })
         .await
@@ -495,8 +530,9 @@ impl Provider for SimProvider {
         &self,
         request: Request<pb::UpgradeNodeRequest>,
     ) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("UpgradeNode", r.token, move |cluster, _| {
+        self.mutate("UpgradeNode", r.token, due, move |cluster, _| {
             let node = cluster
                 .nodes
                 .iter_mut()
@@ -713,6 +749,23 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grpc_deadline_reads_in_every_unit() {
+        let with = |value: &str| {
+            let mut request = Request::new(());
+            request
+                .metadata_mut()
+                .insert("grpc-timeout", value.parse().unwrap());
+            time_left(&request)
+        };
+        assert_eq!(with("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(with("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(with("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(with("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(with("x"), None);
+        assert_eq!(time_left(&Request::new(())), None);
+    }
 
     fn token(epoch: i64) -> Option<pb::FencingToken> {
         Some(pb::FencingToken {

@@ -5,10 +5,10 @@ mod cache;
 pub mod machine;
 mod record;
 mod registry;
-mod state;
 pub mod validate;
 
 pub use cache::{CacheChange, ClusterCache};
+pub use drover_machine::ClusterState;
 pub use record::{
     Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
     StateRecord, StatusRecord, SCHEMA_VERSION,
@@ -17,4 +17,3 @@ pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,
     RegistryError,
 };
-pub use state::ClusterState;

@@ -17,3 +17,21 @@ pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,
     RegistryError,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterState;
+
+    /// Records in etcd store a state by its exact variant name: the shared
+    /// crate's serde feature must keep that form.
+    #[test]
+    fn a_state_is_stored_by_its_name() {
+        for state in ClusterState::ALL {
+            let json = serde_json::to_string(&state).unwrap();
+            assert_eq!(json, format!("\"{state}\""));
+            assert_eq!(serde_json::from_str::<ClusterState>(&json).unwrap(), state);
+        }
+        let json = serde_json::to_string(&ClusterState::ScalingStoppedCluster).unwrap();
+        assert_eq!(json, "\"ScalingStoppedCluster\"");
+    }
+}

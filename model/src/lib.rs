@@ -84,9 +84,11 @@
 //! - Bounds: 2–3 replicas, 1–2 clusters, 1–2 requests, 1–2 lease losses,
 //!   one failed provider read, at most one drive ending early (see the
 //!   tests: not every combination, or the states run into tens of
-//!   millions). A slice of the state table (Created, Starting, Running,
-//!   Stopping, Stopped, Upgrading, Alert; start, stop and upgrade requests;
-//!   success and failure), copied in [`machine`]. Steps are abstract
+//!   millions). A slice of the state table is reached (Created, Starting,
+//!   Running, Stopping, Stopped, Upgrading, Alert; start, stop and upgrade
+//!   requests; success and failure); the table, the admission, the final
+//!   state and the provider's fencing rule are Drover's own, from the
+//!   `drover-machine` crate the replica uses. Steps are abstract
 //!   mutating calls, each recorded before it is sent: a start has two (in
 //!   Drover, provisioning or power-on and then a read-only health check,
 //!   which is not recorded), a stop and an upgrade one (an upgrade has one
@@ -133,7 +135,6 @@
 //!   starve a cluster, and a fence that always fails keeps its orphan's
 //!   slot for ever, by design), nor about how long anything takes.
 
-pub mod machine;
 pub mod properties;
 pub mod protocol;
 pub mod provider;

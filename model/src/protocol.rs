@@ -8,13 +8,13 @@
 //! exactly that). A call on its way to the provider is no replica's: it
 //! outlives the drive and the session that sent it.
 
-use crate::machine::{self, Admission, ClusterState, Event};
 use crate::provider::{Provider, Token};
 use crate::store::{
     Claim, ClusterId, Guard, Kind, LeaseId, Operation, OperationId, OwnerKey, ReplicaId, Revision,
     Status, Store,
 };
 use crate::{Drover, Flaw};
+use drover_machine::{self as machine, Admission, ClusterState, Event};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct State {
@@ -241,6 +241,13 @@ impl Kind {
             Kind::Stop => Event::StopRequested,
             Kind::Upgrade => Event::UpgradeRequested,
         }
+    }
+
+    /// Whether its go-ahead moves the cluster when it works, as the
+    /// executor says of its kinds: a start's does (a destroy's too, but
+    /// destroys are outside the model).
+    fn go_ahead_moves(self) -> bool {
+        matches!(self, Kind::Start)
     }
 }
 
@@ -742,14 +749,13 @@ impl State {
         };
         let revision = self.store.commit();
         let record = &mut self.store.operations[holding.operation];
-        // The slice's only go-ahead (stop from Created) leaves the state
-        // alone however it ends, as `final_state` does; an outcome with no
-        // edge leaves it too.
-        let to = if record.go_ahead {
-            holding.held
-        } else {
-            machine::next(holding.held, event).unwrap_or(holding.held)
-        };
+        let to = machine::final_state(
+            holding.held,
+            record.go_ahead,
+            record.kind.go_ahead_moves(),
+            status == Status::Succeeded,
+            event,
+        );
         record.status = status;
         record.mod_revision = revision;
         let key = &mut self.store.states[cluster];

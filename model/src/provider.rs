@@ -1,9 +1,11 @@
 //! The infrastructure provider, reduced to its fencing: it remembers the
 //! newest epoch it has seen per cluster and refuses calls carrying an older
-//! one (as `server/src/provider/sim.rs` does, atomically with the call).
+//! one (the rule `drover_machine::fence_admits` states, which
+//! `server/src/provider/sim.rs` applies atomically with the call).
 //! A fenced read (DescribeCluster with a token) raises that epoch too.
 
 use crate::store::{ClusterId, OperationId, Revision};
+use drover_machine::fence_admits;
 
 /// The fencing token every call carries (the cluster uid is the cluster
 /// itself here: the model never re-creates a cluster), and the step of the
@@ -43,7 +45,7 @@ impl Provider {
     /// Whether a call (or a fenced read) with `epoch` would be refused as
     /// stale.
     pub fn refuses(&self, cluster: ClusterId, epoch: Revision) -> bool {
-        self.newest[cluster].is_some_and(|newest| epoch < newest)
+        !fence_admits(self.newest[cluster].map(i64::from), i64::from(epoch))
     }
 
     /// A fenced read that the provider answered: it changes no node, and

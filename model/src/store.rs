@@ -3,7 +3,7 @@
 //! they are bound to, and transactions whose compares and writes apply as one
 //! atomic step of the model.
 
-use crate::machine::ClusterState;
+use drover_machine::ClusterState;
 use std::collections::BTreeSet;
 
 /// etcd's revision: every transaction that writes bumps it by one.

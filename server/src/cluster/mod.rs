@@ -5,10 +5,10 @@ mod cache;
 pub mod machine;
 mod record;
 mod registry;
-mod state;
 pub mod validate;
 
 pub use cache::{CacheChange, ClusterCache};
+pub use drover_machine::ClusterState;
 pub use record::{
     Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
     StateRecord, StatusRecord, SCHEMA_VERSION,
@@ -17,4 +17,21 @@ pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,
     RegistryError,
 };
-pub use state::ClusterState;
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterState;
+
+    /// Records in etcd store a state by its exact variant name: the shared
+    /// crate's serde feature must keep that form.
+    #[test]
+    fn a_state_is_stored_by_its_name() {
+        for state in ClusterState::ALL {
+            let json = serde_json::to_string(&state).unwrap();
+            assert_eq!(json, format!("\"{state}\""));
+            assert_eq!(serde_json::from_str::<ClusterState>(&json).unwrap(), state);
+        }
+        let json = serde_json::to_string(&ClusterState::ScalingStoppedCluster).unwrap();
+        assert_eq!(json, "\"ScalingStoppedCluster\"");
+    }
+}

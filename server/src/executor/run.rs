@@ -5,8 +5,8 @@
 use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
-    from_json, now_rfc3339, to_json, ClusterRecord, ClusterState, LastOperation, NodeStatus,
-    StateRecord, StatusRecord, SCHEMA_VERSION,
+    from_json, now_rfc3339, to_json, ClusterRecord, LastOperation, NodeStatus, StateRecord,
+    StatusRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{
@@ -559,7 +559,19 @@ impl Holding<'_> {
         error: Option<OperationError>,
     ) -> Result<(), LifecycleError> {
         let from = self.cluster.state.state;
-        let to = final_state(&self.operation, from, state, event);
+        // A go-ahead destroy that works completes, a go-ahead start that
+        // works recovers an Error cluster; other go-aheads stay.
+        let go_ahead_moves = matches!(
+            self.operation.kind,
+            OperationKind::Destroy | OperationKind::Start
+        );
+        let to = machine::final_state(
+            from,
+            self.operation.go_ahead,
+            go_ahead_moves,
+            state == OperationState::Succeeded,
+            event,
+        );
         let now = now_rfc3339();
         self.operation.state = state;
         self.operation.error = error.clone();
@@ -657,37 +669,6 @@ fn is_transient(status: &tonic::Status) -> bool {
 /// Whether the provider's answer shows nodes, every one at `version`.
 fn all_at_version(nodes: &[pb::ProviderNode], version: &str) -> bool {
     !nodes.is_empty() && nodes.iter().all(|n| n.version == version)
-}
-
-/// Where the cluster goes when an operation ends.
-fn final_state(
-    operation: &OperationRecord,
-    held: ClusterState,
-    result: OperationState,
-    event: Event,
-) -> ClusterState {
-    let succeeded = result == OperationState::Succeeded;
-    if operation.go_ahead {
-        // Go-aheads leave the state alone, except that a retried destroy
-        // completes and a start of an Error cluster that works recovers it.
-        let moves = succeeded
-            && matches!(
-                operation.kind,
-                OperationKind::Destroy | OperationKind::Start
-            );
-        return if moves {
-            machine::next(held, Event::OperationSucceeded).unwrap_or(held)
-        } else {
-            held
-        };
-    }
-    let event = if succeeded {
-        Event::OperationSucceeded
-    } else {
-        event
-    };
-    // No edge (a failed destroy): the cluster stays, and the GC retries.
-    machine::next(held, event).unwrap_or(held)
 }
 
 fn node_status(node: &pb::ProviderNode) -> NodeStatus {

@@ -156,15 +156,13 @@ impl SimProvider {
     /// records it as the newest; the caller holds the state lock, so the
     /// check and what follows are atomic.
     fn fence(state: &mut State, token: &pb::FencingToken) -> Result<(), Status> {
-        let newest = state
-            .newest_epoch
-            .get(&token.cluster_uid)
-            .copied()
-            .unwrap_or(i64::MIN);
-        if token.epoch < newest {
+        let newest = state.newest_epoch.get(&token.cluster_uid).copied();
+        if !drover_machine::fence_admits(newest, token.epoch) {
             return Err(Status::failed_precondition(format!(
-                "stale fencing token: epoch {} is older than {newest} for cluster {}",
-                token.epoch, token.cluster_uid
+                "stale fencing token: epoch {} is older than {} for cluster {}",
+                token.epoch,
+                newest.unwrap_or(i64::MIN),
+                token.cluster_uid
             )));
         }
         state

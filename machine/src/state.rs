@@ -1,11 +1,11 @@
 //! The lifecycle states of a cluster, as stored in etcd.
 
-use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A cluster's lifecycle state (the CKS state machine's states). Stored by
 /// these exact names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum ClusterState {
     Created,
     Starting,

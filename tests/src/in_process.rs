@@ -185,6 +185,26 @@ impl InProcessReplica {
     /// Serves on free loopback ports with the provider at `provider`, and
     /// returns once the gRPC port answers.
     pub async fn serve(etcd: &EtcdProcess, replica_id: &str, provider: &str, ttl: i64) -> Self {
+        Self::serve_with(
+            etcd,
+            replica_id,
+            provider,
+            Settings {
+                lease_ttl: Some(ttl),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// [`Self::serve`] with more `settings` (the ports, etcd, replica id and
+    /// provider are filled in).
+    pub async fn serve_with(
+        etcd: &EtcdProcess,
+        replica_id: &str,
+        provider: &str,
+        settings: Settings,
+    ) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
         let admin_listen = format!("127.0.0.1:{}", free_port());
         let settings = Settings {
@@ -193,8 +213,7 @@ impl InProcessReplica {
             etcd_endpoints: Some(vec![etcd.endpoint()]),
             replica_id: Some(replica_id.into()),
             provider: Some(provider.into()),
-            lease_ttl: Some(ttl),
-            ..Default::default()
+            ..settings
         };
         let config = Config::from_serve_args(ServeArgs {
             config: None,

@@ -5,6 +5,7 @@
 
 use drover_client::v1::{self, OperationState as O, TaskRunStatus as R, TaskType as T};
 use drover_client::Client;
+use drover_server::config::Settings;
 use drover_server::replication::preferred;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
@@ -189,6 +190,47 @@ async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look
     let status = task_status(client, T::Backup, "once").await.unwrap();
     assert_eq!(status.success_count, Some(1), "{status:?}");
     f.stop().await;
+}
+
+/// A run that outlasts its timeout is stopped with StopTask, a provider
+/// call like any other: only under a claim that still holds. While the
+/// replica's session is lapsed (keep-alive replies lost past its belief
+/// and the TTL a call waits for etcd's word), it sends none; it used to
+/// send StopTask anyway, under an epoch a newer owner may have replaced.
+#[tokio::test]
+async fn a_timed_out_run_is_not_stopped_without_a_live_claim() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let settings = Settings {
+        lease_ttl: Some(2),
+        task_run_timeout: Some(3),
+        ..Default::default()
+    };
+    let owner = InProcessReplica::serve_with(&etcd, "r1", &sim.endpoint(), settings).await;
+    let mut client = owner.client().await;
+    let uid = create_running(&mut client, "db", 1).await.uid;
+    sim.set_task_latency(Duration::from_secs(60)).await;
+    let now = v1::TaskSchedule {
+        start_date: "now".into(),
+        ..Default::default()
+    };
+    put_task(&mut client, task(T::Backup, "long", now)).await;
+    wait_until(WAIT, "the run to start", || {
+        let sim = &sim;
+        let uid = &uid;
+        async move { sim.audit(uid).await.iter().any(|e| e.method == "RunTask") }
+    })
+    .await;
+    owner.store.lose_keep_alive_replies(true);
+    // Past the run's timeout (3 s) and the 2 s its StopTask waits for etcd.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let calls = sim.audit(&uid).await;
+    assert!(
+        !calls.iter().any(|e| e.method == "StopTask"),
+        "StopTask without a live claim: {calls:?}"
+    );
+    owner.store.lose_keep_alive_replies(false);
+    owner.stop().await;
 }
 
 /// A replica that owned `a-orphan` (first in name order), with a stop in

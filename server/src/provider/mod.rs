@@ -27,14 +27,32 @@ pub fn connect_lazy(endpoint: &str) -> Result<Provider, tonic::codegen::http::ur
 /// deadline (`grpc-timeout`), which the client enforces (the call ends with
 /// CANCELLED once it passes) and the provider learns, so that a call made
 /// under a claim is never applied after a peer could have taken over.
+///
+/// The same deadline also travels as wall-clock time, [`APPLY_BY`]
+/// (milliseconds since the Unix epoch): `grpc-timeout` is time left, and the
+/// provider's clock for it starts when the call arrives, so a caller paused
+/// between making the call and sending it (SIGSTOP, a long GC pause) would
+/// hand the provider a deadline past the end of its claim. A provider whose
+/// clock is synchronised applies nothing after `drover-apply-by`.
 pub fn due_by<T>(deadline: std::time::Instant, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     // A deadline already past still goes out as the shortest one, for the
     // client to end at once.
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     request.set_timeout(left.max(std::time::Duration::from_millis(1)));
+    let apply_by = std::time::SystemTime::now() + left;
+    let millis = apply_by
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    if let Ok(value) = millis.to_string().parse() {
+        request.metadata_mut().insert(APPLY_BY, value);
+    }
     request
 }
+
+/// The metadata key of a provider call's deadline as wall-clock time (see
+/// [`due_by`]).
+pub const APPLY_BY: &str = "drover-apply-by";
 
 /// A node that is powered on and reports healthy.
 pub fn node_ready(node: &ProviderNode) -> bool {

@@ -22,6 +22,9 @@
 //!   lost replica: it is failed with an error naming that replica and step,
 //!   never resumed blindly. A PENDING one nobody started is run.
 
+mod calls;
+mod finish;
+mod holding;
 mod plan;
 mod run;
 

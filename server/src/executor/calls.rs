@@ -1,0 +1,265 @@
+//! The provider calls of a held operation: each under the claim, due by
+//! the end of the claim and the operation's deadline, asked again when cut
+//! at the claim's end; and the looks (describes) that plan and follow the
+//! steps.
+
+use super::holding::{error, Holding};
+use super::Step;
+use crate::operation::OperationError;
+use crate::provider::{due_by, node_ready, DESCRIBE_TIMEOUT};
+use drover_proto::provider::v1 as pb;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+/// How much earlier than the operation's deadline a step's provider call is
+/// due (see `Holding::call`).
+const OPERATION_DEADLINE_SLACK: Duration = Duration::from_millis(200);
+
+/// Attempts at describing the nodes (before planning, after a failed step)
+/// when the provider's error says it may pass.
+const LOOK_ATTEMPTS: u32 = 3;
+
+impl Holding<'_> {
+    /// Runs `step` at the provider, under this replica's claim and by the
+    /// operation's deadline (the gRPC deadline the provider learns is the
+    /// earlier of the two, so no call lands after the operation ended).
+    pub(super) async fn call(
+        &mut self,
+        step: &Step,
+        operation_deadline: tokio::time::Instant,
+    ) -> Result<(), tonic::Status> {
+        if *step == Step::HealthCheck {
+            return self.health_check().await;
+        }
+        // The provider learns a deadline a little before the operation's: a
+        // deadline travels as time left, so the provider's clock for it
+        // starts when the call arrives, and a call it lands just in time
+        // must not land after this replica has written the operation off.
+        let cutoff = operation_deadline.into_std() - OPERATION_DEADLINE_SLACK;
+        let started = Instant::now();
+        let response = loop {
+            let deadline = self.claim_deadline().await?.min(cutoff);
+            match self.send(step, deadline).await {
+                Err(status) if cut_at_claim_end(&status, deadline) && Instant::now() < cutoff => {
+                    tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
+                }
+                // Cut at the cutoff: the operation's own timeout, moments
+                // away, ends the step (the caller bounds it by that deadline).
+                Err(status) if cut_at_claim_end(&status, deadline) => {
+                    std::future::pending::<()>().await;
+                }
+                other => break other,
+            }
+        };
+        self.executor
+            .observe_provider(step.provider_call(), started);
+        self.nodes = response?.into_inner().nodes;
+        self.nodes_fresh = true;
+        Ok(())
+    }
+
+    /// Sends `step`'s provider call, due by `deadline`.
+    async fn send(
+        &self,
+        step: &Step,
+        deadline: std::time::Instant,
+    ) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
+        let mut provider = self.executor.provider.clone();
+        let spec = &self.cluster.spec.spec;
+        let token = self.token();
+        match step {
+            Step::CreateNodes => {
+                provider
+                    .create_nodes(due_by(
+                        deadline,
+                        pb::CreateNodesRequest {
+                            token,
+                            control_nodes: spec.control_nodes,
+                            worker_nodes: spec.worker_nodes,
+                            offering: spec.node_offering.clone(),
+                            version: spec.version.clone(),
+                        },
+                    ))
+                    .await
+            }
+            Step::StartNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.start_nodes(request).await
+            }
+            Step::StopNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.stop_nodes(request).await
+            }
+            Step::Resize { workers, offering } => {
+                provider
+                    .resize_nodes(due_by(
+                        deadline,
+                        pb::ResizeNodesRequest {
+                            token,
+                            worker_nodes: *workers,
+                            offering: offering.clone(),
+                        },
+                    ))
+                    .await
+            }
+            Step::UpgradeNode { node_id, version } => {
+                provider
+                    .upgrade_node(due_by(
+                        deadline,
+                        pb::UpgradeNodeRequest {
+                            token,
+                            node_id: node_id.clone(),
+                            version: version.clone(),
+                        },
+                    ))
+                    .await
+            }
+            Step::DeleteNodes(ids) => {
+                provider
+                    .delete_nodes(due_by(
+                        deadline,
+                        pb::DeleteNodesRequest {
+                            token,
+                            node_ids: ids.clone(),
+                        },
+                    ))
+                    .await
+            }
+            Step::HealthCheck => unreachable!("the health check describes"),
+        }
+    }
+
+    /// Every node is on and ready (a read-only step). The provider's last
+    /// answer in this execution (the start, create, resize or upgrade just
+    /// run) lists the nodes as it left them: when it shows every node ready
+    /// there is nothing more to learn. Otherwise, or when this execution
+    /// resumed at the check, the cluster is described (fenced).
+    async fn health_check(&mut self) -> Result<(), tonic::Status> {
+        if self.nodes_fresh && !self.nodes.is_empty() && self.nodes.iter().all(node_ready) {
+            return Ok(());
+        }
+        let nodes = self.describe().await?;
+        let unhealthy: Vec<&str> = nodes
+            .iter()
+            .filter(|n| !node_ready(n))
+            .map(|n| n.id.as_str())
+            .collect();
+        if nodes.is_empty() {
+            return Err(tonic::Status::failed_precondition(
+                "the cluster has no nodes",
+            ));
+        }
+        if !unhealthy.is_empty() {
+            return Err(tonic::Status::failed_precondition(format!(
+                "nodes not ready: {}",
+                unhealthy.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn describe(&mut self) -> Result<Vec<pb::ProviderNode>, tonic::Status> {
+        // Fenced: once this owner has looked, its predecessors' calls are
+        // refused (orphan recovery relies on it).
+        let started = Instant::now();
+        let response = loop {
+            let deadline = self.claim_deadline().await?;
+            let request = pb::DescribeClusterRequest {
+                cluster_uid: self.cluster.spec.uid.clone(),
+                token: self.token(),
+            };
+            let mut provider = self.executor.provider.clone();
+            match provider.describe_cluster(due_by(deadline, request)).await {
+                Err(status) if cut_at_claim_end(&status, deadline) => {}
+                other => break other,
+            }
+        };
+        self.executor.observe_provider("DescribeCluster", started);
+        let nodes = response?.into_inner().nodes;
+        self.nodes = nodes.clone();
+        self.nodes_fresh = true;
+        Ok(nodes)
+    }
+
+    /// The nodes to plan from, as the provider describes them now. A look
+    /// that fails is never "no nodes" (an upgrade planned from it had no
+    /// steps and succeeded): a transient error is retried a few times, any
+    /// other ends the operation with the provider's error.
+    pub(super) async fn look_before_plan(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<pb::ProviderNode>, Option<OperationError>> {
+        match self.look(deadline).await {
+            Ok(nodes) => Ok(nodes),
+            Err(Some(status)) => {
+                let message = format!(
+                    "describing the cluster's nodes before the first step failed: {}",
+                    status.message()
+                );
+                Err(error(status.code(), message))
+            }
+            Err(None) => {
+                let message = "timed out describing the cluster's nodes before the first step";
+                Err(error(Code::DeadlineExceeded, message))
+            }
+        }
+    }
+
+    /// After a failed mutating step: learns what exists, so the status
+    /// mirrors it (the step may have done part of its work). Bounded by the
+    /// operation's deadline and [`DESCRIBE_TIMEOUT`]; a look that fails
+    /// leaves the nodes unknown, and the status message says so.
+    pub(super) async fn look_after_failure(&mut self, deadline: tokio::time::Instant) {
+        self.nodes_fresh = false;
+        let now = tokio::time::Instant::now();
+        if !self.holds_claim() || now >= deadline {
+            return;
+        }
+        if let Err(error) = self.look(deadline.min(now + DESCRIBE_TIMEOUT)).await {
+            let error = error.map_or("no answer".to_string(), |s| s.to_string());
+            tracing::warn!(cluster = %self.cluster.spec.name, %error, "cannot describe the nodes after a failed step");
+        }
+    }
+
+    /// Describes the nodes by `deadline`, asking again (with backoff) when
+    /// the provider's error says it may pass (UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED), [`LOOK_ATTEMPTS`] times in all. `Err(None)`: no
+    /// answer by the deadline.
+    async fn look(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<pb::ProviderNode>, Option<tonic::Status>> {
+        let looking = async {
+            let mut delay = Duration::from_millis(200);
+            for _ in 1..LOOK_ATTEMPTS {
+                match self.describe().await {
+                    Err(status) if is_transient(&status) => {
+                        tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?delay, "describing the nodes failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    answer => return answer,
+                }
+            }
+            self.describe().await
+        };
+        match tokio::time::timeout_at(deadline, looking).await {
+            Ok(answer) => answer.map_err(Some),
+            Err(_) => Err(None),
+        }
+    }
+}
+
+/// Whether `status` ended a call at the end of the claim it was made
+/// under (see [`due_by`]), rather than being the provider's answer. Such a
+/// call is asked again once the claim is renewed: provider calls are
+/// idempotent, and a slow provider is bounded by the operation's timeout,
+/// not by one lease period.
+fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> bool {
+    status.code() == Code::Cancelled && std::time::Instant::now() >= deadline
+}
+
+/// Whether the provider's error says that asking again may work.
+fn is_transient(status: &tonic::Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::ResourceExhausted)
+}

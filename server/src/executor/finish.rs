@@ -1,0 +1,230 @@
+//! How a held operation ends: the fence an orphan needs first, the status
+//! it leaves (only what the provider showed), and the completing
+//! transaction.
+
+use super::holding::{is_conflict, Holding, Interrupt};
+use crate::cluster::machine::{self, Event};
+use crate::cluster::{
+    now_rfc3339, to_json, LastOperation, NodeStatus, StateRecord, StatusRecord, SCHEMA_VERSION,
+};
+use crate::metrics::{KindLabels, OperationLabels};
+use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState};
+use crate::provider::DESCRIBE_TIMEOUT;
+use crate::store::Op;
+use drover_proto::provider::v1 as pb;
+use std::time::Duration;
+
+/// The first and the longest pause between fencing looks of an orphan.
+const FENCE_RETRY_FIRST: Duration = Duration::from_millis(500);
+const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl Holding<'_> {
+    /// After a failed operation: what the spec asks for that the provider
+    /// does not show (a failed add-nodes leaves `spec.worker_nodes` above
+    /// the nodes that exist), as a sentence to append to the status message.
+    fn worker_gap(&self) -> String {
+        let wanted = self.cluster.spec.spec.worker_nodes as usize;
+        if !self.nodes_fresh {
+            return "; the provider's nodes are unknown after the failure: the status shows the last ones observed".into();
+        }
+        let shown = self.nodes.iter().filter(|n| n.role == "worker").count();
+        if shown == wanted {
+            return String::new();
+        }
+        format!("; the spec asks for {wanted} worker nodes, the provider shows {shown}")
+    }
+
+    /// Makes a provider call under this owner's epoch (a fenced describe)
+    /// before an orphan is failed: until one succeeds, a call the lost owner
+    /// made could still land. Retries with backoff while this replica holds
+    /// the cluster, saying in the status why the operation is still held.
+    /// `false` when it stopped trying (the cluster moved on, or the replica
+    /// is shutting down): the operation stays for the next owner.
+    pub(super) async fn fence_orphan(&mut self) -> bool {
+        let name = self.cluster.spec.name.clone();
+        let mut delay = FENCE_RETRY_FIRST;
+        let mut said = false;
+        loop {
+            let why = match tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
+                Ok(Ok(_)) => return true,
+                Ok(Err(status)) => format!(
+                    "the provider answered {:?}: {}",
+                    status.code(),
+                    status.message()
+                ),
+                Err(_) => format!("no answer within {DESCRIBE_TIMEOUT:?}"),
+            };
+            let holds = self.executor.replication.claim(&name) == Some(self.claim);
+            if !holds || self.executor.is_stopping() {
+                return false;
+            }
+            tracing::warn!(cluster = %name, operation = %self.operation.id, %why, retry_in = ?delay, "cannot fence the provider; the orphan is held until a fenced call succeeds");
+            if !said {
+                let message = format!(
+                    "recovering operation {} of a lost replica: cannot fence the provider ({why}); retrying",
+                    self.operation.id
+                );
+                said = self.say_in_status(message).await;
+            }
+            if !self.executor.pause_unless_stopping(delay).await {
+                return false;
+            }
+            delay = (delay * 2).min(FENCE_RETRY_MAX);
+        }
+    }
+
+    /// Writes `message` into the cluster's status (fenced like every write).
+    async fn say_in_status(&mut self, message: String) -> bool {
+        let mut status = self.cluster.status.clone().unwrap_or_default();
+        status.schema = SCHEMA_VERSION;
+        status.message = Some(message);
+        let key = self
+            .executor
+            .operations
+            .keys()
+            .cluster_status(&self.cluster.spec.name);
+        self.commit(vec![Op::put(key, to_json(&status))])
+            .await
+            .is_ok()
+    }
+
+    /// The status an operation ending in `state` leaves: the nodes only
+    /// from a provider answer (an operation that ended without one, its
+    /// first call failed, leaves them as last observed), the version only
+    /// as the provider shows it, and the outcome.
+    fn final_status(&self, state: OperationState, error: Option<OperationError>) -> StatusRecord {
+        let mut status = self.cluster.status.clone().unwrap_or_default();
+        status.schema = SCHEMA_VERSION;
+        if self.nodes_fresh {
+            status.nodes = self.nodes.iter().map(node_status).collect();
+        }
+        if state == OperationState::Succeeded {
+            status.observed_generation = Some(self.cluster.spec.generation);
+            let version = &self.cluster.spec.spec.version;
+            if self.nodes_fresh && all_at_version(&self.nodes, version) {
+                status.current_version = Some(version.clone());
+            }
+            if self.operation.kind == OperationKind::Destroy {
+                status.nodes.clear();
+            }
+        }
+        status.message = error.as_ref().map(|e| match state {
+            OperationState::Failed => format!("{}{}", e.message, self.worker_gap()),
+            _ => e.message.clone(),
+        });
+        status.last_operation = Some(LastOperation {
+            id: self.operation.id.clone(),
+            kind: self.operation.kind.name().to_string(),
+            state: format!("{state:?}"),
+            message: error.map(|e| e.message),
+        });
+        status
+    }
+
+    /// Ends the operation: moves the cluster as the table says (only if it
+    /// still holds it), clears the slot, records the outcome and the status.
+    pub(super) async fn finish(
+        &mut self,
+        state: OperationState,
+        event: Event,
+        error: Option<OperationError>,
+    ) -> Result<(), LifecycleError> {
+        let from = self.cluster.state.state;
+        // A go-ahead destroy that works completes, a go-ahead start that
+        // works recovers an Error cluster; other go-aheads stay.
+        let go_ahead_moves = matches!(
+            self.operation.kind,
+            OperationKind::Destroy | OperationKind::Start
+        );
+        let to = machine::final_state(
+            from,
+            self.operation.go_ahead,
+            go_ahead_moves,
+            state == OperationState::Succeeded,
+            event,
+        );
+        let now = now_rfc3339();
+        self.operation.state = state;
+        self.operation.error = error.clone();
+        self.operation.finished_at = Some(now.clone());
+        let name = self.cluster.spec.name.clone();
+        let keys = self.executor.operations.keys().clone();
+        let new_state = StateRecord {
+            schema: SCHEMA_VERSION,
+            uid: self.cluster.spec.uid.clone(),
+            state: to,
+            operation: None,
+            changed_at: if to == from {
+                self.cluster.state.changed_at.clone()
+            } else {
+                now
+            },
+        };
+        let status = self.final_status(state, error);
+        // A cancel that lands after the last step began cannot stop it: the
+        // operation ends as it did, with the cancel request kept on record.
+        let mut cancels_seen = 0;
+        loop {
+            let writes = vec![
+                Op::put(keys.cluster_state(&name), to_json(&new_state)),
+                Op::put(
+                    keys.operation(&name, &self.operation.id),
+                    to_json(&self.operation),
+                ),
+                Op::put(keys.cluster_status(&name), to_json(&status)),
+            ];
+            match self.commit(writes).await {
+                Ok(_) => break,
+                Err(error) if cancels_seen == 0 && is_conflict(&error) => {
+                    cancels_seen += 1;
+                    if let Interrupt::Lost = self.explain(error).await {
+                        return Err(LifecycleError::Raced(name));
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let metrics = self.executor.operations.metrics();
+        metrics.transition(from, to);
+        let kind = self.operation.kind.name().to_string();
+        metrics
+            .operations
+            .get_or_create(&OperationLabels {
+                kind: kind.clone(),
+                result: format!("{state:?}").to_lowercase(),
+            })
+            .inc();
+        if let Ok(created) = humantime::parse_rfc3339(&self.operation.created_at) {
+            let elapsed = created.elapsed().unwrap_or_default().as_secs_f64();
+            metrics
+                .operation_seconds
+                .get_or_create(&KindLabels { kind })
+                .observe(elapsed);
+        }
+        tracing::info!(
+            cluster = %name,
+            operation = %self.operation.id,
+            kind = self.operation.kind.name(),
+            result = ?state,
+            from = %from,
+            to = %to,
+            "operation finished"
+        );
+        Ok(())
+    }
+}
+
+/// Whether the provider's answer shows nodes, every one at `version`.
+pub(super) fn all_at_version(nodes: &[pb::ProviderNode], version: &str) -> bool {
+    !nodes.is_empty() && nodes.iter().all(|n| n.version == version)
+}
+
+fn node_status(node: &pb::ProviderNode) -> NodeStatus {
+    NodeStatus {
+        id: node.id.clone(),
+        role: node.role.clone(),
+        power_state: node.power_state.clone(),
+        version: node.version.clone(),
+        ready: node.healthy && node.power_state == "on",
+    }
+}

@@ -36,6 +36,13 @@ pub enum RegistryError {
     Store(#[from] StoreError),
 }
 
+impl RegistryError {
+    /// A compare-and-swap that lost: what was compared changed meanwhile.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, RegistryError::Store(StoreError::Conflict { .. }))
+    }
+}
+
 pub type Result<T, E = RegistryError> = std::result::Result<T, E>;
 
 /// An operation accepted together with a create.

@@ -195,12 +195,7 @@ impl Holding<'_> {
 }
 
 pub(super) fn is_conflict(error: &LifecycleError) -> bool {
-    matches!(
-        error,
-        LifecycleError::Registry(crate::cluster::RegistryError::Store(
-            StoreError::Conflict { .. }
-        ))
-    )
+    matches!(error, LifecycleError::Registry(e) if e.is_conflict())
 }
 
 /// An operation error with `code`, as the operation record holds it.

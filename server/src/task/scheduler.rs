@@ -712,12 +712,7 @@ fn instant_of(at: DateTime<Utc>) -> Instant {
 }
 
 fn is_conflict(error: &TaskError) -> bool {
-    matches!(
-        error,
-        TaskError::Registry(crate::cluster::RegistryError::Store(
-            StoreError::Conflict { .. }
-        ))
-    )
+    matches!(error, TaskError::Registry(e) if e.is_conflict())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

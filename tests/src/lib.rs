@@ -254,3 +254,17 @@ pub async fn wait_running(
     })
     .await;
 }
+
+/// Replica endpoints a load may use; faults (kills, restarts) change them.
+pub type Endpoints = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A client of one of the replicas listed, round robin from `turn`.
+pub async fn any_client(endpoints: &Endpoints, turn: usize) -> Option<drover_client::Client> {
+    let list = endpoints.lock().unwrap().clone();
+    for i in 0..list.len() {
+        if let Ok(client) = drover_client::Client::connect(&list[(turn + i) % list.len()]).await {
+            return Some(client);
+        }
+    }
+    None
+}

@@ -17,7 +17,7 @@ use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, wait_until, Lcg};
+use drover_tests::{any_client, create_running, wait_until, Endpoints, Lcg};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,20 +58,6 @@ impl World {
     fn endpoints(&self) -> Vec<String> {
         self.replicas.iter().map(|(_, r)| r.endpoint()).collect()
     }
-}
-
-/// Replica endpoints the background load may use; faults change them.
-type Endpoints = Arc<Mutex<Vec<String>>>;
-
-/// A client of one of the replicas still listed, round robin.
-async fn any_client(endpoints: &Endpoints, turn: usize) -> Option<Client> {
-    let list = endpoints.lock().unwrap().clone();
-    for i in 0..list.len() {
-        if let Ok(client) = Client::connect(&list[(turn + i) % list.len()]).await {
-            return Some(client);
-        }
-    }
-    None
 }
 
 /// One cluster's background load until `stop`: submit the next request its

@@ -71,6 +71,17 @@ impl Fixture {
         response.into_inner().cluster.expect("the created cluster")
     }
 
+    /// Accepts an add-nodes of `count` workers to `name`.
+    async fn add_nodes(&mut self, name: &str, count: u32) -> v1::Operation {
+        let add = v1::AddNodesRequest {
+            name: name.into(),
+            count,
+            request_id: String::new(),
+        };
+        let response = self.client.clusters().add_nodes(add).await;
+        response.expect("add nodes").into_inner()
+    }
+
     async fn cluster(&mut self, name: &str) -> v1::Cluster {
         self.client.get_cluster(name).await.expect("get cluster")
     }
@@ -213,18 +224,7 @@ async fn every_operation_kind_end_to_end() {
     assert_eq!(status.current_version.as_deref(), Some("1.30.0"));
     assert!(status.nodes.iter().all(|n| n.version == "1.30.0"));
 
-    let add = v1::AddNodesRequest {
-        name: "web".into(),
-        count: 2,
-        request_id: String::new(),
-    };
-    let op = f
-        .client
-        .clusters()
-        .add_nodes(add)
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.add_nodes("web", 2).await;
     assert_eq!(op.entered_state, S::Importing as i32);
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     assert_eq!(f.cluster("web").await.status.unwrap().nodes.len(), 7);
@@ -1212,18 +1212,7 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     f.create("w", 2, false).await;
     let before = f.cluster("w").await.status.unwrap();
     f.sim.fault("ResizeNodes", 1, false).await;
-    let add = v1::AddNodesRequest {
-        name: "w".into(),
-        count: 1,
-        request_id: String::new(),
-    };
-    let op = f
-        .client
-        .clusters()
-        .add_nodes(add)
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.add_nodes("w", 1).await;
     assert_eq!(f.finish(op).await.state, O::Failed as i32);
     let status = f.cluster("w").await.status.unwrap();
     assert_eq!(status.nodes, before.nodes, "the nodes as they were");

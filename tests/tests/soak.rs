@@ -29,7 +29,7 @@ use drover_tests::history::{
 };
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, owner, Lcg};
+use drover_tests::{any_client, create_running, owner, Endpoints, Lcg};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,20 +74,6 @@ impl Settings {
             time: Duration::from_secs(number("DROVER_SOAK_SECONDS", 60)),
         }
     }
-}
-
-/// Replica endpoints the load may use; the faults change them.
-type Endpoints = Arc<Mutex<Vec<String>>>;
-
-/// A client of one of the replicas listed, round robin from `turn`.
-async fn any_client(endpoints: &Endpoints, turn: usize) -> Option<Client> {
-    let list = endpoints.lock().unwrap().clone();
-    for i in 0..list.len() {
-        if let Ok(client) = Client::connect(&list[(turn + i) % list.len()]).await {
-            return Some(client);
-        }
-    }
-    None
 }
 
 /// Shared bounds and tallies of the load.

@@ -6,10 +6,15 @@
 //! - [`cluster`]: cluster records, states, validation and the registry.
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
-//! - [`operation`]: accepting, reading, waiting for and cancelling operations.
+//! - [`operation`]: planning and committing accepts; reading, waiting for and
+//!   cancelling operations.
 //! - [`replication`]: membership, cluster ownership (owner keys claimed by
 //!   rendezvous hashing, passes over a watched view of them) and fencing.
-//! - [`executor`]: runs accepted operations step by step through the provider.
+//! - [`executor`]: the one path from a lifecycle request to its execution:
+//!   accepts (claimed at once on the owner) and runs operations step by step
+//!   through the provider.
+//! - [`owner_work`]: what the executor, task scheduler and scanner share: the
+//!   claim check, in-flight marks, the stop flag and the fenced commit.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
 //! - [`provider`]: the provider client and the simulated provider.
 //! - [`server`]: assembles services, health and reflection, and serves.
@@ -28,6 +33,7 @@ pub mod executor;
 pub mod keys;
 pub mod metrics;
 pub mod operation;
+pub mod owner_work;
 pub mod provider;
 pub mod replication;
 pub mod scanner;

@@ -16,9 +16,11 @@
 
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterCache, ClusterFilter, ClusterRecord, ClusterState};
+use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
+use crate::owner_work::OwnerWork;
 use crate::provider::{node_ready, Provider, DESCRIBE_TIMEOUT};
 use crate::replication::Replication;
 use drover_proto::provider::v1 as pb;
@@ -30,8 +32,11 @@ const PAGE: usize = 500;
 
 pub struct Scanner {
     operations: Operations,
+    /// Where the operations the scanner asks for go, like any request.
+    executor: Arc<Executor>,
     provider: Provider,
-    replication: Arc<Replication>,
+    /// The claim check.
+    work: OwnerWork,
     cache: Arc<ClusterCache>,
     interval: Duration,
 }
@@ -39,6 +44,7 @@ pub struct Scanner {
 impl Scanner {
     pub fn new(
         operations: Operations,
+        executor: Arc<Executor>,
         provider: Provider,
         replication: Arc<Replication>,
         cache: Arc<ClusterCache>,
@@ -46,8 +52,9 @@ impl Scanner {
     ) -> Self {
         Self {
             operations,
+            executor,
             provider,
-            replication,
+            work: OwnerWork::new(replication),
             cache,
             interval,
         }
@@ -72,7 +79,7 @@ impl Scanner {
     /// cluster from etcd instead, on every replica each interval, cost etcd
     /// more than a core at rest with ten thousand clusters.
     async fn scan(&self) -> Result<(), LifecycleError> {
-        for name in self.replication.owned_clusters() {
+        for name in self.work.replication().owned_clusters() {
             match self.cache.get(&name) {
                 Some(Ok(cluster)) => self.check_logged(&cluster).await,
                 // Deleted since, or unreadable (which reads report).
@@ -111,7 +118,7 @@ impl Scanner {
 
     async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
         let name = &cluster.spec.name;
-        let Some(claim) = self.replication.claim(name) else {
+        let Some(claim) = self.work.claim(name) else {
             // Another replica's cluster.
             return Ok(());
         };
@@ -145,19 +152,19 @@ impl Scanner {
                     return Ok(());
                 }
                 if nodes.iter().all(node_ready) {
-                    self.operations
-                        .accept(name, request(OperationKind::Recover))
+                    self.executor
+                        .submit(name, request(OperationKind::Recover))
                         .await?;
                 } else if nodes.iter().all(|n| n.power_state == "off") {
-                    self.operations
-                        .accept(name, request(OperationKind::Stop))
+                    self.executor
+                        .submit(name, request(OperationKind::Stop))
                         .await?;
                 }
             }
             ClusterState::Destroying => {
                 tracing::info!(cluster = %name, "retrying a destroy that did not finish");
-                self.operations
-                    .accept(name, request(OperationKind::Destroy))
+                self.executor
+                    .submit(name, request(OperationKind::Destroy))
                     .await?;
             }
             _ => {}

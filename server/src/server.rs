@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
-use crate::operation::{LocalRunner, Operations};
+use crate::operation::Operations;
 use crate::provider::Provider;
 use crate::replication::{Replication, ReplicationConfig};
 use crate::scanner::Scanner;
@@ -154,7 +154,6 @@ pub async fn serve(
     // decides from it which clusters run nothing here.
     let (stop_cache, cache_stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(Arc::clone(&cache).run(cache_stopped));
-    let executes = provider.is_some();
     let workers = match provider {
         Some(provider) => {
             let (replication, adoptions) = Replication::new(
@@ -179,7 +178,6 @@ pub async fn serve(
                 Arc::clone(&cache),
                 config.operation_timeouts.clone(),
             );
-            operations.set_local_runner(Arc::clone(&executor) as Arc<dyn LocalRunner>);
             tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
             let tasks = TaskScheduler::new(
                 TaskStore::new(store.clone(), keys.clone()),
@@ -192,6 +190,7 @@ pub async fn serve(
             tokio::spawn(Arc::clone(&tasks).run(work_stopped.clone()));
             let scanner = Scanner::new(
                 operations.clone(),
+                Arc::clone(&executor),
                 provider,
                 Arc::clone(&replication),
                 Arc::clone(&cache),
@@ -210,6 +209,9 @@ pub async fn serve(
         keys.clone(),
         workers.as_ref().map(|(r, _, _)| Arc::clone(r)),
     );
+    let submits_to = workers
+        .as_ref()
+        .map(|(_, executor, _)| Arc::clone(executor));
     tracing::info!(%address, replica = %config.replica_id, "serving gRPC");
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
@@ -279,7 +281,7 @@ pub async fn serve(
         .add_service(ClustersServer::new(ClustersService::new(
             operations.clone(),
             cache,
-            executes,
+            submits_to,
         )))
         .add_service(OperationsServer::new(OperationsService::new(
             operations.clone(),

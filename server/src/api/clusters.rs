@@ -8,6 +8,7 @@ use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{
     Autoscaling, ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError,
 };
+use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
@@ -28,17 +29,22 @@ pub struct ClustersService {
     operations: Operations,
     registry: Registry,
     cache: Arc<ClusterCache>,
-    /// Whether this replica can run operations (has a provider).
-    executes: bool,
+    /// Where lifecycle requests go; `None` on a replica without a provider,
+    /// which runs no operations.
+    executor: Option<Arc<Executor>>,
 }
 
 impl ClustersService {
-    pub fn new(operations: Operations, cache: Arc<ClusterCache>, executes: bool) -> Self {
+    pub fn new(
+        operations: Operations,
+        cache: Arc<ClusterCache>,
+        executor: Option<Arc<Executor>>,
+    ) -> Self {
         Self {
             registry: operations.registry().clone(),
             cache,
             operations,
-            executes,
+            executor,
         }
     }
 
@@ -52,17 +58,15 @@ impl ClustersService {
     ) -> ApiResult<v1::Operation> {
         validate::cluster_name("name", name)?;
         validate::request_id("request_id", request_id)?;
-        if !self.executes {
+        let Some(executor) = &self.executor else {
             return Err(LifecycleError::NoProvider.into());
-        }
+        };
         let request = LifecycleRequest {
             kind,
             params,
             request_id: request_id.to_string(),
         };
-        Ok(operation_to_proto(
-            self.operations.accept(name, request).await?,
-        ))
+        Ok(operation_to_proto(executor.submit(name, request).await?))
     }
 
     async fn scale(&self, request: v1::ScaleClusterRequest) -> ApiResult<v1::Operation> {
@@ -148,7 +152,7 @@ impl ClustersService {
         let spec = spec_from_proto("spec", request.spec)?;
         validate::request_id("request_id", &request.request_id)?;
         let start = !request.create_only;
-        if start && !self.executes {
+        if start && self.executor.is_none() {
             return Err(LifecycleError::NoProvider.into());
         }
         let (cluster, operation) = self

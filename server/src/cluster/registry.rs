@@ -36,10 +36,12 @@ pub enum RegistryError {
     Store(#[from] StoreError),
 }
 
-impl RegistryError {
-    /// A compare-and-swap that lost: what was compared changed meanwhile.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, RegistryError::Store(StoreError::Conflict { .. }))
+impl crate::store::StoreFailure for RegistryError {
+    fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            RegistryError::Store(error) => Some(error),
+            _ => None,
+        }
     }
 }
 
@@ -52,6 +54,25 @@ pub struct FirstOperation {
     pub entered: ClusterState,
     /// The operation's own records.
     pub writes: Vec<Op>,
+}
+
+impl ClusterRecord {
+    /// The compares that hold only while every key this view was read from
+    /// (spec, state, status) is as read: the one "is my view current" check,
+    /// for a write that acts on the whole view (a watch cache may hold one
+    /// key of a transaction and not yet the next).
+    pub fn unchanged(&self, keys: &KeyLayout) -> [Compare; 3] {
+        let name = &self.spec.name;
+        let status_key = keys.cluster_status(name);
+        [
+            Compare::mod_revision(keys.cluster_spec(name), CmpOp::Equal, self.spec_revision),
+            Compare::mod_revision(keys.cluster_state(name), CmpOp::Equal, self.state_revision),
+            match self.status_revision {
+                0 => Compare::absent(status_key),
+                revision => Compare::mod_revision(status_key, CmpOp::Equal, revision),
+            },
+        ]
+    }
 }
 
 /// Which clusters a list returns.

@@ -2,7 +2,7 @@
 //! it leaves (only what the provider showed), and the completing
 //! transaction.
 
-use super::holding::{is_conflict, Holding, Interrupt};
+use super::holding::{Holding, Interrupt};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     now_rfc3339, to_json, LastOperation, NodeStatus, StateRecord, StatusRecord, SCHEMA_VERSION,
@@ -10,7 +10,7 @@ use crate::cluster::{
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState};
 use crate::provider::DESCRIBE_TIMEOUT;
-use crate::store::Op;
+use crate::store::{Op, StoreFailure};
 use drover_proto::provider::v1 as pb;
 use std::time::Duration;
 
@@ -54,8 +54,8 @@ impl Holding<'_> {
                 ),
                 Err(_) => format!("no answer within {DESCRIBE_TIMEOUT:?}"),
             };
-            let holds = self.executor.replication.claim(&name) == Some(self.claim);
-            if !holds || self.executor.is_stopping() {
+            let holds = self.executor.work.holds(&name, self.claim);
+            if !holds || self.executor.work.is_stopping() {
                 return false;
             }
             tracing::warn!(cluster = %name, operation = %self.operation.id, %why, retry_in = ?delay, "cannot fence the provider; the orphan is held until a fenced call succeeds");
@@ -66,7 +66,7 @@ impl Holding<'_> {
                 );
                 said = self.say_in_status(message).await;
             }
-            if !self.executor.pause_unless_stopping(delay).await {
+            if !self.executor.work.pause_unless_stopping(delay).await {
                 return false;
             }
             delay = (delay * 2).min(FENCE_RETRY_MAX);
@@ -175,7 +175,7 @@ impl Holding<'_> {
             ];
             match self.commit(writes).await {
                 Ok(_) => break,
-                Err(error) if cancels_seen == 0 && is_conflict(&error) => {
+                Err(error) if cancels_seen == 0 && error.is_conflict() => {
                     cancels_seen += 1;
                     if let Interrupt::Lost = self.explain(error).await {
                         return Err(LifecycleError::Raced(name));

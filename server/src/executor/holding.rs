@@ -6,9 +6,8 @@ use super::Executor;
 use crate::cluster::{to_json, ClusterRecord};
 use crate::operation::{LifecycleError, OperationError, OperationRecord, Versioned};
 use crate::replication::Claim;
-use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
+use crate::store::{CmpOp, Compare, Op, StoreFailure, Txn};
 use drover_proto::provider::v1 as pb;
-use std::time::Duration;
 use tonic::Code;
 
 /// How a drive ends early.
@@ -32,14 +31,33 @@ pub(super) struct Holding<'e> {
     pub(super) nodes_fresh: bool,
 }
 
-impl Holding<'_> {
+impl<'e> Holding<'e> {
+    pub(super) fn new(
+        executor: &'e Executor,
+        claim: Claim,
+        cluster: ClusterRecord,
+        operation: OperationRecord,
+        operation_revision: i64,
+    ) -> Self {
+        Self {
+            executor,
+            claim,
+            cluster,
+            operation,
+            operation_revision,
+            nodes: Vec::new(),
+            nodes_fresh: false,
+        }
+    }
+
     /// The one place executor writes go through: the transaction applies
     /// only while the cluster's state and the operation are as this executor
     /// last saw them, and while this replica owns the cluster.
     ///
     /// etcd being unreachable is retried while the claim lives. A write whose
     /// outcome was unknown (the connection broke after sending) is
-    /// recognised afterwards by the operation record it wrote.
+    /// recognised afterwards by the operation record it wrote (see
+    /// [`OwnerWork::commit`](crate::owner_work::OwnerWork::commit)).
     pub(super) async fn commit(&mut self, writes: Vec<Op>) -> Result<i64, LifecycleError> {
         self.commit_checking(writes, Vec::new()).await
     }
@@ -50,13 +68,16 @@ impl Holding<'_> {
         writes: Vec<Op>,
         checks: Vec<Compare>,
     ) -> Result<i64, LifecycleError> {
-        let keys = self.executor.operations.keys();
+        let operations = &self.executor.operations;
+        let keys = operations.keys();
         let name = &self.cluster.spec.name;
         let operation_key = keys.operation(name, &self.operation.id);
-        let written_operation = writes.iter().find_map(|op| match op {
-            Op::Put { key, value, .. } if *key == operation_key => Some(value.clone()),
-            _ => None,
-        });
+        // The operation record only this write produces: it recognises the
+        // write after a lost reply.
+        let marker = writes
+            .iter()
+            .find(|op| matches!(op, Op::Put { key, .. } if *key == operation_key))
+            .cloned();
         let txn = Txn::new()
             .when([
                 Compare::mod_revision(
@@ -69,49 +90,15 @@ impl Holding<'_> {
             .when(self.claim.fence(keys, name))
             .when(checks)
             .and_then(writes);
-        let store = self.executor.operations.store();
-        let mut delay = Duration::from_millis(100);
-        let mut ambiguous = false;
-        loop {
-            match store.cas(txn.clone()).await {
-                Ok(result) => {
-                    if let Some(written) = written_operation {
-                        let operations = &self.executor.operations;
-                        operations.wrote(operation_key, written, result.revision);
-                    }
-                    return Ok(result.revision);
-                }
-                Err(StoreError::Unavailable(error))
-                    if self.executor.replication.claim(name) == Some(self.claim) =>
-                {
-                    tracing::warn!(cluster = %name, %error, retry_in = ?delay, "etcd unavailable; retrying the write");
-                    ambiguous = true;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-                Err(StoreError::Conflict { revision }) if ambiguous => {
-                    let current = match store.get(&operation_key).await {
-                        Ok(read) => read.into_single(),
-                        // Still unreachable: try the whole write again
-                        // (its compare fails again if it had committed).
-                        Err(StoreError::Unavailable(error))
-                            if self.executor.replication.claim(name) == Some(self.claim) =>
-                        {
-                            tracing::warn!(cluster = %name, %error, retry_in = ?delay, "etcd unavailable; retrying the write");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(2));
-                            continue;
-                        }
-                        Err(error) => return Err(error.into()),
-                    };
-                    return match (current, &written_operation) {
-                        (Some(kv), Some(written)) if &kv.value == written => Ok(kv.mod_revision),
-                        _ => Err(StoreError::Conflict { revision }.into()),
-                    };
-                }
-                Err(error) => return Err(error.into()),
-            }
+        let work = &self.executor.work;
+        let store = operations.store();
+        let revision = work
+            .commit(store, txn, name, self.claim, marker.as_ref())
+            .await?;
+        if let Some(Op::Put { key, value, .. }) = marker {
+            operations.wrote(key, value, revision);
         }
+        Ok(revision)
     }
 
     /// Writes the operation record.
@@ -134,7 +121,7 @@ impl Holding<'_> {
     /// Why a write failed: a cancel request (the only other writer of the
     /// operation record) or a lost hold.
     pub(super) async fn explain(&mut self, error: LifecycleError) -> Interrupt {
-        if !is_conflict(&error) {
+        if !error.is_conflict() {
             tracing::warn!(%error, operation = %self.operation.id, "write failed");
             return Interrupt::Lost;
         }
@@ -171,14 +158,16 @@ impl Holding<'_> {
 
     /// Whether this replica still holds the cluster under this claim.
     pub(super) fn holds_claim(&self) -> bool {
-        self.executor.replication.claim(&self.cluster.spec.name) == Some(self.claim)
+        self.executor
+            .work
+            .holds(&self.cluster.spec.name, self.claim)
     }
 
     /// The deadline of a provider call under this operation's claim, or
     /// ABORTED once the claim no longer holds.
     pub(super) async fn claim_deadline(&self) -> Result<std::time::Instant, tonic::Status> {
         let name = &self.cluster.spec.name;
-        let replication = &self.executor.replication;
+        let replication = self.executor.work.replication();
         replication
             .claim_deadline(name, self.claim)
             .await
@@ -192,10 +181,6 @@ impl Holding<'_> {
             operation_id: self.operation.id.clone(),
         })
     }
-}
-
-pub(super) fn is_conflict(error: &LifecycleError) -> bool {
-    matches!(error, LifecycleError::Registry(e) if e.is_conflict())
 }
 
 /// An operation error with `code`, as the operation record holds it.

@@ -1,196 +1,56 @@
-//! Driving one operation: how a drive starts (accepted here, claimed from
-//! another replica's accept, adopted as an orphan) and runs its steps.
-//! What it holds and how it writes is in `holding`, its provider calls in
-//! `calls`, how it ends in `finish`.
+//! Running one held operation: its steps, or the recovery of an orphan.
+//! How it came to be held is in `start`; what it holds and how it writes
+//! is in `holding`, its provider calls in `calls`, how it ends in `finish`.
 
 use super::finish::all_at_version;
 use super::holding::{error, Holding, Interrupt};
 use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::Event;
-use crate::cluster::{from_json, now_rfc3339, to_json};
-use crate::operation::{
-    ClaimedOperation, LifecycleError, OperationError, OperationKind, OperationRecord,
-    OperationState, Progress, Seen, Versioned,
-};
-use crate::store::{CmpOp, Compare, Op};
-use std::time::Duration;
+use crate::cluster::now_rfc3339;
+use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState, Progress};
 use tonic::Code;
 
-/// How long the executor waits for the operation feed to deliver an
-/// operation whose accept the watch cache already showed, before reading it
-/// from etcd instead.
-const FEED_CATCH_UP: Duration = Duration::from_millis(50);
-
 impl Executor {
-    /// Runs one operation from wherever it is.
-    pub(super) async fn drive(&self, cluster: &str, id: &str) -> Result<(), LifecycleError> {
-        if let Some(holding) = self.claim_from_views(cluster, id).await {
-            return self.execute(holding, true).await;
-        }
-        let (current, operation) = self.operations.get_with_cluster(cluster, id).await?;
-        self.operations.check_schema(&current)?;
-        if current
-            .state
-            .operation
-            .as_ref()
-            .is_none_or(|slot| slot.id != id)
-        {
-            return Ok(());
-        }
-        let Some(claim) = self.replication.claim(cluster) else {
-            return Ok(());
-        };
-        let Versioned { record, revision } = operation.ok_or_else(|| LifecycleError::NotFound {
-            cluster: cluster.to_string(),
-            id: id.to_string(),
-        })?;
-        let mut holding = Holding {
-            executor: self,
-            claim,
-            cluster: current,
-            operation: record,
-            operation_revision: revision,
-            nodes: Vec::new(),
-            nodes_fresh: false,
-        };
-        match holding.operation.state {
-            OperationState::Pending if holding.operation.cancel_requested => {
-                holding
-                    .finish(
-                        OperationState::Cancelled,
-                        Event::OperationFailed,
-                        error(Code::Cancelled, "cancelled before it started"),
-                    )
-                    .await
-            }
-            OperationState::Pending => self.execute(holding, false).await,
-            OperationState::Running if holding.operation.owner_epoch != Some(claim.epoch) => {
-                let progress = holding.operation.progress.clone();
-                let replica = holding.operation.replica.clone().unwrap_or_default();
-                let message = match progress {
-                    Some(p) => format!(
-                        "replica {replica} was lost while running step {} of {} ({})",
-                        p.step, p.total_steps, p.step_name
-                    ),
-                    None => format!("replica {replica} was lost before its first step"),
-                };
-                // Fence the provider before failing the orphan, so the lost
-                // replica (if it is only paused) can change nothing more;
-                // the nodes are as it left them.
-                if !holding.fence_orphan().await {
-                    return Ok(());
-                }
-                tracing::warn!(cluster, operation = id, %message, "recovering an orphaned operation");
-                holding
-                    .finish(
-                        OperationState::Failed,
-                        Event::OperationFailed,
-                        error(Code::Aborted, message),
-                    )
-                    .await?;
-                self.operations.metrics().orphan_recoveries.inc();
-                Ok(())
-            }
-            // Running under this very claim but not in flight here (its
-            // drive gave up, e.g. etcd was down for long): resume. Steps are
-            // idempotent and re-planned from the nodes as they are now.
-            OperationState::Running => self.execute(holding, false).await,
-            // Terminal but still in the slot cannot happen (completion clears
-            // the slot in the same transaction).
-            _ => Ok(()),
-        }
-    }
-
-    /// Claims a PENDING operation another replica accepted from what this
-    /// replica's watch cache and operation feed already hold, without
-    /// reading etcd first. The claim compares every key the views came
-    /// from (state, operation, spec, status), so a view that is not current
-    /// only loses the compare-and-swap. `None` when the views do not both
-    /// show the cluster as the accept left it, or the claim lost: the
-    /// caller reads etcd instead.
-    async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
-        let current = self.cache.get(cluster)?.ok()?;
-        if current.state.operation.as_ref()?.id != id {
-            return None;
-        }
-        let accepted_at = current.state_revision;
-        let keys = self.operations.keys();
-        let operation_key = keys.operation(cluster, id);
-        let mut follower = self.operations.follow(&operation_key);
-        let kv = match follower.known.take() {
-            Some(kv) if kv.mod_revision >= accepted_at => kv,
-            // The feed is past the accept and does not know the record.
-            _ if self.operations.feed_revision() >= accepted_at => return None,
-            // The cache's watch delivered the accept before the feed's did.
-            _ => tokio::time::timeout(FEED_CATCH_UP, async {
-                loop {
-                    match follower.next().await? {
-                        Seen::Record(kv) if kv.mod_revision >= accepted_at => return Some(kv),
-                        Seen::Record(_) | Seen::Nothing => {}
-                        Seen::Resync => return None,
-                    }
-                }
-            })
-            .await
-            .ok()??,
-        };
-        // Written by the accept, and not since (a cancel request would be).
-        if kv.mod_revision != accepted_at {
-            return None;
-        }
-        let mut operation: OperationRecord = from_json(&kv).ok()?;
-        if operation.state != OperationState::Pending || operation.cancel_requested {
-            return None;
-        }
-        let claim = self.prepare_claim(&mut operation, &current.spec.spec)?;
-        operation.started_at = Some(now_rfc3339());
-        let checks = vec![
-            Compare::mod_revision(
-                keys.cluster_spec(cluster),
-                CmpOp::Equal,
-                current.spec_revision,
+    /// Fails an operation a lost owner left RUNNING, once the provider is
+    /// fenced under this replica's epoch, with an error naming that
+    /// replica and the step it was at.
+    pub(super) async fn recover_orphan(&self, holding: Holding<'_>) -> Result<(), LifecycleError> {
+        let mut holding = holding;
+        let progress = holding.operation.progress.clone();
+        let replica = holding.operation.replica.clone().unwrap_or_default();
+        let message = match progress {
+            Some(p) => format!(
+                "replica {replica} was lost while running step {} of {} ({})",
+                p.step, p.total_steps, p.step_name
             ),
-            match current.status_revision {
-                0 => Compare::absent(keys.cluster_status(cluster)),
-                revision => {
-                    Compare::mod_revision(keys.cluster_status(cluster), CmpOp::Equal, revision)
-                }
-            },
-        ];
-        let write = vec![Op::put(operation_key, to_json(&operation))];
-        let mut holding = Holding {
-            executor: self,
-            claim,
-            cluster: current,
-            operation,
-            operation_revision: accepted_at,
-            nodes: Vec::new(),
-            nodes_fresh: false,
+            None => format!("replica {replica} was lost before its first step"),
         };
-        holding.operation_revision = holding.commit_checking(write, checks).await.ok()?;
-        Some(holding)
-    }
-
-    /// Runs an operation whose accept already claimed it on this replica.
-    pub(super) async fn drive_claimed(
-        &self,
-        claimed: ClaimedOperation,
-    ) -> Result<(), LifecycleError> {
-        let holding = Holding {
-            executor: self,
-            claim: claimed.claim,
-            cluster: claimed.cluster,
-            operation: claimed.operation,
-            operation_revision: claimed.operation_revision,
-            nodes: Vec::new(),
-            nodes_fresh: false,
-        };
-        self.execute(holding, true).await
+        // Fence the provider before failing the orphan, so the lost replica
+        // (if it is only paused) can change nothing more; the nodes are as
+        // it left them.
+        if !holding.fence_orphan().await {
+            return Ok(());
+        }
+        let (cluster, id) = (&holding.cluster.spec.name, &holding.operation.id);
+        tracing::warn!(%cluster, operation = %id, %message, "recovering an orphaned operation");
+        holding
+            .finish(
+                OperationState::Failed,
+                Event::OperationFailed,
+                error(Code::Aborted, message),
+            )
+            .await?;
+        self.operations.metrics().orphan_recoveries.inc();
+        Ok(())
     }
 
     /// Runs the steps; `claimed` when the record already says RUNNING here
     /// with the first step (written by the accept).
-    async fn execute(&self, mut holding: Holding<'_>, claimed: bool) -> Result<(), LifecycleError> {
+    pub(super) async fn execute(
+        &self,
+        mut holding: Holding<'_>,
+        claimed: bool,
+    ) -> Result<(), LifecycleError> {
         let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
         let steps = match holding.plan_steps(deadline).await {
             Ok(steps) => steps,
@@ -212,7 +72,7 @@ impl Executor {
             0
         };
         holding.operation.state = OperationState::Running;
-        holding.operation.replica = Some(self.replication.replica_id().to_string());
+        holding.operation.replica = Some(self.work.replication().replica_id().to_string());
         holding.operation.owner_epoch = Some(holding.claim.epoch);
         if holding.operation.started_at.is_none() {
             holding.operation.started_at = Some(now_rfc3339());

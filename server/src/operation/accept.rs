@@ -5,7 +5,7 @@
 use super::*;
 use crate::cluster::machine::{self, Admission, Event};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{ClusterRecord, FirstOperation, OperationSlot, Spec, SpecRecord};
+use crate::cluster::{ClusterRecord, FirstOperation, OperationSlot, Spec, SpecRecord, StateRecord};
 
 /// A request to run an operation on a cluster.
 #[derive(Debug, Clone)]
@@ -169,248 +169,237 @@ fn new_operation_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
-impl Operations {
-    /// Accepts a lifecycle request in one transaction, or refuses it having
-    /// written nothing.
-    pub async fn accept(
-        &self,
-        cluster: &str,
-        request: LifecycleRequest,
-    ) -> Result<OperationRecord> {
-        if let Some(existing) = self.by_request_id(cluster, &request.request_id).await? {
-            let existing = existing.record;
-            // Rare (a retry): worth the read that tells a destroyed
-            // predecessor's request from this cluster's.
-            let uid = self.registry.get(cluster).await?.spec.uid;
-            let predecessor = existing.cluster_uid != uid;
-            if predecessor || existing.kind != request.kind {
-                // Another request's answer would mislead the caller.
-                let whose = if predecessor {
-                    format!("an earlier cluster {cluster} (since destroyed)")
-                } else {
-                    format!("cluster {cluster}")
-                };
-                return Err(FieldError::new(
-                    "request_id",
-                    format!(
-                        "already used for the {} operation {} of {whose}; a new request needs a new id",
-                        existing.kind.name(),
-                        existing.id
-                    ),
-                )
-                .into());
-            }
-            return Ok(existing);
-        }
-        // The watch cache usually holds the cluster as etcd does: try the
-        // transaction on it first (it compares the revisions it read, so a
-        // stale view only loses). Any refusal or lost race on the cached
-        // view is decided again on a read from etcd.
-        if let Some(Ok(cached)) = self.cache.as_ref().and_then(|cache| cache.get(cluster)) {
-            match self.try_accept(cluster, cached, &request).await {
-                Ok(Some(record)) => return Ok(record),
-                // etcd's answer, not the view's: an unreachable etcd (or a
-                // write whose outcome is unknown) is the caller's to retry.
-                Err(LifecycleError::Registry(RegistryError::Store(error))) => {
-                    return Err(error.into())
-                }
-                // Schemas only grow: etcd holds one at least as new (and the
-                // refusal is logged and counted once).
-                Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
-                Ok(None) | Err(_) => {}
-            }
-        }
-        let current = self.registry.get(cluster).await?;
-        match self.try_accept(cluster, current, &request).await? {
-            Some(record) => Ok(record),
-            None => Err(self.explain_lost_race(cluster, &request).await),
-        }
+/// An accept as one transaction, not yet committed: what it compares and
+/// writes, and the records as it leaves them. Building one has no side
+/// effect; the executor adds its claim to it when this replica owns the
+/// cluster, and [`Operations::commit_accept`] commits it.
+#[derive(Debug)]
+pub struct AcceptPlan {
+    /// The operation the accept writes (PENDING, or RUNNING once claimed).
+    pub operation: OperationRecord,
+    /// The cluster as the accept read it.
+    view: ClusterRecord,
+    spec_after: Option<SpecRecord>,
+    state_after: StateRecord,
+    compares: Vec<Compare>,
+    /// Every write but the operation record's, which is written as
+    /// `operation` is at the commit.
+    writes: Vec<Op>,
+    /// Whether the operation has anything to run (an edit of a Created
+    /// cluster's spec is done at the accept).
+    executes: bool,
+}
+
+impl AcceptPlan {
+    /// The cluster as the accept read it.
+    pub fn view(&self) -> &ClusterRecord {
+        &self.view
     }
 
-    /// Accepts `request` on the cluster as read in `current`: the
-    /// operation, or `None` when the cluster changed since (nothing written).
-    async fn try_accept(
+    /// The spec the cluster has once the accept commits.
+    pub fn spec_after(&self) -> &Spec {
+        self.spec_after
+            .as_ref()
+            .map_or(&self.view.spec.spec, |s| &s.spec)
+    }
+
+    pub fn executes(&self) -> bool {
+        self.executes
+    }
+
+    /// Makes the accept also depend on `compares`.
+    pub fn compare(&mut self, compares: impl IntoIterator<Item = Compare>) {
+        self.compares.extend(compares);
+    }
+}
+
+/// An accept as committed: the operation and the cluster as it left them.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    pub cluster: ClusterRecord,
+    pub operation: OperationRecord,
+    pub revision: i64,
+}
+
+impl Operations {
+    /// The operation a repeated request id created, when `request` repeats
+    /// one; INVALID_ARGUMENT when the id belongs to another request.
+    pub async fn answer_retry(
         &self,
         cluster: &str,
-        current: ClusterRecord,
         request: &LifecycleRequest,
     ) -> Result<Option<OperationRecord>> {
-        self.check_schema(&current)?;
-        if let Some(slot) = &current.state.operation {
-            return Err(busy(cluster, slot));
+        let Some(existing) = self.by_request_id(cluster, &request.request_id).await? else {
+            return Ok(None);
+        };
+        let existing = existing.record;
+        // Rare (a retry): worth the read that tells a destroyed
+        // predecessor's request from this cluster's.
+        let uid = self.registry.get(cluster).await?.spec.uid;
+        let predecessor = existing.cluster_uid != uid;
+        if predecessor || existing.kind != request.kind {
+            // Another request's answer would mislead the caller.
+            let whose = if predecessor {
+                format!("an earlier cluster {cluster} (since destroyed)")
+            } else {
+                format!("cluster {cluster}")
+            };
+            return Err(FieldError::new(
+                "request_id",
+                format!(
+                    "already used for the {} operation {} of {whose}; a new request needs a new id",
+                    existing.kind.name(),
+                    existing.id
+                ),
+            )
+            .into());
         }
-        let admitted = admit(&current, request)?;
+        Ok(Some(existing))
+    }
+
+    /// Plans accepting `request` on the cluster as read in `view`: the
+    /// transaction that fills its operation slot if the view is still
+    /// current, or why the request is refused.
+    pub fn plan_accept(
+        &self,
+        view: ClusterRecord,
+        request: &LifecycleRequest,
+    ) -> Result<AcceptPlan> {
+        let cluster = view.spec.name.clone();
+        self.check_schema(&view)?;
+        if let Some(slot) = &view.state.operation {
+            return Err(busy(&cluster, slot));
+        }
+        let admitted = admit(&view, request)?;
         let now = crate::cluster::now_rfc3339();
-        let mut record = OperationRecord::pending(
+        let mut operation = OperationRecord::pending(
             new_operation_id(),
-            cluster,
-            &current.spec.uid,
+            &cluster,
+            &view.spec.uid,
             request.kind,
             admitted.event,
             request.params.clone(),
-            current.state.state,
+            view.state.state,
             admitted.entered,
             &request.request_id,
             now.clone(),
         );
-        let state_key = self.keys.cluster_state(cluster);
+        let state_key = self.keys.cluster_state(&cluster);
         let mut compares = vec![Compare::mod_revision(
             &state_key,
             CmpOp::Equal,
-            current.state_revision,
+            view.state_revision,
         )];
-        let mut writes = Vec::new();
-        let new_spec = admitted
-            .spec
-            .clone()
-            .unwrap_or_else(|| current.spec.spec.clone());
-        let mut new_state = current.state.clone();
+        let mut state_after = view.state.clone();
         if admitted.spec_only {
-            record.state = OperationState::Succeeded;
-            record.started_at = Some(now.clone());
-            record.finished_at = Some(now.clone());
+            operation.state = OperationState::Succeeded;
+            operation.started_at = Some(now.clone());
+            operation.finished_at = Some(now.clone());
             // The state key is rewritten unchanged so that a concurrent
             // request racing on its revision loses.
-            writes.push(Op::put(&state_key, to_json(&current.state)));
         } else {
-            new_state.operation = Some(OperationSlot {
-                id: record.id.clone(),
+            state_after.operation = Some(OperationSlot {
+                id: operation.id.clone(),
                 kind: request.kind.name().to_string(),
             });
-            if new_state.state != admitted.entered {
-                new_state.state = admitted.entered;
-                new_state.changed_at = now.clone();
-            }
-            writes.push(Op::put(&state_key, to_json(&new_state)));
-        }
-        // On the owner, the claim is folded into the accept: the record is
-        // written RUNNING under this owner's epoch (fenced like any owner
-        // write) and the local executor starts it at once.
-        let runner = self.local_runner.get().filter(|_| !admitted.spec_only);
-        let claim = runner.and_then(|runner| runner.claim_at_accept(&mut record, &new_spec));
-        if let Some(claim) = claim {
-            compares.extend(claim.fence(&self.keys, cluster));
-            // The executor starts from this view of the cluster, so all of it
-            // must be current, not only the state key (a watch cache may
-            // hold one key of a transaction and not yet the next).
-            let status_key = self.keys.cluster_status(cluster);
-            compares.push(match current.status_revision {
-                0 => Compare::absent(status_key),
-                revision => Compare::mod_revision(status_key, CmpOp::Equal, revision),
-            });
-            if admitted.spec.is_none() {
-                compares.push(Compare::mod_revision(
-                    self.keys.cluster_spec(cluster),
-                    CmpOp::Equal,
-                    current.spec_revision,
-                ));
+            if state_after.state != admitted.entered {
+                state_after.state = admitted.entered;
+                state_after.changed_at = now;
             }
         }
-        let spec_changed = admitted.spec.is_some();
-        let spec_record = match admitted.spec {
-            Some(spec) => {
-                // A concurrent label or task edit must not be overwritten.
-                compares.push(Compare::mod_revision(
-                    self.keys.cluster_spec(cluster),
-                    CmpOp::Equal,
-                    current.spec_revision,
-                ));
-                let spec_record = SpecRecord {
-                    generation: current.spec.generation + 1,
-                    spec,
-                    ..current.spec.clone()
-                };
-                writes.push(Op::put(
-                    self.keys.cluster_spec(cluster),
-                    to_json(&spec_record),
-                ));
-                spec_record
-            }
-            None => current.spec.clone(),
-        };
-        let record_json = to_json(&record);
-        writes.push(Op::put(
-            self.keys.operation(cluster, &record.id),
-            record_json.clone(),
-        ));
+        let mut writes = vec![Op::put(&state_key, to_json(&state_after))];
+        let spec_after = admitted.spec.map(|spec| SpecRecord {
+            generation: view.spec.generation + 1,
+            spec,
+            ..view.spec.clone()
+        });
+        if let Some(spec_after) = &spec_after {
+            // A concurrent label or task edit must not be overwritten.
+            compares.push(Compare::mod_revision(
+                self.keys.cluster_spec(&cluster),
+                CmpOp::Equal,
+                view.spec_revision,
+            ));
+            writes.push(Op::put(
+                self.keys.cluster_spec(&cluster),
+                to_json(spec_after),
+            ));
+        }
         if !request.request_id.is_empty() {
-            let request_key = self.keys.request(cluster, &request.request_id);
+            let request_key = self.keys.request(&cluster, &request.request_id);
             compares.push(Compare::absent(&request_key));
             writes.push(Op::put(
                 request_key,
-                to_json(&RequestRecord::new(&record.id)),
+                to_json(&RequestRecord::new(&operation.id)),
             ));
         }
-        let txn = Txn::new().when(compares).and_then(writes);
-        let committed = match (runner, claim) {
-            (Some(runner), Some(claim)) => {
-                // The commit and the hand-off run to completion in their own
-                // task: a caller that goes away mid-call must not leave a
-                // committed, claimed operation that nobody runs.
-                let claimed = ClaimedOperation {
-                    cluster: ClusterRecord {
-                        spec: spec_record,
-                        spec_revision: current.spec_revision,
-                        state: new_state,
-                        state_revision: 0,
-                        status: current.status.clone(),
-                        status_revision: current.status_revision,
-                    },
-                    operation: record.clone(),
-                    operation_revision: 0,
-                    claim,
-                };
-                let (store, runner) = (self.store.clone(), Arc::clone(runner));
-                tokio::spawn(async move {
-                    let committed = store.cas(txn).await;
-                    match &committed {
-                        Ok(result) => {
-                            let mut claimed = claimed;
-                            if spec_changed {
-                                claimed.cluster.spec_revision = result.revision;
-                            }
-                            claimed.cluster.state_revision = result.revision;
-                            claimed.operation_revision = result.revision;
-                            runner.run_claimed(claimed);
-                        }
-                        Err(_) => {
-                            let (cluster, id) = (&claimed.cluster.spec.name, &claimed.operation.id);
-                            runner.abandon(cluster, id);
-                        }
-                    }
-                    committed
-                })
-                .await
-                .expect("the accept task does not panic")
-            }
-            _ => self.store.cas(txn).await,
-        };
-        match committed {
-            Ok(result) => {
-                self.wrote(
-                    self.keys.operation(cluster, &record.id),
-                    record_json,
-                    result.revision,
-                );
-                self.metrics
-                    .transition(record.from_state, record.entered_state);
-                tracing::info!(
-                    cluster,
-                    operation = %record.id,
-                    kind = request.kind.name(),
-                    from = %record.from_state,
-                    to = %record.entered_state,
-                    "operation accepted"
-                );
-                Ok(Some(record))
-            }
-            Err(StoreError::Conflict { .. }) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        Ok(AcceptPlan {
+            operation,
+            view,
+            spec_after,
+            state_after,
+            compares,
+            writes,
+            executes: !admitted.spec_only,
+        })
     }
 
-    /// Why an accept's transaction failed, read after the fact.
-    async fn explain_lost_race(&self, cluster: &str, request: &LifecycleRequest) -> LifecycleError {
+    /// Commits an accept: the operation and the cluster as it left them,
+    /// or `None` when the cluster changed since it was read (nothing
+    /// written).
+    pub async fn commit_accept(&self, plan: AcceptPlan) -> Result<Option<Accepted>> {
+        let AcceptPlan {
+            operation,
+            view,
+            spec_after,
+            state_after,
+            compares,
+            mut writes,
+            ..
+        } = plan;
+        let cluster = view.spec.name.clone();
+        let operation_key = self.keys.operation(&cluster, &operation.id);
+        let operation_json = to_json(&operation);
+        writes.push(Op::put(&operation_key, operation_json.clone()));
+        let txn = Txn::new().when(compares).and_then(writes);
+        let revision = match self.store.cas(txn).await {
+            Ok(result) => result.revision,
+            Err(StoreError::Conflict { .. }) => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        self.wrote(operation_key, operation_json, revision);
+        self.metrics
+            .transition(operation.from_state, operation.entered_state);
+        tracing::info!(
+            cluster,
+            operation = %operation.id,
+            kind = operation.kind.name(),
+            from = %operation.from_state,
+            to = %operation.entered_state,
+            "operation accepted"
+        );
+        let spec_revision = match spec_after {
+            Some(_) => revision,
+            None => view.spec_revision,
+        };
+        Ok(Some(Accepted {
+            cluster: ClusterRecord {
+                spec: spec_after.unwrap_or(view.spec),
+                spec_revision,
+                state: state_after,
+                state_revision: revision,
+                status: view.status,
+                status_revision: view.status_revision,
+            },
+            operation,
+            revision,
+        }))
+    }
+    pub async fn explain_lost_race(
+        &self,
+        cluster: &str,
+        request: &LifecycleRequest,
+    ) -> LifecycleError {
         match self.by_request_id(cluster, &request.request_id).await {
             Ok(Some(_)) => {
                 // The same request won concurrently; the caller retries and
@@ -525,6 +514,23 @@ mod tests {
         (store, keys, operations)
     }
 
+    /// Accepts `request` as a replica that does not own the cluster does.
+    async fn accept(
+        operations: &Operations,
+        cluster: &str,
+        request: LifecycleRequest,
+    ) -> Result<OperationRecord> {
+        if let Some(existing) = operations.answer_retry(cluster, &request).await? {
+            return Ok(existing);
+        }
+        let view = operations.registry().get(cluster).await?;
+        let plan = operations.plan_accept(view, &request)?;
+        match operations.commit_accept(plan).await? {
+            Some(accepted) => Ok(accepted.operation),
+            None => Err(operations.explain_lost_race(cluster, &request).await),
+        }
+    }
+
     fn request(kind: OperationKind) -> LifecycleRequest {
         LifecycleRequest {
             kind,
@@ -551,8 +557,7 @@ mod tests {
             .await
             .unwrap();
 
-        let error = operations
-            .accept("future", request(OperationKind::Stop))
+        let error = accept(&operations, "future", request(OperationKind::Stop))
             .await
             .unwrap_err();
         assert!(
@@ -582,7 +587,7 @@ mod tests {
             request_id: "start-1".into(),
             ..request(OperationKind::Start)
         };
-        let earlier = operations.accept("again", start.clone()).await.unwrap();
+        let earlier = accept(&operations, "again", start.clone()).await.unwrap();
         // The first cluster ends destroyed; one of the same name replaces it.
         let destroyed = crate::cluster::StateRecord {
             state: ClusterState::Destroyed,
@@ -598,7 +603,7 @@ mod tests {
             .await
             .unwrap();
 
-        let error = operations.accept("again", start).await.unwrap_err();
+        let error = accept(&operations, "again", start).await.unwrap_err();
         let message = error.to_string();
         assert!(matches!(error, LifecycleError::Invalid(_)), "{message}");
         assert!(
@@ -623,8 +628,7 @@ mod tests {
             .await
             .unwrap();
         let start = start.unwrap();
-        let error = operations
-            .accept("busy", request(OperationKind::Stop))
+        let error = accept(&operations, "busy", request(OperationKind::Stop))
             .await
             .unwrap_err();
         let message = error.to_string();
@@ -751,7 +755,7 @@ mod tests {
             request_id: oldest.request_id.clone(),
             ..request(OperationKind::Stop)
         };
-        let answer = operations.accept("kept", retry).await.unwrap();
+        let answer = accept(&operations, "kept", retry).await.unwrap();
         assert_eq!(&answer, oldest, "the operation as it ended");
         assert_eq!(history_size(&store, &keys, "kept").await, 10, "nothing new");
         let entry = store

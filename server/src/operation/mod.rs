@@ -1,5 +1,12 @@
-//! Operations: accepting lifecycle requests (one etcd transaction each),
-//! reading, waiting for and cancelling them, and bounding their history.
+//! Operations: planning and committing the accept of a lifecycle request
+//! (one etcd transaction each), reading, waiting for and cancelling
+//! operations, and bounding their history.
+//!
+//! Accepting is split so that it needs nothing from above: this module
+//! plans the transaction ([`Operations::plan_accept`], no side effects) and
+//! commits it ([`Operations::commit_accept`]); the executor, which owns the
+//! request path (`Executor::submit`), adds its claim to the plan in between
+//! when this replica owns the cluster.
 //!
 //! # Guarantees
 //! - Accepting compares the state key's revision, so at most one request
@@ -15,11 +22,9 @@
 
 mod accept;
 mod feed;
-mod local;
 mod record;
 
-pub use accept::LifecycleRequest;
-pub use local::{ClaimedOperation, LocalRunner};
+pub use accept::{AcceptPlan, Accepted, LifecycleRequest};
 pub use record::{
     OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
     RequestRecord,
@@ -32,12 +37,13 @@ use crate::cluster::{
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::replication::Claim;
+use crate::store::StoreFailure;
 use crate::store::{
     CmpOp, Compare, KeyValue, LeaseId, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
 };
 use feed::OperationFeed;
 pub(crate) use feed::{Follower, Seen};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +92,15 @@ impl From<StoreError> for LifecycleError {
     }
 }
 
+impl StoreFailure for LifecycleError {
+    fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            LifecycleError::Registry(error) => error.store_error(),
+            _ => None,
+        }
+    }
+}
+
 pub type Result<T, E = LifecycleError> = std::result::Result<T, E>;
 
 /// An operation record and the mod revision it was read at.
@@ -111,9 +126,8 @@ pub struct Operations {
     history_limit: usize,
     metrics: Arc<Metrics>,
     feed: Arc<OperationFeed>,
-    /// This replica's executor, once it exists (replicas with a provider).
-    local_runner: Arc<OnceLock<Arc<dyn LocalRunner>>>,
-    /// This replica's watch cache, tried first when accepting.
+    /// This replica's watch cache, which a wait lets catch up with the
+    /// operation it reports.
     cache: Option<Arc<ClusterCache>>,
     /// The lease request entries of collected operations are bound to
     /// now, and when it was granted.
@@ -135,19 +149,12 @@ impl Operations {
             history_limit,
             metrics,
             feed: OperationFeed::new(),
-            local_runner: Arc::new(OnceLock::new()),
             cache: None,
             retention: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// Operations accepted on clusters this replica owns start on `runner`
-    /// at once, claimed in the accept itself. Set once, at start-up.
-    pub fn set_local_runner(&self, runner: Arc<dyn LocalRunner>) {
-        let _ = self.local_runner.set(runner);
-    }
-
-    /// Accepting tries this cache's view of a cluster before reading etcd.
+    /// A wait answers once this cache shows the operation's last write.
     pub fn with_cache(mut self, cache: Arc<ClusterCache>) -> Self {
         self.cache = Some(cache);
         self

@@ -116,29 +116,20 @@ impl Replication {
         Ok(left)
     }
 
-    /// The state keys of `owned`, from the cache (or from etcd when the
-    /// cache is not ready).
+    /// The state keys of `owned`.
     async fn owned_states(
         &self,
         cache: &ClusterCache,
         owned: &HashMap<String, Claim>,
     ) -> crate::store::Result<Vec<(String, KeyValue)>> {
         let mut states = Vec::new();
-        let cached = cache.visit_states(|cluster, kv| {
-            if owned.contains_key(cluster) {
-                states.push((cluster.to_string(), kv.clone()));
-            }
-        });
-        if cached {
-            return Ok(states);
-        }
-        states.clear();
-        for cluster in owned.keys() {
-            let key = self.keys.cluster_state(cluster);
-            if let Some(kv) = self.store.get(&key).await?.into_single() {
-                states.push((cluster.clone(), kv));
-            }
-        }
+        cache
+            .for_each_state(|cluster, kv| {
+                if owned.contains_key(cluster) {
+                    states.push((cluster.to_string(), kv.clone()));
+                }
+            })
+            .await?;
         Ok(states)
     }
 

@@ -196,17 +196,7 @@ impl Replication {
                 _ => {}
             }
         };
-        if !cache.visit_states(&mut decide) {
-            let listed = self
-                .store
-                .range(RangeRequest::prefix(self.keys.clusters()))
-                .await?;
-            for kv in listed.kvs.iter().filter(|kv| kv.key.ends_with("/state")) {
-                if let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) {
-                    decide(cluster, kv);
-                }
-            }
-        }
+        cache.for_each_state(&mut decide).await?;
         memo.end_pass();
         for (cluster, claim, idle_at) in to_release {
             let idle =

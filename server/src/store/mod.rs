@@ -57,6 +57,24 @@ pub enum StoreError {
     Other(String),
 }
 
+/// An error that may be a store's: one definition of "a compare-and-swap
+/// lost" for every error type that wraps a store error.
+pub trait StoreFailure {
+    /// The store error inside, if this is one.
+    fn store_error(&self) -> Option<&StoreError>;
+
+    /// A compare-and-swap that lost: what was compared changed meanwhile.
+    fn is_conflict(&self) -> bool {
+        matches!(self.store_error(), Some(StoreError::Conflict { .. }))
+    }
+}
+
+impl StoreFailure for StoreError {
+    fn store_error(&self) -> Option<&StoreError> {
+        Some(self)
+    }
+}
+
 impl StoreError {
     /// Whether the same call may succeed if retried later.
     pub fn is_retryable(&self) -> bool {

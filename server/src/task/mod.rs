@@ -58,6 +58,15 @@ pub enum TaskError {
     Registry(#[from] RegistryError),
 }
 
+impl crate::store::StoreFailure for TaskError {
+    fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            TaskError::Registry(error) => error.store_error(),
+            _ => None,
+        }
+    }
+}
+
 impl From<StoreError> for TaskError {
     fn from(error: StoreError) -> Self {
         TaskError::Registry(RegistryError::Store(error))

@@ -30,13 +30,13 @@ use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::{Metrics, TaskRunLabels};
+use crate::owner_work::OwnerWork;
 use crate::provider::{due_by, Provider};
 use crate::replication::{Claim, Hold, Replication};
-use crate::store::{CmpOp, Compare, Op, StoreError, Txn};
+use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -71,20 +71,18 @@ struct Seen {
 pub struct TaskScheduler {
     tasks: TaskStore,
     provider: Provider,
-    replication: Arc<Replication>,
     cache: Arc<ClusterCache>,
     metrics: Arc<Metrics>,
     /// How long a run may take before it is stopped and counted an error.
     run_timeout: Duration,
-    /// Runs this replica is waiting on the provider for.
-    in_flight: Mutex<HashSet<String>>,
+    /// The claim check, the in-flight marks (runs this replica is waiting
+    /// on the provider for) and the stop flag: once the replica shuts
+    /// down, no run starts (the next owner would abort it).
+    work: OwnerWork,
     /// Clusters to look at on the next tick whatever their revision: a run
     /// ended whose end could not be recorded (the failed write changed
     /// nothing the cache would show).
     look_again: Mutex<HashSet<String>>,
-    /// Set once the replica shuts down: no run starts from then on (the
-    /// next owner would abort it).
-    stopping: AtomicBool,
 }
 
 impl TaskScheduler {
@@ -99,19 +97,17 @@ impl TaskScheduler {
         Arc::new(Self {
             tasks,
             provider,
-            replication,
+            work: OwnerWork::new(replication),
             cache,
             metrics,
             run_timeout,
-            in_flight: Mutex::new(HashSet::new()),
             look_again: Mutex::new(HashSet::new()),
-            stopping: AtomicBool::new(false),
         })
     }
 
     /// Starts no run from now on (the replica is shutting down).
     pub fn stop_taking_work(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.work.stop_taking_work();
     }
 
     /// Schedules until `shutdown` turns true. Runs in progress are left to
@@ -134,7 +130,7 @@ impl TaskScheduler {
                 if *shutdown.borrow() {
                     return;
                 }
-                if self.replication.claim(name).is_none() {
+                if self.work.claim(name).is_none() {
                     seen.remove(name);
                     continue;
                 }
@@ -152,7 +148,7 @@ impl TaskScheduler {
                         wake: wake.map(instant_of),
                     },
                     Err(error) => {
-                        if is_conflict(&error) {
+                        if error.is_conflict() {
                             tracing::debug!(cluster = %name, %error, "task records changed meanwhile; looking again");
                         } else {
                             tracing::warn!(cluster = %name, %error, "task scheduling failed; retrying");
@@ -175,7 +171,7 @@ impl TaskScheduler {
         self: &Arc<Self>,
         name: &str,
     ) -> Result<(i64, Option<DateTime<Utc>>), TaskError> {
-        let Some(claim) = self.replication.claim(name) else {
+        let Some(claim) = self.work.claim(name) else {
             return Ok((0, None));
         };
         let Some(mut read) = self.tasks.read(name).await? else {
@@ -323,10 +319,10 @@ impl TaskScheduler {
                     .await?;
                 return Ok(Some(Utc::now()));
             }
-            if !self.is_in_flight(&run.id) {
+            if !self.work.runs(&run.id) {
                 // Ours, but nobody waits on it (its end could not be
                 // recorded): ask again; RunTask is idempotent per run id.
-                let hold = self.replication.hold(&read.cluster.spec.name);
+                let hold = self.work.replication().hold(&read.cluster.spec.name);
                 self.dispatch(read, record, run.clone(), claim, hold);
             }
             return Ok(None);
@@ -396,7 +392,7 @@ impl TaskScheduler {
             status: RunStatus::Running,
             slot: format_time(slot),
             attempt: record.attempt,
-            replica: self.replication.replica_id().to_string(),
+            replica: self.work.replication().replica_id().to_string(),
             epoch: claim.epoch,
             started_at: Some(format_time(Utc::now())),
             finished_at: None,
@@ -423,27 +419,19 @@ impl TaskScheduler {
                 Op::put(&run_key, to_json(&run)),
                 Op::put(task_key, to_json(&started)),
             ]);
-        if self.stopping.load(Ordering::SeqCst) {
+        if self.work.is_stopping() {
             return Ok(());
         }
         // Held from before the run exists: handed over in between, the
         // cluster's next owner would abort a run nobody had asked for.
-        let hold = self.replication.hold(name);
-        match self.tasks.store().cas(txn).await {
-            Ok(_) => {}
-            // etcd may have committed it and the reply been lost: the run
-            // key says which.
-            Err(StoreError::Unavailable(error)) => {
-                let written = self.tasks.store().get(&run_key).await?.into_single();
-                let ours = written
-                    .and_then(|kv| crate::cluster::from_json::<TaskRun>(&kv).ok())
-                    .is_some_and(|written| written.id == run.id && written.epoch == claim.epoch);
-                if !ours {
-                    return Err(StoreError::Unavailable(error).into());
-                }
-            }
-            Err(error) => return Err(error.into()),
-        }
+        let hold = self.work.replication().hold(name);
+        // etcd may commit it and the reply be lost: the run key, which only
+        // this write produces, says which.
+        let marker = Op::put(&run_key, to_json(&run));
+        let store = self.tasks.store();
+        self.work
+            .commit(store, txn, name, claim, Some(&marker))
+            .await?;
         tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, run = %run.id, attempt = run.attempt, "task run started");
         self.dispatch(read, record, run, claim, hold);
         Ok(())
@@ -458,9 +446,9 @@ impl TaskScheduler {
         claim: Claim,
         hold: Hold,
     ) {
-        if !lock(&self.in_flight).insert(run.id.clone()) {
+        let Some(mark) = self.work.mark(&run.id) else {
             return;
-        }
+        };
         let this = Arc::clone(self);
         let cluster = read.cluster.spec.name.clone();
         let uid = read.cluster.spec.uid.clone();
@@ -473,7 +461,7 @@ impl TaskScheduler {
         };
         tokio::spawn(async move {
             let _hold = hold;
-            let ended = if this.replication.claim(&cluster) == Some(claim) {
+            let ended = if this.work.holds(&cluster, claim) {
                 // The one provider call without the claim's deadline: a run
                 // lasts hours, far past any one renewal, and what it does
                 // after a lost claim the next owner's StopTask (newer epoch)
@@ -537,12 +525,12 @@ impl TaskScheduler {
                     tracing::warn!(cluster, run = %run.id, %error, "could not record the end of a task run; the next look retries");
                     // Once it is no longer in flight, the next look asks the
                     // provider again (RunTask is idempotent per run id).
-                    lock(&this.in_flight).remove(&run.id);
+                    drop(mark);
                     lock(&this.look_again).insert(cluster);
                     return;
                 }
             }
-            lock(&this.in_flight).remove(&run.id);
+            drop(mark);
         });
     }
 
@@ -615,7 +603,7 @@ impl TaskScheduler {
             "replica {} (epoch {}) was lost while the run was in progress; aborted by {}",
             run.replica,
             run.epoch,
-            self.replication.replica_id()
+            self.work.replication().replica_id()
         );
         let (updated, ended) = finished(record, run, RunStatus::Aborted, Some(message), Utc::now());
         let keys = self.tasks.keys();
@@ -645,7 +633,8 @@ impl TaskScheduler {
         claim: Claim,
         run: &TaskRun,
     ) -> Result<(), TaskError> {
-        let Some(deadline) = self.replication.claim_deadline(cluster, claim).await else {
+        let replication = self.work.replication();
+        let Some(deadline) = replication.claim_deadline(cluster, claim).await else {
             return Err(TaskError::Provider(format!(
                 "not stopping run {}: this replica no longer owns the cluster",
                 run.id
@@ -692,10 +681,6 @@ impl TaskScheduler {
     fn fence(&self, read: &ClusterTasks, claim: Claim) -> [Compare; 2] {
         claim.fence(self.tasks.keys(), &read.cluster.spec.name)
     }
-
-    fn is_in_flight(&self, run: &str) -> bool {
-        lock(&self.in_flight).contains(run)
-    }
 }
 
 fn token(uid: &str, claim: Claim, run: &str) -> pb::FencingToken {
@@ -709,10 +694,6 @@ fn token(uid: &str, claim: Claim, run: &str) -> pb::FencingToken {
 fn instant_of(at: DateTime<Utc>) -> Instant {
     let delay = (at - Utc::now()).to_std().unwrap_or_default();
     Instant::now() + delay
-}
-
-fn is_conflict(error: &TaskError) -> bool {
-    matches!(error, TaskError::Registry(e) if e.is_conflict())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,0 +1,342 @@
+//! How an operation comes to be held, and run, here.
+//!
+//! An operation begins in one of three ways: accepted here (the accept
+//! claimed it in its own transaction, see `submit`), accepted on another
+//! replica (found in its cluster's slot through the watch cache), or left
+//! RUNNING by a lost owner (found the same way once this replica adopts
+//! the cluster). [`Executor::start`] takes every one of them: it spawns the
+//! drive, which first gets a [`Holding`] ([`Executor::hold`]) and then
+//! runs, cancels or recovers it.
+
+use super::holding::{error, Holding};
+use super::Executor;
+use crate::cluster::machine::Event;
+use crate::cluster::{from_json, now_rfc3339, to_json, CacheChange, StateRecord};
+use crate::operation::{
+    Accepted, LifecycleError, OperationRecord, OperationState, Seen, Versioned,
+};
+use crate::owner_work::InFlight;
+use crate::replication::Claim;
+use crate::store::Op;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tonic::Code;
+
+const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long the executor waits for the operation feed to deliver an
+/// operation whose accept the watch cache already showed, before reading it
+/// from etcd instead.
+const FEED_CATCH_UP: Duration = Duration::from_millis(50);
+
+/// Where an operation to run comes from.
+pub(super) enum Origin {
+    /// This replica's accept claimed it: held as committed.
+    Accepted(Box<Accepted>, Claim),
+    /// Found in the slot of the cluster: accepted elsewhere, or left by a
+    /// lost owner.
+    Slot { cluster: String, id: String },
+}
+
+/// An operation as this replica holds it, and what to do with it.
+pub(super) enum Held<'e> {
+    /// Run its steps; `claimed` when the record already says RUNNING here
+    /// at its first step.
+    Run { holding: Holding<'e>, claimed: bool },
+    /// A PENDING operation whose cancel was asked for.
+    Cancel(Holding<'e>),
+    /// RUNNING under an owner epoch that is gone.
+    Orphan(Holding<'e>),
+}
+
+impl Executor {
+    /// Finds and runs operations until `shutdown` turns true; `adoptions`
+    /// names each cluster this replica just became the owner of.
+    ///
+    /// It lists every cluster state holding an operation slot, then follows
+    /// the state changes this replica's watch cache applies (re-listing when
+    /// the cache re-lists or the executor falls behind, and periodically, to
+    /// catch anything missed); it keeps no watch of its own.
+    pub async fn run(
+        self: Arc<Self>,
+        mut shutdown: watch::Receiver<bool>,
+        mut adoptions: mpsc::UnboundedReceiver<String>,
+    ) {
+        while !*shutdown.borrow() {
+            // Subscribe before listing, so no change after the list is missed.
+            let mut changes = self.cache.subscribe();
+            if let Err(error) = self.scan().await {
+                tracing::warn!(%error, "executor scan failed; retrying");
+                tokio::time::sleep(RETRY_DELAY).await;
+                continue;
+            }
+            let rescan = tokio::time::sleep(RESCAN_INTERVAL);
+            tokio::pin!(rescan);
+            loop {
+                tokio::select! {
+                    _ = shutdown.changed() => break,
+                    _ = &mut rescan => break,
+                    Some(cluster) = adoptions.recv() => self.adopt(&cluster).await,
+                    change = changes.recv() => match change {
+                        Ok(CacheChange::State(kv)) => self.state_changed(&kv),
+                        // Missed changes: list again.
+                        Ok(CacheChange::Relisted) | Err(_) => break,
+                    },
+                }
+            }
+        }
+        tracing::info!("executor stopped taking new operations");
+    }
+
+    /// A cluster's state key changed: start the operation in its slot, if
+    /// this replica owns the cluster. Every replica sees every change, so
+    /// only those of owned clusters are parsed.
+    fn state_changed(self: &Arc<Self>, kv: &crate::store::KeyValue) {
+        let Some((cluster, _)) = self.operations.keys().split_cluster_key(&kv.key) else {
+            return;
+        };
+        if self.work.claim(cluster).is_some() {
+            if let Ok(state) = from_json::<StateRecord>(kv) {
+                self.start_slot(cluster, &state, None);
+            }
+        }
+    }
+
+    /// Starts every operation found in the slot of an owned cluster, and
+    /// forgets the history counts of clusters no longer owned.
+    async fn scan(self: &Arc<Self>) -> crate::store::Result<()> {
+        let mut owned = Vec::new();
+        self.cache
+            .for_each_state(|cluster, kv| {
+                if self.work.claim(cluster).is_some() {
+                    owned.push((cluster.to_string(), kv.clone()));
+                }
+            })
+            .await?;
+        for (cluster, kv) in &owned {
+            if let Ok(state) = from_json::<StateRecord>(kv) {
+                self.start_slot(cluster, &state, None);
+            }
+        }
+        self.history()
+            .retain(|cluster, _| self.work.claim(cluster).is_some());
+        Ok(())
+    }
+
+    /// Looks at a cluster this replica just became the owner of: its
+    /// operation may be one a lost owner left behind.
+    async fn adopt(self: &Arc<Self>, cluster: &str) {
+        // Other owners may have added to its history meanwhile.
+        self.history().remove(cluster);
+        self.start_slot_of(cluster, None).await;
+    }
+
+    /// Starts the operation in the cluster's slot, if any and not running
+    /// here yet (`own_accept`: see [`Self::start_slot`]).
+    pub(super) async fn start_slot_of(self: &Arc<Self>, cluster: &str, own_accept: Option<&str>) {
+        // The cache is at most moments behind etcd, and a slot filled after
+        // its view arrives as a change: no read per adopted cluster (a
+        // replica may adopt thousands at once).
+        if let Some(Ok(record)) = self.cache.get(cluster) {
+            self.start_slot(cluster, &record.state, own_accept);
+            return;
+        }
+        let key = self.operations.keys().cluster_state(cluster);
+        match self.operations.store().get(&key).await {
+            Ok(read) => {
+                let state = read.into_single().and_then(|kv| from_json(&kv).ok());
+                if let Some(state) = state {
+                    self.start_slot(cluster, &state, own_accept);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(cluster, %error, "cannot read the state of a cluster to look at; the next scan retries")
+            }
+        }
+    }
+
+    /// Starts the operation in a slot, unless the replica is shutting down;
+    /// even then when it is `own_accept`, an operation this replica's accept
+    /// claimed (committed RUNNING under its epoch: left alone, the next
+    /// owner would fail it as an orphan).
+    fn start_slot(self: &Arc<Self>, cluster: &str, state: &StateRecord, own_accept: Option<&str>) {
+        let Some(slot) = &state.operation else { return };
+        if self.work.is_stopping() && own_accept != Some(slot.id.as_str()) {
+            return;
+        }
+        if self.work.claim(cluster).is_none() {
+            return;
+        }
+        let Some(mark) = self.work.mark(&slot.id) else {
+            return;
+        };
+        let origin = Origin::Slot {
+            cluster: cluster.to_string(),
+            id: slot.id.clone(),
+        };
+        self.start(origin, mark);
+    }
+
+    /// Runs an operation, marked in flight here by `mark`, in a task of its
+    /// own. The one way an operation starts.
+    pub(super) fn start(self: &Arc<Self>, origin: Origin, mark: InFlight) {
+        let (cluster, id) = match &origin {
+            Origin::Accepted(accepted, _) => (
+                accepted.cluster.spec.name.clone(),
+                accepted.operation.id.clone(),
+            ),
+            Origin::Slot { cluster, id } => (cluster.clone(), id.clone()),
+        };
+        let claim = match &origin {
+            Origin::Accepted(_, claim) => Some(*claim),
+            Origin::Slot { cluster, .. } => self.work.claim(cluster),
+        };
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = this.drive(origin).await {
+                tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
+            }
+            drop(mark);
+            this.drive_ended(&cluster, claim).await;
+        });
+    }
+
+    /// Holds the operation, then runs, cancels or recovers it.
+    async fn drive(&self, origin: Origin) -> Result<(), LifecycleError> {
+        match self.hold(origin).await? {
+            None => Ok(()),
+            Some(Held::Run { holding, claimed }) => self.execute(holding, claimed).await,
+            Some(Held::Cancel(mut holding)) => {
+                let cancelled = error(Code::Cancelled, "cancelled before it started");
+                holding
+                    .finish(OperationState::Cancelled, Event::OperationFailed, cancelled)
+                    .await
+            }
+            Some(Held::Orphan(holding)) => self.recover_orphan(holding).await,
+        }
+    }
+
+    /// The operation as this replica holds it, however it began; `None`
+    /// when it is not this replica's to run (no longer in the slot, the
+    /// cluster not owned here).
+    async fn hold(&self, origin: Origin) -> Result<Option<Held<'_>>, LifecycleError> {
+        let (cluster, id) = match origin {
+            Origin::Accepted(accepted, claim) => {
+                let Accepted {
+                    cluster,
+                    operation,
+                    revision,
+                } = *accepted;
+                let holding = Holding::new(self, claim, cluster, operation, revision);
+                let claimed = true;
+                return Ok(Some(Held::Run { holding, claimed }));
+            }
+            Origin::Slot { cluster, id } => (cluster, id),
+        };
+        if let Some(holding) = self.claim_from_views(&cluster, &id).await {
+            let claimed = true;
+            return Ok(Some(Held::Run { holding, claimed }));
+        }
+        let (current, operation) = self.operations.get_with_cluster(&cluster, &id).await?;
+        self.operations.check_schema(&current)?;
+        let in_slot = current.state.operation.as_ref().is_some_and(|s| s.id == id);
+        let Some(claim) = self.work.claim(&cluster).filter(|_| in_slot) else {
+            return Ok(None);
+        };
+        let Versioned { record, revision } =
+            operation.ok_or(LifecycleError::NotFound { cluster, id })?;
+        let holding = Holding::new(self, claim, current, record, revision);
+        let operation = &holding.operation;
+        Ok(match operation.state {
+            OperationState::Pending if operation.cancel_requested => Some(Held::Cancel(holding)),
+            OperationState::Running if operation.owner_epoch != Some(claim.epoch) => {
+                Some(Held::Orphan(holding))
+            }
+            // PENDING; or RUNNING under this very claim but not in flight
+            // here (its drive gave up, e.g. etcd was down for long): resume.
+            // Steps are idempotent and re-planned from the nodes as they are.
+            OperationState::Pending | OperationState::Running => {
+                let claimed = false;
+                Some(Held::Run { holding, claimed })
+            }
+            // Terminal but still in the slot cannot happen (completion
+            // clears the slot in the same transaction).
+            _ => None,
+        })
+    }
+
+    /// Claims a PENDING operation another replica accepted from what this
+    /// replica's watch cache and operation feed already hold, without
+    /// reading etcd first. The claim compares every key the views came
+    /// from (state, operation, spec, status), so a view that is not current
+    /// only loses the compare-and-swap. `None` when the views do not both
+    /// show the cluster as the accept left it, or the claim lost: the
+    /// caller reads etcd instead.
+    async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
+        let current = self.cache.get(cluster)?.ok()?;
+        if current.state.operation.as_ref()?.id != id {
+            return None;
+        }
+        let accepted_at = current.state_revision;
+        let kv = self.accepted_record(cluster, id, accepted_at).await?;
+        // Written by the accept, and not since (a cancel request would be).
+        if kv.mod_revision != accepted_at {
+            return None;
+        }
+        let mut operation: OperationRecord = from_json(&kv).ok()?;
+        if operation.state != OperationState::Pending || operation.cancel_requested {
+            return None;
+        }
+        let claim = self.prepare_claim(&mut operation, &current.spec.spec)?;
+        operation.started_at = Some(now_rfc3339());
+        let checks = current.unchanged(self.operations.keys()).to_vec();
+        let key = self.operations.keys().operation(cluster, id);
+        let write = vec![Op::put(key, to_json(&operation))];
+        let mut holding = Holding::new(self, claim, current, operation, accepted_at);
+        holding.operation_revision = holding.commit_checking(write, checks).await.ok()?;
+        Some(holding)
+    }
+
+    /// The operation record as the operation feed has it at or after
+    /// `accepted_at`, waiting briefly when the cache's watch delivered the
+    /// accept before the feed's did.
+    async fn accepted_record(
+        &self,
+        cluster: &str,
+        id: &str,
+        accepted_at: i64,
+    ) -> Option<Arc<crate::store::KeyValue>> {
+        let operation_key = self.operations.keys().operation(cluster, id);
+        let mut follower = self.operations.follow(&operation_key);
+        match follower.known.take() {
+            Some(kv) if kv.mod_revision >= accepted_at => Some(kv),
+            // The feed is past the accept and does not know the record.
+            _ if self.operations.feed_revision() >= accepted_at => None,
+            _ => tokio::time::timeout(FEED_CATCH_UP, async {
+                loop {
+                    match follower.next().await? {
+                        Seen::Record(kv) if kv.mod_revision >= accepted_at => return Some(kv),
+                        Seen::Record(_) | Seen::Nothing => {}
+                        Seen::Resync => return None,
+                    }
+                }
+            })
+            .await
+            .ok()?,
+        }
+    }
+
+    /// After a drive of an operation of `cluster` that began under `claim`:
+    /// when the cluster was claimed again meanwhile (this replica's session
+    /// lapsed and it won the cluster back under a new epoch), that adoption
+    /// found the operation in flight and started nothing, and the drive
+    /// just ended on the fence: look again now rather than at the next
+    /// rescan.
+    async fn drive_ended(self: &Arc<Self>, cluster: &str, claim: Option<Claim>) {
+        let reclaimed = self.work.claim(cluster);
+        if reclaimed.is_some() && reclaimed != claim {
+            self.start_slot_of(cluster, None).await;
+        }
+    }
+}

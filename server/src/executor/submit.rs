@@ -1,0 +1,141 @@
+//! The entry of a lifecycle request: accept it and, when this replica owns
+//! the cluster, claim it in the accept's own transaction and start it.
+//!
+//! The request goes down the layers and comes back only as results: the
+//! `operation` module plans the accept (compares and writes, no side
+//! effects) and commits it; in between, this replica adds its claim to the
+//! plan when it owns the cluster and can plan the operation without asking
+//! the provider. A claimed accept is written RUNNING under the owner's
+//! epoch, so no watch event starts it again and no read follows.
+
+use super::start::Origin;
+use super::{needs_nodes, plan, Executor};
+use crate::cluster::{ClusterRecord, Spec};
+use crate::operation::{
+    AcceptPlan, LifecycleError, LifecycleRequest, OperationRecord, OperationState, Progress,
+};
+use crate::owner_work::InFlight;
+use crate::replication::Claim;
+use crate::store::StoreFailure;
+use std::sync::Arc;
+
+impl Executor {
+    /// Accepts `request` on `cluster` in one transaction, or refuses it
+    /// having written nothing; an operation accepted on a cluster this
+    /// replica owns starts here at once.
+    pub async fn submit(
+        self: &Arc<Self>,
+        cluster: &str,
+        request: LifecycleRequest,
+    ) -> Result<OperationRecord, LifecycleError> {
+        if let Some(existing) = self.operations.answer_retry(cluster, &request).await? {
+            return Ok(existing);
+        }
+        // The watch cache usually holds the cluster as etcd does: try the
+        // transaction on it first (it compares the revisions it read, so a
+        // stale view only loses). Any refusal or lost race on the cached
+        // view is decided again on a read from etcd.
+        if let Some(Ok(cached)) = self.cache.get(cluster) {
+            match self.accept_on(cached, &request).await {
+                Ok(Some(record)) => return Ok(record),
+                // etcd's answer, not the view's: an unreachable etcd (or a
+                // write whose outcome is unknown) is the caller's to retry.
+                Err(error) if error.store_error().is_some() => return Err(error),
+                // Schemas only grow: etcd holds one at least as new (and the
+                // refusal is logged and counted once).
+                Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
+                Ok(None) | Err(_) => {}
+            }
+        }
+        let current = self.operations.registry().get(cluster).await?;
+        match self.accept_on(current, &request).await? {
+            Some(record) => Ok(record),
+            None => Err(self.operations.explain_lost_race(cluster, &request).await),
+        }
+    }
+
+    /// Accepts `request` on the cluster as read in `view`: the operation,
+    /// or `None` when the cluster changed since (nothing written).
+    async fn accept_on(
+        self: &Arc<Self>,
+        view: ClusterRecord,
+        request: &LifecycleRequest,
+    ) -> Result<Option<OperationRecord>, LifecycleError> {
+        let mut plan = self.operations.plan_accept(view, request)?;
+        let Some((claim, mark)) = self.claim_at_accept(&mut plan) else {
+            let accepted = self.operations.commit_accept(plan).await?;
+            return Ok(accepted.map(|accepted| accepted.operation));
+        };
+        // The commit and the start run to completion in their own task: a
+        // caller that goes away mid-call must not leave a committed, claimed
+        // operation that nobody runs.
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let (cluster, id) = (plan.view().spec.name.clone(), plan.operation.id.clone());
+            let committed = this.operations.commit_accept(plan).await;
+            match &committed {
+                Ok(Some(accepted)) => {
+                    let origin = Origin::Accepted(Box::new(accepted.clone()), claim);
+                    this.start(origin, mark);
+                }
+                // It may or may not have committed (etcd's reply can be lost
+                // after the commit): drop the mark and look at the slot
+                // again, since a state change that arrived while the mark
+                // stood was skipped for it.
+                _ => {
+                    drop(mark);
+                    tokio::spawn(async move { this.start_slot_of(&cluster, Some(&id)).await });
+                }
+            }
+            committed.map(|accepted| accepted.map(|accepted| accepted.operation))
+        })
+        .await
+        .expect("the accept task does not panic")
+    }
+
+    /// Folds this replica's claim into the accept, when it owns the cluster
+    /// and can plan the operation without asking the provider: marks the
+    /// operation in flight here (so no watch event starts it again), makes
+    /// the record RUNNING here at its first step, and makes the accept
+    /// depend on the claim's fence and on the whole view being current
+    /// (the executor starts from it, not only from the state key).
+    fn claim_at_accept(&self, plan: &mut AcceptPlan) -> Option<(Claim, InFlight)> {
+        if !plan.executes() || self.work.is_stopping() {
+            return None;
+        }
+        let mark = self.work.mark(&plan.operation.id)?;
+        let spec = plan.spec_after().clone();
+        let claim = self.prepare_claim(&mut plan.operation, &spec)?;
+        let keys = self.operations.keys();
+        let fence = claim.fence(keys, &plan.view().spec.name);
+        let unchanged = plan.view().unchanged(keys);
+        plan.compare(fence.into_iter().chain(unchanged));
+        Some((claim, mark))
+    }
+
+    /// Makes `operation` RUNNING here at its first step, when this replica
+    /// owns its cluster and the plan does not depend on the nodes (so it is
+    /// known without asking the provider).
+    pub(super) fn prepare_claim(
+        &self,
+        operation: &mut OperationRecord,
+        spec: &Spec,
+    ) -> Option<Claim> {
+        let claim = self.work.claim(&operation.cluster)?;
+        if needs_nodes(operation) {
+            return None;
+        }
+        let steps = plan(operation, spec, &[]);
+        let first = steps.first()?;
+        operation.state = OperationState::Running;
+        operation.replica = Some(self.work.replication().replica_id().to_string());
+        operation.owner_epoch = Some(claim.epoch);
+        operation.started_at = Some(operation.created_at.clone());
+        operation.progress = Some(Progress {
+            step: 1,
+            total_steps: steps.len() as u32,
+            step_name: first.name(),
+        });
+        Some(claim)
+    }
+}

@@ -17,7 +17,10 @@
 //!   claim check, in-flight marks, the stop flag and the fenced commit.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
 //! - [`provider`]: the provider client and the simulated provider.
-//! - [`server`]: assembles services, health and reflection, and serves.
+//! - [`replica`]: starts a replica's parts and returns them by name.
+//! - [`server`]: assembles services, TLS, auth, health and reflection, and
+//!   serves a started replica.
+//! - [`shutdown`]: the drain: health, readiness, the hand-off, the lease.
 //! - [`metrics`]: the metrics registry; [`admin_http`]: /metrics, /healthz, /readyz.
 //! - [`compactor`]: keeps etcd's history bounded.
 //! - [`task`]: scheduled maintenance tasks: validation, reconcile, scheduler.
@@ -35,9 +38,11 @@ pub mod metrics;
 pub mod operation;
 pub mod owner_work;
 pub mod provider;
+pub mod replica;
 pub mod replication;
 pub mod scanner;
 pub mod server;
+pub mod shutdown;
 pub mod store;
 pub mod task;
 pub mod telemetry;

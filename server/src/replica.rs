@@ -1,0 +1,246 @@
+//! Starts a replica's parts: the metered store, the cluster cache, the
+//! operations, the admin port, the compactor and, with a provider, the
+//! workers that own clusters and run their operations.
+//!
+//! Kept apart from [`crate::server`] (which assembles the gRPC services)
+//! and [`crate::shutdown`] (which stops these parts in order) so that each
+//! of the three reads top to bottom: [`Replica::start`] returns every part
+//! it started under a name, and the other two take what they need from it.
+//!
+//! # Guarantees
+//! - Both ports are bound before any worker starts: a replica that cannot
+//!   listen fails its start without joining as a member.
+//! - Every background part started here stops on one of the two switches
+//!   in [`Switches`] (work first, the cache last) or, for the admin port,
+//!   when [`Replica::admin_open`] is dropped.
+//!
+//! # Caveats
+//! - The start-up check of etcd's version runs in the background and is
+//!   not awaited: an etcd slow to answer must not hold up the start.
+
+use crate::admin_http;
+use crate::cluster::ClusterCache;
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::keys::KeyLayout;
+use crate::metrics::Metrics;
+use crate::operation::Operations;
+use crate::provider::Provider;
+use crate::replication::{Replication, ReplicationConfig};
+use crate::scanner::Scanner;
+use crate::store::{MeteredStore, SharedStore};
+use crate::task::{TaskScheduler, TaskStore};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A started replica: every part [`Replica::start`] built, by name.
+pub struct Replica {
+    /// The store every part uses, counted in the metrics.
+    pub store: SharedStore,
+    pub keys: KeyLayout,
+    pub metrics: Arc<Metrics>,
+    pub cache: Arc<ClusterCache>,
+    pub operations: Operations,
+    /// Present when the replica has a provider and so runs operations.
+    pub workers: Option<Workers>,
+    /// The gRPC port, bound and not yet served.
+    pub listener: TcpListener,
+    /// Where `listener` listens (the port is known even when 0 was asked).
+    pub address: SocketAddr,
+    pub switches: Switches,
+    /// The admin port closes when this is dropped: orchestrators probe it
+    /// through the drain, so it is held until the replica exits.
+    pub admin_open: watch::Sender<bool>,
+}
+
+/// The parts of a replica with a provider: cluster ownership and the
+/// three that run work on the clusters it owns (the scanner runs too, but
+/// nothing outside needs to reach it).
+pub struct Workers {
+    pub replication: Arc<Replication>,
+    pub executor: Arc<Executor>,
+    pub tasks: Arc<TaskScheduler>,
+}
+
+/// What stops the background parts of a replica.
+pub struct Switches {
+    /// What /readyz answers.
+    pub ready: Arc<AtomicBool>,
+    /// Sending `true` stops membership, ownership, the executor, the task
+    /// scheduler, the scanner and the compactor.
+    pub stop_work: watch::Sender<bool>,
+    /// Sending `true` stops the cluster cache following etcd.
+    pub stop_cache: watch::Sender<bool>,
+}
+
+impl Replica {
+    /// Builds the replica's parts, binds its ports and spawns its
+    /// background tasks. With a provider the replica joins as a member,
+    /// owns its share of the clusters and runs their operations; without
+    /// one it only serves reads.
+    pub async fn start(
+        config: &Config,
+        store: SharedStore,
+        provider: Option<Provider>,
+    ) -> Result<Self, StartError> {
+        let metrics = Metrics::new();
+        let store = MeteredStore::wrap(store, Arc::clone(&metrics));
+        let keys = KeyLayout::new(config.key_prefix.clone());
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
+        // In the background: an etcd that is slow to answer must not hold
+        // up the start.
+        let checked = (store.clone(), Arc::clone(&metrics));
+        tokio::spawn(
+            async move { crate::store::known_issues::report(&checked.0, &checked.1).await },
+        );
+        let operations = Operations::new(
+            store.clone(),
+            keys.clone(),
+            config.operation_history,
+            Arc::clone(&metrics),
+        )
+        .with_cache(Arc::clone(&cache));
+
+        let (listener, address) = bind(config.listen).await?;
+        let (stop_work, work_stopped) = watch::channel(false);
+        let (ready, admin_open) = start_admin(config.admin_listen, &metrics).await?;
+        if let Some(interval) = config.compact_interval {
+            tokio::spawn(crate::compactor::run(
+                store.clone(),
+                config.key_prefix.clone(),
+                interval,
+                work_stopped.clone(),
+            ));
+        }
+        // The cache follows etcd until the lease is revoked: the hand-off
+        // decides from it which clusters run nothing here.
+        let (stop_cache, cache_stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(cache_stopped));
+        let replica = Self {
+            store,
+            keys,
+            metrics,
+            cache,
+            operations,
+            workers: None,
+            listener,
+            address,
+            switches: Switches {
+                ready,
+                stop_work,
+                stop_cache,
+            },
+            admin_open,
+        };
+        Ok(match provider {
+            Some(provider) => {
+                let workers = replica.start_workers(config, provider, work_stopped);
+                Self {
+                    workers: Some(workers),
+                    ..replica
+                }
+            }
+            None => {
+                tracing::warn!("no provider configured: lifecycle operations are refused");
+                replica
+            }
+        })
+    }
+
+    /// Joins as a member and starts ownership, the executor, the task
+    /// scheduler and the scanner, all until `work_stopped`.
+    fn start_workers(
+        &self,
+        config: &Config,
+        provider: Provider,
+        work_stopped: watch::Receiver<bool>,
+    ) -> Workers {
+        let (replication, adoptions) = Replication::new(
+            self.store.clone(),
+            self.keys.clone(),
+            ReplicationConfig {
+                replica_id: config.replica_id.clone(),
+                address: self.address.to_string(),
+                lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
+                lease_margin: config.lease_margin,
+            },
+            Arc::clone(&self.metrics),
+        );
+        tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
+        tokio::spawn(
+            Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
+        );
+        let executor = Executor::new(
+            self.operations.clone(),
+            provider.clone(),
+            Arc::clone(&replication),
+            Arc::clone(&self.cache),
+            config.operation_timeouts.clone(),
+        );
+        tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
+        let tasks = TaskScheduler::new(
+            TaskStore::new(self.store.clone(), self.keys.clone()),
+            provider.clone(),
+            Arc::clone(&replication),
+            Arc::clone(&self.cache),
+            Arc::clone(&self.metrics),
+            config.task_run_timeout,
+        );
+        tokio::spawn(Arc::clone(&tasks).run(work_stopped.clone()));
+        let scanner = Scanner::new(
+            self.operations.clone(),
+            Arc::clone(&executor),
+            provider,
+            Arc::clone(&replication),
+            Arc::clone(&self.cache),
+            config.scan_interval,
+        );
+        tokio::spawn(scanner.run(work_stopped));
+        Workers {
+            replication,
+            executor,
+            tasks,
+        }
+    }
+}
+
+/// Binds `address` and tells where it listens (the port is chosen when
+/// `address` asks for 0).
+async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
+}
+
+/// Serves /metrics, /healthz and /readyz on `address`; returns what
+/// /readyz answers and the sender whose drop closes the port.
+async fn start_admin(
+    address: SocketAddr,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<AtomicBool>, watch::Sender<bool>), StartError> {
+    let (listener, bound) = bind(address).await?;
+    let ready = Arc::new(AtomicBool::new(true));
+    let (admin_open, admin_closed) = watch::channel(false);
+    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz)");
+    tokio::spawn(admin_http::serve(
+        listener,
+        Arc::clone(metrics),
+        Arc::clone(&ready),
+        admin_closed,
+    ));
+    Ok((ready, admin_open))
+}

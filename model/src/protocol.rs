@@ -507,7 +507,7 @@ impl State {
         Some((id, revision, entered))
     }
 
-    /// The accept on the owner (`LocalRunner::claim_at_accept`): the same
+    /// The accept on the owner (`Executor::submit` with its claim): the same
     /// transaction also compares the owner key and writes the record
     /// RUNNING at the first step under the owner's epoch; the owner's drive
     /// starts from what it wrote.

@@ -63,7 +63,7 @@ pub enum ReconcileOutcome {
 }
 
 /// When to look at a cluster again.
-struct Seen {
+struct NextLook {
     revision: i64,
     wake: Option<Instant>,
 }
@@ -114,7 +114,7 @@ impl TaskScheduler {
     /// finish on their own; if the lease goes first, the next owner aborts
     /// and retries them.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut seen: HashMap<String, Seen> = HashMap::new();
+        let mut next_looks: HashMap<String, NextLook> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -125,25 +125,25 @@ impl TaskScheduler {
             let look_again = std::mem::take(&mut *lock(&self.look_again));
             let candidates = self.cache.task_clusters();
             let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
-            seen.retain(|name, _| names.contains(name.as_str()));
+            next_looks.retain(|name, _| names.contains(name.as_str()));
             for (name, revision) in &candidates {
                 if *shutdown.borrow() {
                     return;
                 }
                 if self.work.claim(name).is_none() {
-                    seen.remove(name);
+                    next_looks.remove(name);
                     continue;
                 }
                 let now = Instant::now();
                 let due = look_again.contains(name)
-                    || seen.get(name).is_none_or(|s| {
+                    || next_looks.get(name).is_none_or(|s| {
                         *revision > s.revision || s.wake.is_some_and(|wake| wake <= now)
                     });
                 if !due {
                     continue;
                 }
                 let next = match self.process(name).await {
-                    Ok((read_at, wake)) => Seen {
+                    Ok((read_at, wake)) => NextLook {
                         revision: read_at.max(*revision),
                         wake: wake.map(instant_of),
                     },
@@ -153,13 +153,13 @@ impl TaskScheduler {
                         } else {
                             tracing::warn!(cluster = %name, %error, "task scheduling failed; retrying");
                         }
-                        Seen {
+                        NextLook {
                             revision: *revision,
                             wake: Some(now + RETRY_AFTER_ERROR),
                         }
                     }
                 };
-                seen.insert(name.clone(), next);
+                next_looks.insert(name.clone(), next);
             }
         }
     }

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub ownership_passes: Counter,
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
+    /// Leases of this replica's own earlier incarnations revoked at join.
+    pub previous_incarnations_revoked: Counter,
     pub newer_schema_skipped: Counter,
     pub task_runs: Family<TaskRunLabels, Counter>,
     /// 1 for each known etcd issue the etcd in use has (by its version).
@@ -138,6 +140,12 @@ impl Metrics {
             "Operations failed and task runs aborted because their owner was lost",
             orphan_recoveries.clone(),
         );
+        let previous_incarnations_revoked = Counter::default();
+        registry.register(
+            "previous_incarnations_revoked",
+            "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once",
+            previous_incarnations_revoked.clone(),
+        );
         let newer_schema_skipped = Counter::default();
         registry.register(
             "newer_schema_records",
@@ -168,6 +176,7 @@ impl Metrics {
             ownership_passes,
             clusters,
             orphan_recoveries,
+            previous_incarnations_revoked,
             newer_schema_skipped,
             task_runs,
             etcd_known_issues,

@@ -755,3 +755,53 @@ async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() 
     assert_eq!(done.state, O::Failed as i32, "recovered at once: {done:?}");
     assert_transitions_are_edges(&store, "/drover/v1/").await;
 }
+
+/// kill -9, then a restart under the same replica id (systemd
+/// `Restart=always`): the new incarnation revokes its predecessor's lease
+/// when it joins, so the clusters come back after the restart, not after
+/// the TTL. The TTL here is far longer than the wait: only the revoke can
+/// explain the hand-over.
+#[tokio::test]
+async fn a_restarted_replica_takes_its_clusters_back_without_waiting_for_the_ttl() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "60"];
+    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "c", 1).await;
+    let mut admin = AdminClient::connect(replica.endpoint()).await.unwrap();
+    let before = owner(&mut admin, "c").await.expect("an owner");
+
+    replica.kill9();
+    let restarted = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    let mut admin = AdminClient::connect(restarted.endpoint()).await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the restarted replica owns c",
+        || {
+            let mut admin = admin.clone();
+            async move {
+                owner(&mut admin, "c")
+                    .await
+                    .is_some_and(|now| now.epoch > before.epoch)
+            }
+        },
+    )
+    .await;
+    let mut client = restarted.client().await;
+    let request = v1::StopClusterRequest {
+        name: "c".into(),
+        request_id: String::new(),
+    };
+    let stop = client.clusters().stop_cluster(request).await.unwrap();
+    let stopped = client
+        .wait_operation(&stop.into_inner(), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(stopped.state, O::Succeeded as i32, "{stopped:?}");
+    let metrics = drover_tests::http_get(&restarted.admin_endpoint(), "/metrics").1;
+    assert!(
+        metrics.contains("drover_previous_incarnations_revoked_total 1"),
+        "{metrics}"
+    );
+}

@@ -109,8 +109,14 @@ impl Replication {
             draining: false,
         };
         let key = self.keys.member(&self.config.replica_id);
+        // Before the new member key exists: the first ownership pass that
+        // sees this incarnation then finds the old owner keys gone.
+        let previous = self.store.get(&key).await?.into_single();
+        if let Some(previous) = previous.filter(|kv| kv.lease != 0 && kv.lease != lease) {
+            self.revoke_previous_incarnation(previous.lease).await;
+        }
         self.store
-            .txn(Txn::new().and_then([Op::put_with_lease(key, to_json(&member), lease)]))
+            .txn(Txn::new().and_then([Op::put_with_lease(&key, to_json(&member), lease)]))
             .await?;
         *lock(&self.session) = Some(Session {
             lease,
@@ -119,6 +125,32 @@ impl Replication {
         });
         tracing::info!(lease, ttl, "joined as a member");
         Ok(lease)
+    }
+
+    /// Revokes the lease `members/<this id>` was bound to before this join:
+    /// a previous incarnation of this replica (it crashed and was
+    /// restarted), whose owner keys would otherwise hold its clusters for a
+    /// whole TTL. Revoking early is safe because every owner write and
+    /// provider call is fenced: whoever claims a cluster next fences the
+    /// provider with a newer epoch before it acts.
+    ///
+    /// Two live replicas must never share an id: the second would revoke
+    /// the first's lease here (which rejoins, and revokes in turn).
+    async fn revoke_previous_incarnation(&self, previous: LeaseId) {
+        match self.store.revoke_lease(previous).await {
+            Ok(()) => {
+                self.metrics.previous_incarnations_revoked.inc();
+                tracing::warn!(
+                    previous_lease = previous,
+                    "revoked the lease of this replica's previous incarnation: its clusters are taken over now, not after its TTL (two live replicas must never share a replica id)"
+                );
+            }
+            // Expired meanwhile: nothing held any more.
+            Err(StoreError::LeaseNotFound(_)) => {}
+            Err(error) => {
+                tracing::warn!(%error, previous_lease = previous, "cannot revoke the previous incarnation's lease; its clusters wait for its TTL");
+            }
+        }
     }
 
     /// Stops acting as a member: drops the session and every claim, and

@@ -327,6 +327,72 @@ async fn droverctl_puts_lists_and_deletes_tasks() {
     );
 }
 
+/// Every lifecycle command through droverctl: with `--wait` each follows
+/// the operation it started to SUCCEEDED and prints it; `op get`, `op wait`,
+/// `op cancel` (of an ended one: unchanged) and `op list` show the same
+/// operations; the same `--request-id` again returns the operation it
+/// started; a command the cluster's state refuses exits 6.
+#[tokio::test]
+async fn droverctl_runs_every_lifecycle_command_and_shows_its_operations() {
+    let replica = ReplicaProcess::dev().await;
+    let ctl = |args: &[&str]| {
+        Command::new(workspace_binary("droverctl"))
+            .args(["--endpoint", &replica.endpoint(), "-o", "json"])
+            .args(args)
+            .output()
+            .expect("run droverctl")
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = ctl(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON output")
+    };
+    let created = json(&["cluster", "create", "life", "--version", "1.29.0", "--wait"]);
+    assert_eq!(created["kind"], "START", "{created}");
+    let commands: [(&[&str], &str); 7] = [
+        (&["stop", "life", "--request-id", "stop-life-1"], "STOP"),
+        (&["start", "life"], "START"),
+        (&["scale", "life", "--workers", "2"], "SCALE"),
+        (&["upgrade", "life", "--version", "1.30.0"], "UPGRADE"),
+        (&["add-nodes", "life", "--count", "1"], "ADD_NODES"),
+        (&["remove-nodes", "life", "worker-0"], "REMOVE_NODES"),
+        (&["delete", "life"], "DESTROY"),
+    ];
+    let mut ids = vec![created["id"].clone()];
+    for (args, kind) in commands {
+        let op = json(&[&["cluster"], args, &["--wait"]].concat());
+        assert_eq!(
+            (&op["kind"], &op["state"]),
+            (&kind.into(), &"SUCCEEDED".into())
+        );
+        let id = op["id"].as_str().expect("an id").to_string();
+        for shown in ["get", "wait", "cancel"] {
+            let again = json(&["op", shown, "life", &id]);
+            assert_eq!((&again["id"], &again["state"]), (&op["id"], &op["state"]));
+        }
+        if kind == "STOP" {
+            let again = json(&["cluster", "stop", "life", "--request-id", "stop-life-1"]);
+            assert_eq!(again["id"], op["id"], "the same request id");
+            let refused = ctl(&["cluster", "recover", "life"]);
+            assert_eq!(refused.status.code(), Some(6), "recover from Stopped");
+        }
+        ids.push(op["id"].clone());
+    }
+    let listed = json(&["op", "list", "life"]);
+    let mut listed_ids: Vec<_> = listed
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|op| op["id"].clone())
+        .collect();
+    listed_ids.reverse();
+    assert_eq!(listed_ids, ids, "op list shows them newest first");
+}
+
 /// On SIGTERM every service reports NOT_SERVING (probes that name a service
 /// stop routing too), and a second SIGTERM exits at once, with 130, instead
 /// of waiting out the hand-off of an operation that will not end soon.

@@ -99,60 +99,7 @@ pub async fn run(
     command: TaskCommand,
 ) -> Result<(), ClientError> {
     match command {
-        TaskCommand::Put(args) => {
-            let PutArgs {
-                cluster,
-                kind,
-                name,
-                start_date,
-                cron,
-                timezone,
-                interval,
-                num_retries,
-                retry_wait,
-                dc,
-                keyspace,
-                intensity,
-                fail_fast,
-                location,
-                retention,
-            } = *args;
-            let properties = match kind {
-                Kind::Repair => v1::task_spec::Properties::Repair(v1::RepairProperties {
-                    dc,
-                    keyspace,
-                    fail_fast,
-                    intensity,
-                    ..Default::default()
-                }),
-                Kind::Backup => v1::task_spec::Properties::Backup(v1::BackupProperties {
-                    dc,
-                    keyspace,
-                    location,
-                    retention,
-                    ..Default::default()
-                }),
-            };
-            let task = v1::TaskSpec {
-                r#type: kind.proto(),
-                name,
-                schedule: Some(v1::TaskSchedule {
-                    start_date,
-                    cron,
-                    timezone,
-                    interval,
-                    num_retries,
-                    retry_wait,
-                }),
-                properties: Some(properties),
-            };
-            let request = v1::PutTaskRequest {
-                cluster,
-                task: Some(task),
-            };
-            let task = client.tasks().put_task(request).await?.into_inner();
-            print_tasks(output, &[task], false);
-        }
+        TaskCommand::Put(args) => put(client, output, *args).await?,
         TaskCommand::Delete {
             cluster,
             kind,
@@ -203,6 +150,64 @@ pub async fn run(
             print_runs(output, &runs);
         }
     }
+    Ok(())
+}
+
+/// `task put`: the flags as a task spec; a repair and a backup share the
+/// schedule and take their own properties.
+async fn put(client: &mut Client, output: Output, args: PutArgs) -> Result<(), ClientError> {
+    let PutArgs {
+        cluster,
+        kind,
+        name,
+        start_date,
+        cron,
+        timezone,
+        interval,
+        num_retries,
+        retry_wait,
+        dc,
+        keyspace,
+        intensity,
+        fail_fast,
+        location,
+        retention,
+    } = args;
+    let properties = match kind {
+        Kind::Repair => v1::task_spec::Properties::Repair(v1::RepairProperties {
+            dc,
+            keyspace,
+            fail_fast,
+            intensity,
+            ..Default::default()
+        }),
+        Kind::Backup => v1::task_spec::Properties::Backup(v1::BackupProperties {
+            dc,
+            keyspace,
+            location,
+            retention,
+            ..Default::default()
+        }),
+    };
+    let task = v1::TaskSpec {
+        r#type: kind.proto(),
+        name,
+        schedule: Some(v1::TaskSchedule {
+            start_date,
+            cron,
+            timezone,
+            interval,
+            num_retries,
+            retry_wait,
+        }),
+        properties: Some(properties),
+    };
+    let request = v1::PutTaskRequest {
+        cluster,
+        task: Some(task),
+    };
+    let task = client.tasks().put_task(request).await?.into_inner();
+    print_tasks(output, &[task], false);
     Ok(())
 }
 

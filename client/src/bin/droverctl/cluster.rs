@@ -1,0 +1,532 @@
+//! `droverctl cluster ...` and `droverctl watch`: clusters read, edited and
+//! watched; the lifecycle commands, each a request that starts an
+//! operation, sent and followed by one helper ([`Lifecycle::run`]); how
+//! clusters are printed.
+
+use crate::{op, Output};
+use clap::Subcommand;
+use drover_client::{v1, Client, ClientError};
+use serde_json::{json, Value};
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Create a cluster.
+    Create(CreateArgs),
+    /// Start a cluster.
+    Start {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Stop a cluster.
+    Stop {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Change worker count and/or node offering.
+    Scale {
+        name: String,
+        #[arg(long)]
+        workers: Option<u32>,
+        #[arg(long)]
+        offering: Option<String>,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Rolling upgrade to a version.
+    Upgrade {
+        name: String,
+        #[arg(long)]
+        version: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Add worker nodes.
+    AddNodes {
+        name: String,
+        #[arg(long)]
+        count: u32,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Remove worker nodes by id.
+    RemoveNodes {
+        name: String,
+        #[arg(required = true)]
+        node_ids: Vec<String>,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Recover a cluster in Alert.
+    Recover {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Replace a cluster's labels (bumps its generation).
+    Update(UpdateArgs),
+    /// Destroy a cluster.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        lifecycle: Lifecycle,
+    },
+    /// Show one cluster.
+    Get { name: String },
+    /// List clusters.
+    List(ListArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    name: String,
+    #[arg(long)]
+    version: String,
+    #[arg(long, default_value_t = 1)]
+    control_nodes: u32,
+    #[arg(long, default_value_t = 0)]
+    workers: u32,
+    #[arg(long, default_value = "medium")]
+    offering: String,
+    /// A label, key=value; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Leave the cluster Created instead of starting it.
+    #[arg(long)]
+    create_only: bool,
+    #[command(flatten)]
+    lifecycle: Lifecycle,
+}
+
+#[derive(clap::Args)]
+pub struct UpdateArgs {
+    name: String,
+    /// A label, key=value; repeatable. The labels given replace all.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Apply only if the cluster is still at this generation.
+    #[arg(long, default_value_t = 0)]
+    expected_generation: i64,
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// Only clusters carrying these labels ("k=v,k2=v2").
+    #[arg(long, default_value = "")]
+    selector: String,
+    /// Clusters per page.
+    #[arg(long, default_value_t = 100)]
+    page_size: u32,
+    /// Read the replica's watch cache (faster, may lag by milliseconds)
+    /// instead of etcd.
+    #[arg(long)]
+    cached: bool,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{text:?} is not key=value"))
+}
+
+/// Flags shared by every lifecycle command.
+#[derive(clap::Args)]
+pub struct Lifecycle {
+    /// Wait for the operation to end, showing its steps.
+    #[arg(long)]
+    wait: bool,
+    /// Idempotency key [default: a new one per command]: the same key
+    /// again returns the operation it started instead of a new one.
+    #[arg(long, default_value = "")]
+    request_id: String,
+}
+
+impl Lifecycle {
+    /// The key given, or a new one: the request is sent again while no
+    /// replica answers, and the key makes sure it starts one operation.
+    fn request_id(&self) -> String {
+        if self.request_id.is_empty() {
+            format!("droverctl-{}", uuid::Uuid::new_v4())
+        } else {
+            self.request_id.clone()
+        }
+    }
+
+    /// Sends the request `request` builds around this command's request id,
+    /// then prints the operation it started, or follows it to its end with
+    /// `--wait`.
+    async fn run<R: StartsOperation>(
+        self,
+        client: &mut Client,
+        output: Output,
+        request: impl FnOnce(String) -> R,
+    ) -> Result<(), ClientError> {
+        let request = request(self.request_id());
+        let op = send(client, request, |client, request: R| request.call(client)).await?;
+        op::follow(client, output, op, self.wait).await
+    }
+}
+
+/// Sends a lifecycle request, again while no replica answers (an answer
+/// lost with a replica that went away): it carries a request id, so a
+/// request that was carried out returns its operation instead of starting
+/// another.
+async fn send<R, T, F, Fut>(client: &Client, request: R, call: F) -> Result<T, ClientError>
+where
+    R: Clone,
+    F: Fn(Client, R) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    client
+        .retrying_unavailable(|c| call(c, request.clone()))
+        .await
+}
+
+/// A lifecycle request, and the Clusters RPC that sends it and answers with
+/// the operation it started.
+trait StartsOperation: Clone {
+    async fn call(self, client: Client) -> Result<v1::Operation, ClientError>;
+}
+
+impl StartsOperation for v1::StartClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().start_cluster(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::StopClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().stop_cluster(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::ScaleClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().scale_cluster(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::UpgradeClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().upgrade_cluster(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::AddNodesRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().add_nodes(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::RemoveNodesRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().remove_nodes(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::RecoverClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().recover_cluster(self).await?.into_inner())
+    }
+}
+
+impl StartsOperation for v1::DeleteClusterRequest {
+    async fn call(self, mut client: Client) -> Result<v1::Operation, ClientError> {
+        Ok(client.clusters().delete_cluster(self).await?.into_inner())
+    }
+}
+
+pub async fn run(
+    client: &mut Client,
+    output: Output,
+    command: ClusterCommand,
+) -> Result<(), ClientError> {
+    match command {
+        ClusterCommand::Create(args) => create(client, output, args).await,
+        ClusterCommand::Start { name, lifecycle } => {
+            let request = |request_id| v1::StartClusterRequest { name, request_id };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Stop { name, lifecycle } => {
+            let request = |request_id| v1::StopClusterRequest { name, request_id };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Scale {
+            name,
+            workers,
+            offering,
+            lifecycle,
+        } => {
+            let request = |request_id| v1::ScaleClusterRequest {
+                name,
+                worker_nodes: workers,
+                node_offering: offering,
+                autoscaling: None,
+                request_id,
+            };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Upgrade {
+            name,
+            version,
+            lifecycle,
+        } => {
+            let request = |request_id| v1::UpgradeClusterRequest {
+                name,
+                version,
+                request_id,
+            };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::AddNodes {
+            name,
+            count,
+            lifecycle,
+        } => {
+            let request = |request_id| v1::AddNodesRequest {
+                name,
+                count,
+                request_id,
+            };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::RemoveNodes {
+            name,
+            node_ids,
+            lifecycle,
+        } => {
+            let request = |request_id| v1::RemoveNodesRequest {
+                name,
+                node_ids,
+                request_id,
+            };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Recover { name, lifecycle } => {
+            let request = |request_id| v1::RecoverClusterRequest { name, request_id };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Update(args) => update(client, output, args).await,
+        ClusterCommand::Delete { name, lifecycle } => {
+            let request = |request_id| v1::DeleteClusterRequest { name, request_id };
+            lifecycle.run(client, output, request).await
+        }
+        ClusterCommand::Get { name } => get(client, output, name).await,
+        ClusterCommand::List(args) => list(client, output, args).await,
+    }
+}
+
+/// `cluster create`: like the other lifecycle commands, but the answer is
+/// the cluster with its operation, or only the cluster with `--create-only`.
+async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result<(), ClientError> {
+    let CreateArgs {
+        name,
+        version,
+        control_nodes,
+        workers,
+        offering,
+        labels,
+        create_only,
+        lifecycle,
+    } = args;
+    let request = v1::CreateClusterRequest {
+        name,
+        spec: Some(v1::ClusterSpec {
+            version,
+            control_nodes,
+            worker_nodes: workers,
+            node_offering: offering,
+            labels: labels.into_iter().collect(),
+            ..Default::default()
+        }),
+        create_only,
+        request_id: lifecycle.request_id(),
+    };
+    let response = send(client, request, |mut c, r| async move {
+        c.create_cluster(r).await
+    })
+    .await?;
+    match response.operation {
+        Some(op) => op::follow(client, output, op, lifecycle.wait).await?,
+        None => {
+            if let Some(cluster) = response.cluster {
+                print_clusters(output, &[cluster], false);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result<(), ClientError> {
+    let UpdateArgs {
+        name,
+        labels,
+        expected_generation,
+    } = args;
+    let request = v1::UpdateClusterRequest {
+        name,
+        labels: labels.into_iter().collect(),
+        update_labels: true,
+        expected_generation,
+        ..Default::default()
+    };
+    let cluster = client
+        .clusters()
+        .update_cluster(request)
+        .await?
+        .into_inner();
+    print_clusters(output, &[cluster], false);
+    Ok(())
+}
+
+async fn get(client: &mut Client, output: Output, name: String) -> Result<(), ClientError> {
+    let cluster = client.get_cluster(&name).await?;
+    print_clusters(output, &[cluster], false);
+    Ok(())
+}
+
+/// `cluster list`: every cluster the selector matches, page after page.
+async fn list(client: &mut Client, output: Output, args: ListArgs) -> Result<(), ClientError> {
+    let ListArgs {
+        selector,
+        page_size,
+        cached,
+    } = args;
+    let mut clusters = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_clusters(v1::ListClustersRequest {
+                page_size,
+                page_token,
+                label_selector: selector.clone(),
+                linearizable: !cached,
+                ..Default::default()
+            })
+            .await?;
+        clusters.extend(page.clusters);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    print_clusters(output, &clusters, true);
+    Ok(())
+}
+
+/// `droverctl watch`: one line per cluster change until interrupted (or the
+/// stream ends).
+pub async fn watch(
+    client: &mut Client,
+    output: Output,
+    name: Option<String>,
+    from_revision: i64,
+) -> Result<(), ClientError> {
+    let request = v1::WatchClustersRequest {
+        from_revision,
+        name: name.unwrap_or_default(),
+    };
+    let mut events = client
+        .clusters()
+        .watch_clusters(request)
+        .await?
+        .into_inner();
+    while let Some(event) = events.message().await? {
+        let cluster = event.cluster.unwrap_or_default();
+        let kind = if event.kind == v1::cluster_event::Kind::Delete as i32 {
+            "DELETE"
+        } else {
+            "PUT"
+        };
+        match output {
+            Output::Json => {
+                let mut line = cluster_json(&cluster);
+                line["event"] = json!(kind);
+                line["event_revision"] = json!(event.revision);
+                println!("{line}");
+            }
+            Output::Table => println!(
+                "{:<8} {:<8} {:<24} {:<24} gen {}",
+                event.revision,
+                kind,
+                cluster.name,
+                state_name(&cluster),
+                cluster.generation
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn state_name(cluster: &v1::Cluster) -> String {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.state)
+        .and_then(|s| v1::ClusterState::try_from(s).ok())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("CLUSTER_STATE_")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+fn cluster_json(cluster: &v1::Cluster) -> Value {
+    let spec = cluster.spec.clone().unwrap_or_default();
+    let status = cluster.status.clone().unwrap_or_default();
+    json!({
+        "name": cluster.name,
+        "uid": cluster.uid,
+        "generation": cluster.generation,
+        "revision": cluster.revision,
+        "spec": {
+            "version": spec.version,
+            "control_nodes": spec.control_nodes,
+            "worker_nodes": spec.worker_nodes,
+            "node_offering": spec.node_offering,
+            "labels": spec.labels,
+        },
+        "status": {
+            "state": state_name(cluster),
+            "current_version": status.current_version,
+            "current_operation": status.current_operation,
+            "observed_generation": status.observed_generation,
+            "message": status.message,
+        },
+    })
+}
+
+/// Clusters; with `-o json` a `list` is an array whatever its length, and
+/// a single cluster otherwise an object.
+fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
+    match output {
+        Output::Json => {
+            let value = if clusters.len() == 1 && !list {
+                cluster_json(&clusters[0])
+            } else {
+                Value::Array(clusters.iter().map(cluster_json).collect())
+            };
+            println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+        }
+        Output::Table => {
+            println!(
+                "{:<24} {:<24} {:<10} {:>7} {:>7}  UID",
+                "NAME", "STATE", "VERSION", "CONTROL", "WORKERS"
+            );
+            for cluster in clusters {
+                let spec = cluster.spec.clone().unwrap_or_default();
+                println!(
+                    "{:<24} {:<24} {:<10} {:>7} {:>7}  {}",
+                    cluster.name,
+                    state_name(cluster),
+                    spec.version,
+                    spec.control_nodes,
+                    spec.worker_nodes,
+                    cluster.uid
+                );
+            }
+        }
+    }
+}

@@ -534,6 +534,7 @@ fn check_url(setting: &'static str, url: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn settings() -> Settings {
         Settings {
@@ -552,6 +553,57 @@ mod tests {
         // etcd could let the lease go.
         assert_eq!(config.lease_margin, std::time::Duration::from_secs(1));
         assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    /// Every setting left out takes the default its help text names.
+    #[test]
+    fn every_default_is_the_documented_one() {
+        let config = Config::from_settings(settings()).unwrap();
+        assert_eq!(config.etcd_endpoints, vec![DEFAULT_ETCD.to_string()]);
+        assert_eq!(config.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
+        assert_eq!(config.replica_id, "r1");
+        assert_eq!(config.provider, None);
+        assert_eq!(config.operation_history, 50);
+        assert_eq!(config.scan_interval, Duration::from_secs(10));
+        assert_eq!(config.compact_interval, Some(Duration::from_secs(300)));
+        assert_eq!(config.task_run_timeout, Duration::from_secs(86_400));
+        assert_eq!(config.handoff_grace, Duration::from_secs(5));
+        for kind in OperationKind::ALL {
+            let expected = match kind {
+                OperationKind::RemoveNodes => 900,
+                _ => 3600,
+            };
+            assert_eq!(
+                config.operation_timeouts.get(kind),
+                Duration::from_secs(expected),
+                "{kind:?}"
+            );
+        }
+        assert!(config.security.server_tls.is_none() && config.security.tokens.is_none());
+        assert!(config.security.etcd_tls.is_none() && config.security.etcd_user.is_none());
+    }
+
+    #[test]
+    fn operation_timeouts_override_their_kind_only() {
+        let config = Config::from_settings(Settings {
+            operation_timeout: Some(vec!["stop=7".into(), "remove-nodes=8".into()]),
+            ..settings()
+        })
+        .unwrap();
+        let timeouts = &config.operation_timeouts;
+        assert_eq!(timeouts.get(OperationKind::Stop), Duration::from_secs(7));
+        assert_eq!(timeouts.get(OperationKind::RemoveNodes), Duration::from_secs(8));
+        assert_eq!(timeouts.get(OperationKind::Start), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn compaction_can_be_turned_off() {
+        let config = Config::from_settings(Settings {
+            compact_interval: Some(0),
+            ..settings()
+        })
+        .unwrap();
+        assert_eq!(config.compact_interval, None);
     }
 
     #[test]

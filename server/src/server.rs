@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
+use crate::net::incoming;
 use crate::operation::{LocalRunner, Operations};
 use crate::provider::Provider;
 use crate::replication::{Replication, ReplicationConfig};
@@ -25,22 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
-
-/// Accepted connections with Nagle's algorithm off: gRPC's small frames
-/// would otherwise wait for delayed ACKs (tens of milliseconds per hop).
-pub fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
-}
 
 /// Reports `status` for the replica as a whole (`""`) and for each of its
 /// services, so that probes naming a service see what the others see.

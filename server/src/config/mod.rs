@@ -3,12 +3,13 @@
 //! port binds. A bad value is one clear line and exit code 64 (EX_USAGE).
 
 mod security;
+mod timeouts;
 
 pub use security::{EtcdTls, EtcdUser, Secret, Security, ServerTls};
+pub use timeouts::Timeouts;
 
-use crate::cluster::validate;
-use crate::executor::Timeouts;
-use crate::operation::OperationKind;
+use crate::kind::OperationKind;
+use crate::names::dns_label;
 use clap::{Args, Parser, Subcommand};
 use security::SecuritySettings;
 use serde::Deserialize;
@@ -359,8 +360,7 @@ impl Config {
             Some(id) => id,
             None => default_replica_id()?,
         };
-        validate::cluster_name("replica_id", &replica_id)
-            .map_err(|e| invalid("replica_id", e.reason))?;
+        dns_label(&replica_id).map_err(|reason| invalid("replica_id", reason))?;
         if let Some(provider) = &settings.provider {
             check_url("provider", provider)?;
         }
@@ -498,7 +498,7 @@ fn default_replica_id() -> Result<String, ConfigError> {
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|h| h.trim().to_ascii_lowercase())
         .unwrap_or_default();
-    if validate::cluster_name("replica_id", &host).is_ok() {
+    if dns_label(&host).is_ok() {
         Ok(host)
     } else {
         Err(invalid(
@@ -592,8 +592,14 @@ mod tests {
         .unwrap();
         let timeouts = &config.operation_timeouts;
         assert_eq!(timeouts.get(OperationKind::Stop), Duration::from_secs(7));
-        assert_eq!(timeouts.get(OperationKind::RemoveNodes), Duration::from_secs(8));
-        assert_eq!(timeouts.get(OperationKind::Start), Duration::from_secs(3600));
+        assert_eq!(
+            timeouts.get(OperationKind::RemoveNodes),
+            Duration::from_secs(8)
+        );
+        assert_eq!(
+            timeouts.get(OperationKind::Start),
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! configuration depends on no layer above it; the executor imports it
 //! from here.
 
+use super::{invalid, ConfigError};
 use crate::kind::OperationKind;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -36,4 +37,26 @@ impl Timeouts {
             .copied()
             .unwrap_or(Duration::from_secs(3600))
     }
+}
+
+/// The defaults with each `KIND=SECONDS` entry (1-86400 s) over its kind.
+pub(super) fn operation_timeouts(
+    setting: &'static str,
+    entries: Option<Vec<String>>,
+) -> Result<Timeouts, ConfigError> {
+    let mut timeouts = Timeouts::default();
+    for entry in entries.unwrap_or_default() {
+        let (kind, seconds) = entry
+            .split_once('=')
+            .ok_or_else(|| invalid(setting, format!("{entry:?} is not KIND=SECONDS")))?;
+        let kind = OperationKind::from_name(kind)
+            .ok_or_else(|| invalid(setting, format!("{kind:?} is not an operation kind")))?;
+        let seconds: u64 = seconds
+            .parse()
+            .ok()
+            .filter(|s| (1..=86_400).contains(s))
+            .ok_or_else(|| invalid(setting, format!("{seconds:?} is not 1-86400 seconds")))?;
+        timeouts.set(kind, Duration::from_secs(seconds));
+    }
+    Ok(timeouts)
 }

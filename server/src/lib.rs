@@ -3,6 +3,9 @@
 //! - [`config`]: flags, environment and file, validated before anything binds.
 //! - [`store`]: the etcd semantics Drover relies on, over etcd or in memory.
 //! - [`keys`]: the etcd key layout (a user-facing contract).
+//! - [`kind`], [`names`], [`net`]: leaves shared across layers: the
+//!   operation kinds, the DNS-1123 rule for names in keys, accepting
+//!   connections.
 //! - [`cluster`]: cluster records, states, validation and the registry.
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
@@ -34,7 +37,10 @@ pub mod compactor;
 pub mod config;
 pub mod executor;
 pub mod keys;
+pub mod kind;
 pub mod metrics;
+pub mod names;
+pub mod net;
 pub mod operation;
 pub mod owner_work;
 pub mod provider;

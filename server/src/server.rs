@@ -9,6 +9,7 @@
 use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
 use crate::auth::{AuthLayer, Authenticator};
 use crate::config::Config;
+use crate::net::incoming;
 use crate::provider::Provider;
 use crate::replica::{Replica, StartError};
 use crate::shutdown::Drain;
@@ -19,25 +20,10 @@ use drover_proto::v1::{
 };
 use std::future::Future;
 use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_reflection::server::v1::ServerReflectionServer;
-
-/// Accepted connections with Nagle's algorithm off: gRPC's small frames
-/// would otherwise wait for delayed ACKs (tens of milliseconds per hop).
-pub fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
-}
 
 /// Reports `status` for the replica as a whole (`""`) and for each of its
 /// services, so that probes naming a service see what the others see.

@@ -774,7 +774,7 @@ async fn a_restarted_replica_takes_its_clusters_back_without_waiting_for_the_ttl
 
     replica.kill9();
     let restarted = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
-    let mut admin = AdminClient::connect(restarted.endpoint()).await.unwrap();
+    let admin = AdminClient::connect(restarted.endpoint()).await.unwrap();
     wait_until(
         Duration::from_secs(10),
         "the restarted replica owns c",

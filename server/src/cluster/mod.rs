@@ -1,10 +1,12 @@
-//! Clusters: their stored records, their states, validation of what users
-//! ask for, and the registry that reads and writes them.
+//! Clusters: their stored records (with the task specs their spec embeds),
+//! their states, validation of what users ask for, and the registry that
+//! reads and writes them.
 
 mod cache;
 pub mod machine;
 mod record;
 mod registry;
+pub mod task_spec;
 pub mod validate;
 
 pub use cache::{CacheChange, ClusterCache};

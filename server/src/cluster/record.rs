@@ -31,7 +31,7 @@ pub struct Spec {
     pub labels: BTreeMap<String, String>,
     /// Scheduled maintenance tasks; reconciled by the owner.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tasks: Vec<crate::task::TaskSpec>,
+    pub tasks: Vec<super::task_spec::TaskSpec>,
 }
 
 /// `clusters/<name>/spec`.

@@ -30,24 +30,7 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// A cluster name: a DNS-1123 label.
 pub fn cluster_name(field: &str, name: &str) -> Validation {
-    if name.is_empty() {
-        return Err(FieldError::new(field, "is required"));
-    }
-    if name.len() > 63 {
-        return Err(FieldError::new(field, "must be at most 63 characters"));
-    }
-    let valid_chars = name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    let alnum_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !valid_chars || !alnum_ends {
-        return Err(FieldError::new(
-            field,
-            format!("{name:?} is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)"),
-        ));
-    }
-    Ok(())
+    crate::names::dns_label(name).map_err(|reason| FieldError::new(field, reason))
 }
 
 /// A version: `MAJOR.MINOR.PATCH`, digits only.

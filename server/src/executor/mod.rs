@@ -36,42 +36,13 @@ mod submit;
 pub use plan::{check_plan_input, needs_nodes, plan, resume_index, Step};
 
 use crate::cluster::ClusterCache;
-use crate::operation::{LifecycleError, OperationKind, Operations};
+use crate::config::Timeouts;
+use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
 use crate::provider::Provider;
 use crate::replication::Replication;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// Per-kind operation timeouts.
-#[derive(Debug, Clone)]
-pub struct Timeouts(HashMap<OperationKind, Duration>);
-
-impl Default for Timeouts {
-    /// The reference's defaults: 3600 s, remove-nodes 900 s.
-    fn default() -> Self {
-        let mut map: HashMap<OperationKind, Duration> = OperationKind::ALL
-            .into_iter()
-            .map(|k| (k, Duration::from_secs(3600)))
-            .collect();
-        map.insert(OperationKind::RemoveNodes, Duration::from_secs(900));
-        Self(map)
-    }
-}
-
-impl Timeouts {
-    pub fn set(&mut self, kind: OperationKind, timeout: Duration) {
-        self.0.insert(kind, timeout);
-    }
-
-    pub fn get(&self, kind: OperationKind) -> Duration {
-        self.0
-            .get(&kind)
-            .copied()
-            .unwrap_or(Duration::from_secs(3600))
-    }
-}
 
 /// Runs accepted operations.
 pub struct Executor {

@@ -4,49 +4,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::{ClusterState, SCHEMA_VERSION};
 use serde::{Deserialize, Serialize};
 
-/// What an operation does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum OperationKind {
-    Start,
-    Stop,
-    Scale,
-    Upgrade,
-    AddNodes,
-    RemoveNodes,
-    Destroy,
-    Recover,
-}
-
-impl OperationKind {
-    pub const ALL: [OperationKind; 8] = [
-        OperationKind::Start,
-        OperationKind::Stop,
-        OperationKind::Scale,
-        OperationKind::Upgrade,
-        OperationKind::AddNodes,
-        OperationKind::RemoveNodes,
-        OperationKind::Destroy,
-        OperationKind::Recover,
-    ];
-
-    /// The lower-case name used in flags and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            OperationKind::Start => "start",
-            OperationKind::Stop => "stop",
-            OperationKind::Scale => "scale",
-            OperationKind::Upgrade => "upgrade",
-            OperationKind::AddNodes => "add-nodes",
-            OperationKind::RemoveNodes => "remove-nodes",
-            OperationKind::Destroy => "destroy",
-            OperationKind::Recover => "recover",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
+pub use crate::kind::OperationKind;
 
 /// Where an operation is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

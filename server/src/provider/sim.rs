@@ -754,7 +754,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(ProviderServer::new(provider.clone()))
         .add_service(SimulatorServer::new(provider))
-        .serve_with_incoming_shutdown(crate::server::incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(crate::net::incoming(listener), shutdown)
         .await
 }
 

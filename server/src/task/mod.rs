@@ -2,7 +2,9 @@
 //! manager reconciliation: declared in the cluster spec, reconciled by name
 //! within type into task records, run by the owner through the provider.
 //!
-//! - [`spec`]: task specs as users declare them; [`validate`]: the rules.
+//! - [`TaskSpec`]: task specs as users declare them (plain data in
+//!   [`crate::cluster::task_spec`], since the cluster spec embeds them);
+//!   [`validate`]: the rules.
 //! - [`schedule`]: start dates, cron / interval / one-shot activations,
 //!   retry back-off.
 //! - [`record`]: the stored task, run and reconcile-marker records.
@@ -26,12 +28,13 @@ pub mod reconcile;
 pub mod record;
 pub mod schedule;
 mod scheduler;
-mod spec;
 pub mod store;
 pub mod validate;
 
+pub use crate::cluster::task_spec::{
+    BackupProperties, RepairProperties, TaskSchedule, TaskSpec, TaskType,
+};
 pub use scheduler::{ReconcileOutcome, TaskScheduler};
-pub use spec::{BackupProperties, RepairProperties, TaskSchedule, TaskSpec, TaskType};
 pub use store::{ClusterTasks, TaskStore};
 
 use crate::cluster::RegistryError;

@@ -229,7 +229,7 @@ mod tests {
                 start_date: "now+1h".into(),
                 ..Default::default()
             },
-            ..crate::task::spec::bare(task_type, name)
+            ..crate::cluster::task_spec::bare(task_type, name)
         }
     }
 
@@ -410,7 +410,7 @@ mod tests {
             revision: 20,
         }];
         let mut edited = task;
-        edited.repair = Some(crate::task::spec::RepairProperties {
+        edited.repair = Some(crate::task::RepairProperties {
             intensity: "0.25".into(),
             ..Default::default()
         });

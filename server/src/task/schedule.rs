@@ -9,7 +9,6 @@ use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 use std::time::Duration;
 
-pub const DEFAULT_RETRIES: u32 = 3;
 pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_secs(600);
 pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(3 * 3600);
 

@@ -355,7 +355,7 @@ fn is_size(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::spec::bare;
+    use crate::cluster::task_spec::bare;
 
     fn repair(name: &str) -> TaskSpec {
         bare(TaskType::Repair, name)

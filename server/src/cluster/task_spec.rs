@@ -1,8 +1,20 @@
 //! Task specs as users declare them in the cluster spec (after the
 //! scylla-operator manager API): a type, a name unique within that type, a
 //! schedule and type-specific properties.
+//!
+//! They live with the cluster records because the cluster spec embeds them
+//! ([`super::Spec::tasks`]): plain data, so the cluster layer does not
+//! depend on the task layer that reconciles and runs them (`crate::task`
+//! re-exports these types, where most code names them).
+//!
+//! # Guarantees
+//! - [`TaskSpec::hash`] changes with any field of the spec and only then,
+//!   the same on every replica version.
 
 use serde::{Deserialize, Serialize};
+
+/// Retries after a failed run when the spec sets none.
+pub const DEFAULT_RETRIES: u32 = 3;
 
 /// The kinds of maintenance task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -130,9 +142,7 @@ impl TaskSpec {
         if self.repair.as_ref().is_some_and(|r| r.fail_fast) {
             return 0;
         }
-        self.schedule
-            .num_retries
-            .unwrap_or(super::schedule::DEFAULT_RETRIES)
+        self.schedule.num_retries.unwrap_or(DEFAULT_RETRIES)
     }
 }
 

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub ownership_passes: Counter,
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
+    /// Operations resumed by a new owner after their owner was lost.
+    pub orphan_resumes: Counter,
     /// Leases of this replica's own earlier incarnations revoked at join.
     pub previous_incarnations_revoked: Counter,
     pub newer_schema_skipped: Counter,
@@ -140,6 +142,12 @@ impl Metrics {
             "Operations failed and task runs aborted because their owner was lost",
             orphan_recoveries.clone(),
         );
+        let orphan_resumes = Counter::default();
+        registry.register(
+            "orphan_resumes",
+            "Operations a new owner resumed from their last persisted step after their owner was lost",
+            orphan_resumes.clone(),
+        );
         let previous_incarnations_revoked = Counter::default();
         registry.register(
             "previous_incarnations_revoked",
@@ -176,6 +184,7 @@ impl Metrics {
             ownership_passes,
             clusters,
             orphan_recoveries,
+            orphan_resumes,
             previous_incarnations_revoked,
             newer_schema_skipped,
             task_runs,

@@ -189,6 +189,7 @@ impl Replica {
             Arc::clone(&replication),
             Arc::clone(&self.cache),
             config.operation_timeouts.clone(),
+            config.orphaned_operations,
         );
         tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
         let tasks = TaskScheduler::new(

@@ -159,6 +159,41 @@ async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cl
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
+/// The default (`--orphaned-operations=resume`): the new owner fences the
+/// provider, then goes on from the step the lost owner had persisted, and
+/// the operation succeeds; its record names both owners.
+#[tokio::test]
+async fn kill_9_of_the_owner_mid_upgrade_resumes_the_operation_on_a_new_owner() {
+    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "resumed", 3).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "resumed").await.expect("an owner");
+    c.sim.set_latency(Duration::from_millis(500)).await;
+    let op = upgrade(&mut client, "resumed").await;
+    wait_running(&client, "resumed", &op.id, Duration::from_secs(20)).await;
+
+    c.replica_mut(&before.replica).kill9();
+    let mut client = c.client_avoiding(&before.replica).await;
+    let done = client.wait_operation(&op, FAILOVER * 3).await.unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "resumed: {done:?}");
+    let runs: Vec<(&str, i64)> = done
+        .runs
+        .iter()
+        .map(|run| (run.replica.as_str(), run.epoch))
+        .collect();
+    assert_eq!(runs.len(), 2, "both owners are recorded: {runs:?}");
+    assert_eq!(runs[0].0, before.replica);
+    assert_ne!(runs[1].0, before.replica);
+    assert!(runs[1].1 > runs[0].1, "a newer epoch: {runs:?}");
+    let cluster = client.get_cluster("resumed").await.unwrap();
+    assert_eq!(cluster.state, S::Running as i32);
+    assert_eq!(cluster.spec.unwrap().version, "1.30.0");
+    let nodes = cluster.status.unwrap().nodes;
+    assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let c = Cluster3::start(3, TTL_SECONDS).await;

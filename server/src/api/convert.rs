@@ -196,6 +196,14 @@ pub fn operation_to_proto(op: OperationRecord) -> v1::Operation {
         started_at: op.started_at.as_deref().and_then(timestamp),
         finished_at: op.finished_at.as_deref().and_then(timestamp),
         cancel_requested: op.cancel_requested,
+        runs: op
+            .runs
+            .into_iter()
+            .map(|run| v1::OperationRun {
+                replica: run.replica,
+                epoch: run.epoch,
+            })
+            .collect(),
     }
 }
 

@@ -30,7 +30,8 @@ pub use timeouts::Timeouts;
 
 use clap::{Args, Parser, Subcommand};
 use rules::{
-    address, compaction, given, key_prefix, log_format, optional_url, replica_id, urls, within,
+    address, compaction, given, key_prefix, log_format, optional_url, orphan_policy, replica_id,
+    urls, within,
 };
 use security::SecuritySettings;
 use serde::Deserialize;
@@ -50,6 +51,9 @@ pub const DEFAULT_KEY_PREFIX: &str = "/drover/v1/";
 /// etcd leader election (which renews every lease anyway).
 pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 5;
 pub const DEFAULT_OPERATION_HISTORY: usize = 50;
+/// Times an operation is resumed after its owner was lost before the next
+/// loss fails it.
+pub const DEFAULT_ORPHAN_RESUME_LIMIT: u32 = 3;
 pub const DEFAULT_SCAN_INTERVAL_SECONDS: u64 = 10;
 pub const DEFAULT_COMPACT_INTERVAL_SECONDS: u64 = 300;
 /// A day: repairs of large clusters take hours.
@@ -199,6 +203,15 @@ settings! {
     /// Finished operations kept per cluster [default: 50].
     operation_history: usize = "DROVER_OPERATION_HISTORY",
         within(DEFAULT_OPERATION_HISTORY, 1..=10_000, "") => usize;
+    /// What a new owner does with an operation its lost owner left
+    /// running: resume (fence the provider, then go on from its last
+    /// persisted step) or fail (the reference's behaviour) [default: resume].
+    orphaned_operations: String = "DROVER_ORPHANED_OPERATIONS", orphan_policy => OrphanPolicy;
+    /// Times one operation may be resumed after its owner was lost, 0-100;
+    /// a further loss fails it, so a poison pill cannot take down every
+    /// replica in turn [default: 3].
+    orphan_resume_limit: u32 = "DROVER_ORPHAN_RESUME_LIMIT",
+        within(DEFAULT_ORPHAN_RESUME_LIMIT, 0..=100, "") => u32;
     /// Seconds between status scans, 1-3600 [default: 10].
     scan_interval: u64 = "DROVER_SCAN_INTERVAL",
         within(DEFAULT_SCAN_INTERVAL_SECONDS, 1..=3600, "seconds") => u64;
@@ -240,6 +253,15 @@ settings! {
     etcd_password_file: PathBuf = "DROVER_ETCD_PASSWORD_FILE", given => Option<PathBuf>;
 }
 
+/// What a new owner does with an operation its lost owner left running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    /// Resume it from its last persisted step, up to `limit` times.
+    Resume { limit: u32 },
+    /// Fail it, as the reference does.
+    Fail,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -261,6 +283,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
+    pub orphaned_operations: OrphanPolicy,
     pub scan_interval: Duration,
     pub admin_listen: SocketAddr,
     /// `None`: Drover does not compact etcd.
@@ -341,6 +364,12 @@ impl Config {
             log_format: s.log_format,
             operation_timeouts: s.operation_timeout,
             operation_history: s.operation_history,
+            orphaned_operations: match s.orphaned_operations {
+                OrphanPolicy::Resume { .. } => OrphanPolicy::Resume {
+                    limit: s.orphan_resume_limit,
+                },
+                OrphanPolicy::Fail => OrphanPolicy::Fail,
+            },
             scan_interval: Duration::from_secs(s.scan_interval),
             admin_listen: s.admin_listen,
             compact_interval: s.compact_interval,

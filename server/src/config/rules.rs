@@ -6,7 +6,7 @@
 //! `setting` is the row's name (as in the file and in messages) and `given`
 //! what the flags, environment or file said, if anything.
 
-use super::{invalid, ConfigError, LogFormat};
+use super::{invalid, ConfigError, LogFormat, OrphanPolicy};
 use crate::names::dns_label;
 use std::fmt::Display;
 use std::net::SocketAddr;
@@ -148,6 +148,23 @@ pub(super) fn log_format(
         other => Err(invalid(
             setting,
             format!("{other:?} is neither text nor json"),
+        )),
+    }
+}
+
+/// `resume` (the limit is its own setting) or `fail`.
+pub(super) fn orphan_policy(
+    setting: &'static str,
+    given: Option<String>,
+) -> Result<OrphanPolicy, ConfigError> {
+    match given.as_deref().unwrap_or("resume") {
+        "resume" => Ok(OrphanPolicy::Resume {
+            limit: super::DEFAULT_ORPHAN_RESUME_LIMIT,
+        }),
+        "fail" => Ok(OrphanPolicy::Fail),
+        other => Err(invalid(
+            setting,
+            format!("{other:?} is neither resume nor fail"),
         )),
     }
 }

@@ -22,8 +22,13 @@
 //! over each cluster it adopts.
 //!
 //! - An operation found RUNNING under another owner epoch was orphaned by a
-//!   lost replica: it is failed with an error naming that replica and step,
-//!   never resumed blindly. A PENDING one nobody started is run.
+//!   lost replica. Nothing happens to it before the provider is fenced under
+//!   this owner's epoch (which ends the lost owner's calls). Then it is
+//!   resumed from its last persisted step (steps are idempotent and
+//!   re-planned from the nodes as they are), its record listing each owner
+//!   that ran it; or, with `--orphaned-operations=fail` or once it was
+//!   orphaned more than the resume limit, failed with an error naming that
+//!   replica and step. A PENDING one nobody started is run.
 
 mod calls;
 mod finish;
@@ -36,7 +41,7 @@ mod submit;
 pub use plan::{check_plan_input, needs_nodes, plan, resume_index, Step};
 
 use crate::cluster::ClusterCache;
-use crate::config::Timeouts;
+use crate::config::{OrphanPolicy, Timeouts};
 use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
 use crate::provider::Provider;
@@ -55,6 +60,7 @@ pub struct Executor {
     work: OwnerWork,
     cache: Arc<ClusterCache>,
     timeouts: Timeouts,
+    orphans: OrphanPolicy,
     /// Each owned cluster's history size as this replica last counted it,
     /// plus the operations it finished since: history collection counts
     /// the records only when this says a batch is due (or the cluster was
@@ -69,6 +75,7 @@ impl Executor {
         replication: Arc<Replication>,
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
+        orphans: OrphanPolicy,
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
@@ -76,6 +83,7 @@ impl Executor {
             work: OwnerWork::new(replication),
             cache,
             timeouts,
+            orphans,
             history: Mutex::new(HashMap::new()),
         })
     }

@@ -11,6 +11,26 @@ use crate::operation::{LifecycleError, OperationError, OperationKind, OperationS
 use tonic::Code;
 
 impl Executor {
+    /// Resumes an operation a lost owner left RUNNING: once the provider is
+    /// fenced under this replica's epoch (so none of the lost owner's calls
+    /// can still land), from its last persisted step. The first step's
+    /// save records this owner in the operation.
+    pub(super) async fn resume_orphan(&self, holding: Holding<'_>) -> Result<(), LifecycleError> {
+        let mut holding = holding;
+        if !holding.fence_orphan().await {
+            return Ok(());
+        }
+        let lost = holding.operation.replica.clone().unwrap_or_default();
+        let at = holding.operation.progress.clone();
+        let me = self.work.replication().replica_id().to_string();
+        holding.operation.run_by(&me, holding.claim.epoch);
+        let (cluster, id) = (&holding.cluster.spec.name, &holding.operation.id);
+        let step = at.map_or(0, |p| p.step);
+        tracing::warn!(%cluster, operation = %id, %lost, step, orphaned = holding.operation.orphaned(), "resuming an orphaned operation from its last persisted step");
+        self.operations.metrics().orphan_resumes.inc();
+        self.execute(holding, false).await
+    }
+
     /// Fails an operation a lost owner left RUNNING, once the provider is
     /// fenced under this replica's epoch, with an error naming that
     /// replica and the step it was at.
@@ -72,8 +92,8 @@ impl Executor {
             0
         };
         holding.operation.state = OperationState::Running;
-        holding.operation.replica = Some(self.work.replication().replica_id().to_string());
-        holding.operation.owner_epoch = Some(holding.claim.epoch);
+        let me = self.work.replication().replica_id().to_string();
+        holding.operation.run_by(&me, holding.claim.epoch);
         if holding.operation.started_at.is_none() {
             holding.operation.started_at = Some(now_rfc3339());
         }

@@ -12,6 +12,7 @@ use super::holding::{error, Holding};
 use super::Executor;
 use crate::cluster::machine::Event;
 use crate::cluster::{from_json, now_rfc3339, to_json, CacheChange, StateRecord};
+use crate::config::OrphanPolicy;
 use crate::operation::{
     Accepted, LifecycleError, OperationRecord, OperationState, Seen, Versioned,
 };
@@ -46,7 +47,9 @@ pub(super) enum Held<'e> {
     Run { holding: Holding<'e>, claimed: bool },
     /// A PENDING operation whose cancel was asked for.
     Cancel(Holding<'e>),
-    /// RUNNING under an owner epoch that is gone.
+    /// RUNNING under an owner epoch that is gone: resumed.
+    Resume(Holding<'e>),
+    /// RUNNING under an owner epoch that is gone: failed.
     Orphan(Holding<'e>),
 }
 
@@ -213,6 +216,7 @@ impl Executor {
                     .finish(OperationState::Cancelled, Event::OperationFailed, cancelled)
                     .await
             }
+            Some(Held::Resume(holding)) => self.resume_orphan(holding).await,
             Some(Held::Orphan(holding)) => self.recover_orphan(holding).await,
         }
     }
@@ -251,7 +255,7 @@ impl Executor {
         Ok(match operation.state {
             OperationState::Pending if operation.cancel_requested => Some(Held::Cancel(holding)),
             OperationState::Running if operation.owner_epoch != Some(claim.epoch) => {
-                Some(Held::Orphan(holding))
+                Some(self.orphan(holding))
             }
             // PENDING; or RUNNING under this very claim but not in flight
             // here (its drive gave up, e.g. etcd was down for long): resume.
@@ -264,6 +268,18 @@ impl Executor {
             // clears the slot in the same transaction).
             _ => None,
         })
+    }
+
+    /// What becomes of an orphan: resumed while the policy allows it.
+    fn orphan<'e>(&self, holding: Holding<'e>) -> Held<'e> {
+        let mut runs = holding.operation.clone();
+        runs.run_by("", holding.claim.epoch);
+        match self.orphans {
+            OrphanPolicy::Resume { limit } if runs.orphaned() <= limit as usize => {
+                Held::Resume(holding)
+            }
+            _ => Held::Orphan(holding),
+        }
     }
 
     /// Claims a PENDING operation another replica accepted from what this

@@ -128,8 +128,7 @@ impl Executor {
         let steps = plan(operation, spec, &[]);
         let first = steps.first()?;
         operation.state = OperationState::Running;
-        operation.replica = Some(self.work.replication().replica_id().to_string());
-        operation.owner_epoch = Some(claim.epoch);
+        operation.run_by(self.work.replication().replica_id(), claim.epoch);
         operation.started_at = Some(operation.created_at.clone());
         operation.progress = Some(Progress {
             step: 1,

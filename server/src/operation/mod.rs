@@ -26,8 +26,8 @@ mod record;
 
 pub use accept::{AcceptPlan, Accepted, LifecycleRequest};
 pub use record::{
-    OperationError, OperationKind, OperationParams, OperationRecord, OperationState, Progress,
-    RequestRecord,
+    OperationError, OperationKind, OperationParams, OperationRecord, OperationRun, OperationState,
+    Progress, RequestRecord,
 };
 
 use crate::cluster::machine::{self, Event};

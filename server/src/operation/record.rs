@@ -92,6 +92,17 @@ pub struct OperationRecord {
     pub finished_at: Option<String>,
     #[serde(default)]
     pub cancel_requested: bool,
+    /// Every owner that ran it, in order (more than one once a new owner
+    /// resumed it after its owner was lost).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<OperationRun>,
+}
+
+/// One owner's turn at running an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationRun {
+    pub replica: String,
+    pub epoch: i64,
 }
 
 /// An [`Event`] stored by name.
@@ -152,7 +163,35 @@ impl OperationRecord {
             started_at: None,
             finished_at: None,
             cancel_requested: false,
+            runs: Vec::new(),
         }
+    }
+
+    /// Records that `replica` runs it from now on, under `epoch`.
+    pub fn run_by(&mut self, replica: &str, epoch: i64) {
+        if let (true, Some(earlier), Some(by)) =
+            (self.runs.is_empty(), self.owner_epoch, &self.replica)
+        {
+            // Written before runs were recorded: its first owner.
+            let first = OperationRun {
+                replica: by.clone(),
+                epoch: earlier,
+            };
+            self.runs.push(first);
+        }
+        self.replica = Some(replica.to_string());
+        self.owner_epoch = Some(epoch);
+        if self.runs.last().is_none_or(|last| last.epoch != epoch) {
+            self.runs.push(OperationRun {
+                replica: replica.to_string(),
+                epoch,
+            });
+        }
+    }
+
+    /// How many times an owner was lost while running it.
+    pub fn orphaned(&self) -> usize {
+        self.runs.len().saturating_sub(1)
     }
 }
 

@@ -69,9 +69,8 @@ impl Replication {
             let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
-                    // Not at once: the members watch from revision 0 would
-                    // end the wait straight away, a pass after a pass for as
-                    // long as the error lasts.
+                    // Not at once: a pass would follow a pass for as long
+                    // as the error lasts.
                     tracing::warn!(%error, retry_in = ?RETRY_AFTER_ERROR, "ownership reconcile failed");
                     tokio::select! {
                         _ = shutdown.changed() => return,
@@ -87,6 +86,9 @@ impl Replication {
                     match changes.recv().await {
                         // The first write of a state key: a new cluster.
                         Ok(CacheChange::State(kv)) if kv.version == 1 => break,
+                        // The cache's watch (re)started: the subscriptions
+                        // this pass made may have ended, or never begun.
+                        Ok(CacheChange::Relisted) => break,
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {

@@ -17,6 +17,12 @@ impl KeyLayout {
         }
     }
 
+    /// `<prefix>`: every key Drover writes (what a replica's one watch
+    /// covers).
+    pub fn all(&self) -> &str {
+        &self.prefix
+    }
+
     /// `<prefix>clusters/`: every key of every cluster.
     pub fn clusters(&self) -> String {
         format!("{}clusters/", self.prefix)

@@ -10,7 +10,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, owner, wait_for_state, wait_running, wait_until};
+use drover_tests::{create_running, owner, scrape, wait_for_state, wait_running, wait_until};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -752,6 +752,39 @@ async fn a_new_cluster_is_claimed_without_waiting_for_the_periodic_pass() {
             started.elapsed()
         );
     }
+}
+
+/// A replica follows etcd through one watch of the key prefix (its cluster
+/// cache's), which also feeds its operation waits, its owners view and its
+/// ownership loop's member changes: etcd holds one watcher per replica,
+/// not one per consumer.
+#[tokio::test]
+async fn each_replica_holds_one_etcd_watch() {
+    let env = Cluster3::start(2, TTL_SECONDS).await;
+    // Every consumer at work on both replicas: an operation waited for on
+    // each (the feed starts on first use), and ownership passes.
+    for (i, (_, replica)) in env.replicas.iter().enumerate() {
+        create_running(&mut replica.client().await, &format!("watched-{i}"), 1).await;
+    }
+    let etcd = env.etcd.endpoint();
+    wait_until(Duration::from_secs(10), "one watcher per replica", || {
+        let etcd = etcd.clone();
+        async move { etcd_watchers(&etcd).await == 2.0 }
+    })
+    .await;
+    // And no other comes and goes with the passes (they run every 100 ms
+    // at most, and at least every TTL/3).
+    let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS);
+    while Instant::now() < deadline {
+        assert_eq!(etcd_watchers(&etcd).await, 2.0, "etcd's watchers");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The watchers etcd at `endpoint` holds now.
+async fn etcd_watchers(endpoint: &str) -> f64 {
+    let samples = scrape::metrics(endpoint).await;
+    scrape::sum(&samples, "etcd_debugging_mvcc_watcher_total", "")
 }
 
 /// A replica whose lease etcd lost (revoked here behind its back) joins

@@ -1,13 +1,23 @@
 //! A watch cache of every cluster's records, serving Get and List without a
-//! round trip to etcd.
+//! round trip to etcd, and the replica's one etcd watch.
 //!
-//! It lists `clusters/` at revision R, then watches from R + 1, applying
-//! each change; when the watch fails (compaction, etcd restart) it lists
+//! It lists `clusters/` at revision R, then watches the whole key prefix
+//! from R + 1: it applies each change of a cluster key itself and hands the
+//! other changes to whoever subscribed to their prefix ([`ClusterCache::watch_keys`]:
+//! the operation feed, the owners view, the ownership loop's member
+//! changes); the rest (request entries, task runs) it drops. One watch per
+//! replica, as Kubernetes' shared informers do: etcd matches and sends each
+//! change once per replica instead of once per consumer. When the watch
+//! fails (compaction, etcd restart) it ends every subscription and lists
 //! again.
 //!
 //! # Guarantees
 //! - The cache only ever moves forward through etcd's history: a read never
 //!   shows a cluster older than an earlier read from the same cache.
+//! - A subscription delivers, in revision order and without gaps, every
+//!   change under its prefix from the revision [`ClusterCache::watch_keys`]
+//!   returns; if the watch fails it ends with an error (changes may then be
+//!   missed: the subscriber lists again or resubscribes).
 //!
 //! # Caveats
 //! - Reads may lag etcd by the watch delay (milliseconds). Callers that must
@@ -15,21 +25,28 @@
 //!   wait for the cache to show them ([`ClusterCache::show`]).
 //! - The records of one transaction arrive one event at a time, so for an
 //!   instant a cluster's spec and state may come from adjacent revisions.
+//! - Once stopped, the cache serves no reads, but the watch goes on for as
+//!   long as a subscriber follows it (the operation feed answers waits while
+//!   the replica drains), unless it fails.
 
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
-use crate::store::{EventKind, KeyValue, RangeRequest, SharedStore};
+use crate::store::{
+    EventKind, KeyValue, RangeRequest, SharedStore, StoreError, WatchEvent, WatchStream,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 
 const RELIST_DELAY: Duration = Duration::from_millis(200);
 /// State changes buffered per follower; one that falls further behind is
 /// told to re-scan.
 const CHANGES_BUFFER: usize = 4096;
+/// How often a stopped cache looks whether anyone still follows its watch.
+const SUBSCRIBERS_CHECK: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Snapshot {
@@ -78,6 +95,49 @@ fn declares_tasks(spec_json: &[u8]) -> bool {
 
 const TASKS_FIELD: &[u8] = b"\"tasks\":[{";
 
+/// The subscribers of the keys outside `clusters/`.
+#[derive(Default)]
+struct Fanout {
+    /// Whether the watch is live: subscriptions can start.
+    live: bool,
+    /// The revision of the newest change handed out (or of the last list):
+    /// a subscription starting now gets every change after it.
+    revision: i64,
+    subscribers: Vec<(
+        String,
+        mpsc::UnboundedSender<crate::store::Result<WatchEvent>>,
+    )>,
+}
+
+impl Fanout {
+    /// Hands `event` to the subscribers of its key.
+    fn dispatch(&mut self, event: &WatchEvent) {
+        self.revision = self.revision.max(event.kv.mod_revision);
+        for (prefix, sender) in &self.subscribers {
+            if event.kv.key.starts_with(prefix.as_str()) {
+                // One that went away is dropped at the next subscription.
+                let _ = sender.send(Ok(event.clone()));
+            }
+        }
+    }
+
+    /// Ends every subscription: the watch failed, changes may be missed.
+    fn end(&mut self) {
+        self.live = false;
+        for (_, sender) in self.subscribers.drain(..) {
+            let _ = sender.send(Err(StoreError::Unavailable(
+                "the replica's watch restarted".to_string(),
+            )));
+        }
+    }
+
+    /// Forgets the subscribers that went away; whether any is left.
+    fn prune(&mut self) -> bool {
+        self.subscribers.retain(|(_, sender)| !sender.is_closed());
+        !self.subscribers.is_empty()
+    }
+}
+
 /// A change the cache applied, for whoever follows it (the executor) in
 /// place of a watch of its own.
 #[derive(Debug, Clone)]
@@ -97,6 +157,9 @@ pub struct ClusterCache {
     snapshot: RwLock<Snapshot>,
     /// The revision of the newest change applied (or of the last list).
     applied: watch::Sender<i64>,
+    /// `<prefix>clusters/`: the keys the cache applies.
+    clusters: String,
+    fanout: Mutex<Fanout>,
 }
 
 impl ClusterCache {
@@ -105,14 +168,17 @@ impl ClusterCache {
             changes: broadcast::channel(CHANGES_BUFFER).0,
             metrics,
             registry: Registry::new(store.clone(), keys.clone()),
+            clusters: keys.clusters(),
             store,
             keys,
             snapshot: RwLock::new(Snapshot::default()),
             applied: watch::channel(0).0,
+            fanout: Mutex::new(Fanout::default()),
         })
     }
 
-    /// Keeps the cache current until `shutdown` turns true.
+    /// Keeps the cache current until `shutdown` turns true, and the watch
+    /// going after that for as long as a subscriber follows it.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let prefix = self.keys.clusters();
         while !*shutdown.borrow() {
@@ -124,7 +190,9 @@ impl ClusterCache {
                     continue;
                 }
             };
-            let mut watch = match self.store.watch(&prefix, listed.revision + 1).await {
+            // Every key, not only the clusters': the replica's one watch.
+            let all = self.keys.all();
+            let mut watch = match self.store.watch(all, listed.revision + 1).await {
                 Ok(watch) => watch,
                 Err(error) => {
                     tracing::warn!(%error, "cache watch failed; retrying");
@@ -143,31 +211,86 @@ impl ClusterCache {
                 self.metrics.clusters.set(snapshot.clusters.len() as i64);
             }
             self.applied.send_replace(listed.revision);
-            let _ = self.changes.send(CacheChange::Relisted);
-            loop {
-                tokio::select! {
-                    _ = shutdown.changed() => {
-                        // No longer followed: the reads served while the
-                        // replica drains go to etcd rather than to a view
-                        // that would go stale.
-                        self.write().ready = false;
-                        // Waiters for a revision (`show`) see it at once.
-                        self.applied.send_modify(|_| {});
-                        return;
-                    }
-                    event = watch.next() => match event {
-                        Some(Ok(event)) => self.apply(event.kind, event.kv),
-                        Some(Err(error)) => {
-                            tracing::info!(%error, "cache watch ended; re-listing");
-                            break;
-                        }
-                        None => break,
-                    },
-                }
+            {
+                let mut fanout = self.fanout();
+                fanout.live = true;
+                fanout.revision = listed.revision;
             }
-            // Until the next list completes, reads go to etcd.
+            let _ = self.changes.send(CacheChange::Relisted);
+            let stopped = self.follow(&mut watch, &mut shutdown).await;
+            // Until the next list completes, reads go to etcd, and
+            // subscribers list again or subscribe anew.
             self.write().ready = false;
+            self.fanout().end();
+            if stopped {
+                return;
+            }
         }
+    }
+
+    /// Applies the watch's changes until it fails (`false`: list again) or,
+    /// once `shutdown` turned true, until nobody subscribes any more
+    /// (`true`).
+    async fn follow(&self, watch: &mut WatchStream, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let mut serving = true;
+        let mut check = tokio::time::interval(SUBSCRIBERS_CHECK);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed(), if serving => {
+                    serving = false;
+                    // No longer followed: the reads served while the
+                    // replica drains go to etcd rather than to a view
+                    // that would go stale.
+                    self.write().ready = false;
+                    // Waiters for a revision (`show`) see it at once.
+                    self.applied.send_modify(|_| {});
+                }
+                _ = check.tick(), if !serving => {
+                    if !self.fanout().prune() {
+                        return true;
+                    }
+                }
+                event = watch.next() => match event {
+                    // Nobody subscribes to cluster keys (see `watch_keys`).
+                    Some(Ok(event)) if event.kv.key.starts_with(&self.clusters) => {
+                        if serving {
+                            self.apply(event.kind, event.kv);
+                        }
+                    }
+                    Some(Ok(event)) => self.fanout().dispatch(&event),
+                    Some(Err(error)) => {
+                        tracing::info!(%error, "cache watch ended; re-listing");
+                        return !serving;
+                    }
+                    None => return !serving,
+                },
+            }
+        }
+    }
+
+    /// Follows the watch's changes of the keys under `prefix` (keys outside
+    /// `clusters/`: the cache applies those itself) from now on. Returns the
+    /// changes and the revision from which they are complete: every change
+    /// under `prefix` from it on is delivered, in order. `None` while the
+    /// watch is not live (starting, or listing again).
+    ///
+    /// A subscriber that needs the keys as they are lists them after
+    /// subscribing, and skips the changes its list already holds: the list
+    /// is served at a revision at least that of every change the watch
+    /// delivered before.
+    pub fn watch_keys(&self, prefix: &str) -> Option<(WatchStream, i64)> {
+        let mut fanout = self.fanout();
+        if !fanout.live {
+            return None;
+        }
+        fanout.prune();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        fanout.subscribers.push((prefix.to_string(), sender));
+        Some((WatchStream::new(receiver), fanout.revision + 1))
+    }
+
+    fn fanout(&self) -> std::sync::MutexGuard<'_, Fanout> {
+        self.fanout.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Snapshot> {
@@ -534,6 +657,48 @@ mod tests {
         write(Op::delete(keys.task("a", "repair", "r"))).await;
         settle().await;
         assert!(with_tasks().is_empty(), "the task record is gone");
+        let _ = stop.send(true);
+    }
+
+    async fn next_event(stream: &mut WatchStream) -> WatchEvent {
+        let next = tokio::time::timeout(Duration::from_secs(10), stream.next());
+        let event = next.await.expect("an event in time");
+        event.expect("the stream goes on").expect("no error")
+    }
+
+    #[tokio::test]
+    async fn hands_the_other_keys_to_their_subscribers_from_the_revision_it_says() {
+        use crate::store::{Op, Txn};
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let write = |op: Op| {
+            let store = store.clone();
+            async move { store.txn(Txn::new().and_then([op])).await.unwrap() }
+        };
+        let before = write(Op::put(keys.owner("a"), "r0")).await.revision;
+        eventually("the watch to go live", || {
+            cache.watch_keys(&keys.owners()).is_some()
+        })
+        .await;
+        let (mut owners, from) = cache.watch_keys(&keys.owners()).unwrap();
+        assert!(from > before, "complete from after what was written before");
+        write(Op::put(keys.cluster_state("a"), "{}")).await;
+        write(Op::put(keys.member("r1"), "{}")).await;
+        let claimed = write(Op::put(keys.owner("a"), "r1")).await.revision;
+        write(Op::delete(keys.owner("a"))).await;
+        let put = next_event(&mut owners).await;
+        assert_eq!((put.kind, put.kv.mod_revision), (EventKind::Put, claimed));
+        assert_eq!(next_event(&mut owners).await.kind, EventKind::Delete);
+        // The cluster key went to the cache itself.
+        eventually("the state in the cache", || {
+            let mut seen = false;
+            cache.visit_states(|name, _| seen |= name == "a");
+            seen
+        })
+        .await;
         let _ = stop.send(true);
     }
 }

@@ -1,10 +1,13 @@
-//! One long-lived watch of every operation record, shared by every waiter
-//! and by the executor.
+//! Every write of an operation record, as the replica's one watch delivers
+//! them, shared by every waiter and by the executor.
 //!
-//! A watch created per wait starts "in the past" whenever anything was
-//! written between the read and the watch, and etcd serves such watches from
-//! a catch-up loop that runs every 100 ms; a single watch started once stays
-//! current and delivers each change at once.
+//! The feed subscribes to the cluster cache's watch of the whole key prefix
+//! ([`ClusterCache::watch_keys`]) once, on first use, rather than watching
+//! etcd itself: a watch created per wait starts "in the past" whenever
+//! anything was written between the read and the watch, and etcd serves
+//! such watches from a catch-up loop that runs every 100 ms; and a watch of
+//! its own would have etcd send every operation write once more to each
+//! replica.
 //!
 //! The feed also remembers the newest record it has seen of each recently
 //! written operation, so a waiter (or the executor picking up an operation
@@ -15,18 +18,18 @@
 //! - While the feed is live, a remembered record is the newest the feed has
 //!   seen of its key, and every later write of that key reaches the key's
 //!   followers. A record is only remembered if it was written after the
-//!   feed's watch began, so no write between the two can be missed.
+//!   feed's subscription began, so no write between the two can be missed.
 //! - When the watch restarts, everything remembered is forgotten and every
 //!   follower is told to read again.
 //!
 //! # Caveats
-//! - The feed does not watch deletes (the history collector deletes many
-//!   records at once, and every replica would receive them): a collected
-//!   record stays remembered until it is forgotten in turn.
+//! - The feed ignores deletes (only finished operations are collected): a
+//!   collected record stays remembered until it is forgotten in turn.
 //! - A key not remembered (evicted, or last written before the feed began)
 //!   says nothing: the caller reads etcd.
 
-use crate::store::{EventKind, KeyValue, SharedStore};
+use crate::cluster::ClusterCache;
+use crate::store::{EventKind, KeyValue};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -50,7 +53,7 @@ pub enum Seen {
 
 #[derive(Default)]
 struct Memory {
-    /// The watch's first revision while it is live.
+    /// The subscription's first revision while it is live.
     live_from: Option<i64>,
     /// The newest revision the watch has delivered.
     seen: i64,
@@ -172,10 +175,12 @@ impl OperationFeed {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the feed of every operation write under `prefix`, once.
-    pub fn start(self: &Arc<Self>, store: &SharedStore, prefix: &str) {
+    /// Starts the feed of every operation write under `prefix`, from
+    /// `cache`'s watch, once.
+    pub fn start(self: &Arc<Self>, cache: &Arc<ClusterCache>, prefix: &str) {
         self.started.get_or_init(|| {
-            tokio::spawn(run(store.clone(), prefix.to_string(), Arc::downgrade(self)));
+            let cache = Arc::clone(cache);
+            tokio::spawn(run(cache, prefix.to_string(), Arc::downgrade(self)));
         });
     }
 
@@ -215,22 +220,15 @@ impl OperationFeed {
     }
 }
 
-async fn run(store: SharedStore, prefix: String, feed: Weak<OperationFeed>) {
+async fn run(cache: Arc<ClusterCache>, prefix: String, feed: Weak<OperationFeed>) {
     loop {
-        let watch = match store.get(&prefix).await {
-            Ok(now) => store
-                .watch_puts(&prefix, now.revision + 1)
-                .await
-                .map(|watch| (watch, now.revision + 1)),
-            Err(error) => Err(error),
-        };
-        let (mut watch, live_from) = match watch {
-            Ok(watch) => watch,
-            Err(error) => {
-                tracing::warn!(%error, "operation feed cannot watch; retrying");
-                tokio::time::sleep(RESTART_DELAY).await;
-                continue;
+        let Some((mut watch, live_from)) = cache.watch_keys(&prefix) else {
+            // The replica's watch is starting or listing again.
+            tokio::time::sleep(RESTART_DELAY).await;
+            if feed.strong_count() == 0 {
+                return;
             }
+            continue;
         };
         let Some(this) = feed.upgrade() else { return };
         this.memory().reset(Some(live_from));
@@ -239,15 +237,16 @@ async fn run(store: SharedStore, prefix: String, feed: Weak<OperationFeed>) {
             let Some(this) = feed.upgrade() else { return };
             let mut memory = this.memory();
             memory.seen = memory.seen.max(event.kv.mod_revision);
-            // Deletes are not delivered: only finished operations are
-            // collected, and what is remembered of one stays true.
+            // Only finished operations are deleted (collected), and what is
+            // remembered of one stays true.
             if event.kind == EventKind::Put {
                 memory.remember(Arc::new(event.kv));
             }
         }
-        tracing::info!("operation feed watch ended; restarting");
-        if let Some(this) = feed.upgrade() {
-            this.memory().reset(None);
+        tracing::info!("operation feed's watch ended; following it again");
+        match feed.upgrade() {
+            Some(this) => this.memory().reset(None),
+            None => return,
         }
     }
 }

@@ -387,9 +387,12 @@ impl Operations {
         Ok(latest)
     }
 
-    /// Follows one operation key through the feed (started on first use).
+    /// Follows one operation key through the feed (started on first use,
+    /// from the watch cache's watch; without a cache it never goes live).
     pub(crate) fn follow(&self, key: &str) -> Follower {
-        self.feed.start(&self.store, &self.keys.all_operations());
+        if let Some(cache) = &self.cache {
+            self.feed.start(cache, &self.keys.all_operations());
+        }
         self.feed.follow(key)
     }
 

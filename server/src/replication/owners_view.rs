@@ -1,8 +1,10 @@
-//! Every owner key as a watch delivers them, for the ownership passes.
+//! Every owner key as the replica's watch delivers them, for the ownership
+//! passes.
 //!
 //! A pass used to range every owner key: with ten thousand clusters, three
 //! replicas' passes (each at least every TTL/3) kept etcd busy at rest. The
-//! view lists the keys once, then follows a watch.
+//! view lists the keys once, then follows the owner changes of the watch
+//! cache's watch ([`ClusterCache::watch_keys`]: the replica's one watch).
 //!
 //! # Guarantees
 //! - [`OwnersView::catch_up`] returns a view that includes every owner write
@@ -13,25 +15,31 @@
 //! - Like the range it replaces, the view may miss a change made after it
 //!   was brought up to date: every owner write compares what it relies on,
 //!   so such a view only loses a compare-and-swap.
+//! - While the replica's watch is not live (starting, or listing again
+//!   after a failure), every pass lists the owner keys.
 
 use super::OwnerRecord;
-use crate::cluster::from_json;
+use crate::cluster::{from_json, ClusterCache};
 use crate::keys::KeyLayout;
 use crate::store::{EventKind, LeaseId, RangeRequest, Store, WatchEvent, WatchStream};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a pass waits for the watch to deliver this replica's own owner
 /// writes before it lists the owner keys again instead.
 const CATCH_UP: Duration = Duration::from_secs(1);
 
-#[derive(Default)]
 pub(super) struct OwnersView {
+    /// Whose watch the view follows.
+    cache: Arc<ClusterCache>,
     /// Cluster name → its owner record and the key's create revision (the
     /// owner's epoch).
     owners: HashMap<String, (OwnerRecord, i64)>,
     /// The view holds every change up to this revision.
     revision: i64,
+    /// The revision of the last list: the changes up to it are in it.
+    listed: i64,
     /// `None` until listed, and after the watch failed.
     watch: Option<WatchStream>,
     /// Leases no member holds whose owner keys were still in etcd after a
@@ -40,6 +48,19 @@ pub(super) struct OwnersView {
 }
 
 impl OwnersView {
+    /// An empty view, listed on the first [`Self::catch_up`], that follows
+    /// `cache`'s watch.
+    pub(super) fn new(cache: Arc<ClusterCache>) -> Self {
+        Self {
+            cache,
+            owners: HashMap::new(),
+            revision: 0,
+            listed: 0,
+            watch: None,
+            lingering: HashSet::new(),
+        }
+    }
+
     pub(super) fn owners(&self) -> &HashMap<String, (OwnerRecord, i64)> {
         &self.owners
     }
@@ -119,6 +140,8 @@ impl OwnersView {
 
     async fn list(&mut self, store: &dyn Store, keys: &KeyLayout) -> crate::store::Result<()> {
         self.watch = None;
+        // Subscribed first, so the changes after the list are all in it.
+        let subscription = self.cache.watch_keys(&keys.owners());
         let listed = store.range(RangeRequest::prefix(keys.owners())).await?;
         self.owners = listed
             .kvs
@@ -130,7 +153,9 @@ impl OwnersView {
             })
             .collect();
         self.revision = listed.revision;
-        self.watch = Some(store.watch(&keys.owners(), listed.revision + 1).await?);
+        self.listed = listed.revision;
+        // Without one (the watch is not live) the next pass lists again.
+        self.watch = subscription.map(|(watch, _)| watch);
         Ok(())
     }
 
@@ -141,6 +166,10 @@ impl OwnersView {
             self.watch = None;
             return;
         };
+        if kv.mod_revision <= self.listed {
+            // Subscribed before the list: the list has it already.
+            return;
+        }
         self.revision = self.revision.max(kv.mod_revision);
         let Some(cluster) = kv.key.strip_prefix(&keys.owners()) else {
             return;
@@ -169,7 +198,9 @@ impl OwnersView {
 mod tests {
     use super::*;
     use crate::cluster::to_json;
+    use crate::metrics::Metrics;
     use crate::store::{MemoryStore, Op, Txn};
+    use tokio::sync::watch;
 
     fn record(replica: &str) -> Vec<u8> {
         to_json(&OwnerRecord {
@@ -183,17 +214,37 @@ mod tests {
         store.txn(Txn::new().and_then([op])).await.unwrap().revision
     }
 
+    /// An empty view that follows the watch of a cache of `store`, once
+    /// that watch is live; the cache stops when the sender is dropped.
+    async fn view_of(
+        store: &Arc<MemoryStore>,
+        keys: &KeyLayout,
+    ) -> (OwnersView, watch::Sender<bool>) {
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cache.watch_keys(&keys.owners()).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watch never went live"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (OwnersView::new(cache), stop)
+    }
+
     fn owner_of<'a>(view: &'a OwnersView, cluster: &str) -> Option<&'a str> {
         view.owners().get(cluster).map(|(o, _)| o.replica.as_str())
     }
 
     #[tokio::test]
     async fn lists_once_then_includes_every_write_up_to_the_revision_asked_for() {
-        let store = MemoryStore::new();
+        let store = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
         let first = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
-        let mut view = OwnersView::default();
-        view.catch_up(&store, &keys, 0).await.unwrap();
+        let (mut view, _cache) = view_of(&store, &keys).await;
+        view.catch_up(store.as_ref(), &keys, 0).await.unwrap();
         assert_eq!(owner_of(&view, "a"), Some("r1"));
         assert_eq!(
             view.owners()["a"].1,
@@ -204,7 +255,9 @@ mod tests {
         let claimed = write(&store, Op::put(keys.owner("b"), record("r2"))).await;
         let released = write(&store, Op::delete(keys.owner("a"))).await;
         assert!(claimed < released);
-        view.catch_up(&store, &keys, released).await.unwrap();
+        view.catch_up(store.as_ref(), &keys, released)
+            .await
+            .unwrap();
         assert_eq!(owner_of(&view, "b"), Some("r2"));
         assert_eq!(owner_of(&view, "a"), None, "the delete arrived");
         assert!(
@@ -220,17 +273,19 @@ mod tests {
 
     #[tokio::test]
     async fn waits_for_a_departed_members_keys_but_not_twice_for_lingering_ones() {
-        let store = MemoryStore::new();
+        let store = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
         write(&store, Op::put(keys.owner("a"), record("gone"))).await;
-        let mut view = OwnersView::default();
-        view.catch_up(&store, &keys, 0).await.unwrap();
+        let (mut view, _cache) = view_of(&store, &keys).await;
+        view.catch_up(store.as_ref(), &keys, 0).await.unwrap();
         // Lease 7 is no member's: its key is deleted (as with the lease)
         // and the wait ends once the view has the delete.
         let no_members = HashSet::new();
         let expiry = store.txn(Txn::new().and_then([Op::delete(keys.owner("a"))]));
-        let (expired, waited) =
-            tokio::join!(expiry, view.await_departed(&store, &keys, &no_members));
+        let (expired, waited) = tokio::join!(
+            expiry,
+            view.await_departed(store.as_ref(), &keys, &no_members)
+        );
         expired.unwrap();
         waited.unwrap();
         assert_eq!(owner_of(&view, "a"), None);
@@ -238,14 +293,14 @@ mod tests {
 
         // A key that stays is waited for once, then known to linger.
         let stuck = write(&store, Op::put(keys.owner("b"), record("stuck"))).await;
-        view.catch_up(&store, &keys, stuck).await.unwrap();
-        view.await_departed(&store, &keys, &no_members)
+        view.catch_up(store.as_ref(), &keys, stuck).await.unwrap();
+        view.await_departed(store.as_ref(), &keys, &no_members)
             .await
             .unwrap();
         assert_eq!(owner_of(&view, "b"), Some("stuck"));
         assert_eq!(view.lingering, HashSet::from([7]));
         let again = std::time::Instant::now();
-        view.await_departed(&store, &keys, &no_members)
+        view.await_departed(store.as_ref(), &keys, &no_members)
             .await
             .unwrap();
         assert!(again.elapsed() < CATCH_UP, "no second wait");
@@ -253,15 +308,39 @@ mod tests {
 
     #[tokio::test]
     async fn lists_again_when_the_watch_failed() {
-        let store = MemoryStore::new();
+        let store = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
-        let mut view = OwnersView::default();
-        view.catch_up(&store, &keys, 0).await.unwrap();
+        let (mut view, _cache) = view_of(&store, &keys).await;
+        view.catch_up(store.as_ref(), &keys, 0).await.unwrap();
         view.apply(&keys, None);
         assert!(view.watch.is_none());
         let claimed = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
-        view.catch_up(&store, &keys, claimed).await.unwrap();
+        view.catch_up(store.as_ref(), &keys, claimed).await.unwrap();
         assert_eq!(owner_of(&view, "a"), Some("r1"));
         assert!(view.watch.is_some());
+    }
+
+    #[tokio::test]
+    async fn skips_the_changes_its_list_already_holds() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let (mut view, _cache) = view_of(&store, &keys).await;
+        let claimed = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
+        view.catch_up(store.as_ref(), &keys, claimed).await.unwrap();
+        // A change the subscription delivers that the list already showed
+        // (here, an older delete of the key) changes nothing.
+        let older = WatchEvent {
+            kind: EventKind::Delete,
+            kv: crate::store::KeyValue {
+                key: keys.owner("a"),
+                value: Vec::new(),
+                create_revision: 0,
+                mod_revision: view.listed,
+                version: 0,
+                lease: 0,
+            },
+        };
+        view.apply(&keys, Some(Ok(older)));
+        assert_eq!(owner_of(&view, "a"), Some("r1"));
     }
 }

@@ -52,7 +52,7 @@ impl Replication {
     ) {
         let period = self.config.lease_ttl / 3;
         let mut changes = cache.subscribe();
-        let mut owners = OwnersView::default();
+        let mut owners = OwnersView::new(Arc::clone(&cache));
         let mut memo = StateMemo::new(self.schema);
         loop {
             let started = tokio::time::Instant::now();
@@ -61,12 +61,16 @@ impl Replication {
             // clusters costs one pass and not one pass each (10,000 of them
             // kept every replica busy for minutes).
             while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = changes.try_recv() {}
+            // Before the pass reads the members: a change after that read
+            // is then in the subscription.
+            let mut members = cache
+                .watch_keys(&self.keys.members())
+                .map(|(members, _)| members);
             let revision = match self.reconcile(&cache, &mut owners, &mut memo).await {
                 Ok(revision) => revision,
                 Err(error) => {
-                    // Not at once: the members watch from revision 0 would
-                    // end the wait straight away, a pass after a pass for as
-                    // long as the error lasts.
+                    // Not at once: a pass would follow a pass for as long
+                    // as the error lasts.
                     tracing::warn!(%error, retry_in = ?RETRY_AFTER_ERROR, "ownership reconcile failed");
                     tokio::select! {
                         _ = shutdown.changed() => return,
@@ -75,18 +79,16 @@ impl Replication {
                 }
             };
             // Either prefix changing is a reason to look again (the owners
-            // view follows its own watch); a member change is also a reason
-            // not to wait (see PASS_SPACING).
-            let members = async { self.store.watch(&self.keys.members(), revision + 1).await };
-            let mut members = tokio::select! {
-                _ = shutdown.changed() => return,
-                members = members => members.ok(),
-            };
+            // view follows the same watch); a member change is also a
+            // reason not to wait (see PASS_SPACING).
             let created = async {
                 loop {
                     match changes.recv().await {
                         // The first write of a state key: a new cluster.
                         Ok(CacheChange::State(kv)) if kv.version == 1 => break,
+                        // The cache's watch (re)started: the subscriptions
+                        // this pass made may have ended, or never begun.
+                        Ok(CacheChange::Relisted) => break,
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {
@@ -97,7 +99,7 @@ impl Replication {
             };
             let members_changed = tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = next_change(&mut members) => true,
+                _ = member_change(&mut members, revision) => true,
                 _ = owners.next_change(&self.keys) => false,
                 _ = created => false,
                 _ = tokio::time::sleep(period) => false,
@@ -109,7 +111,7 @@ impl Replication {
                 tokio::select! {
                     _ = shutdown.changed() => return,
                     _ = tokio::time::sleep_until(started + PASS_SPACING) => {},
-                    _ = next_change(&mut members) => {},
+                    _ = member_change(&mut members, revision) => {},
                 }
             }
         }
@@ -407,12 +409,23 @@ impl Replication {
 
 /// The next event of `watch` (any: a failure is a reason to look again
 /// too), or never when there is no watch.
-async fn next_change(watch: &mut Option<crate::store::WatchStream>) {
-    match watch {
-        Some(watch) => {
-            watch.next().await;
+/// Waits for a change of the members after `revision` (the pass's read of
+/// them), or for the end of the subscription, which may have missed one;
+/// never returns without a subscription (the replica's watch was not live).
+async fn member_change(members: &mut Option<crate::store::WatchStream>, revision: i64) {
+    let Some(watch) = members else {
+        return std::future::pending().await;
+    };
+    loop {
+        match watch.next().await {
+            // Subscribed before the pass's read: it has seen this one.
+            Some(Ok(event)) if event.kv.mod_revision <= revision => {}
+            Some(Ok(_)) => return,
+            Some(Err(_)) | None => {
+                *members = None;
+                return;
+            }
         }
-        None => std::future::pending().await,
     }
 }
 
@@ -491,7 +504,7 @@ mod tests {
     async fn pass(replication: &Replication, store: &SharedStore, keys: &KeyLayout) {
         let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
         let mut memo = StateMemo::new(replication.schema);
-        let mut owners = OwnersView::default();
+        let mut owners = OwnersView::new(Arc::clone(&cache));
         replication
             .reconcile(&cache, &mut owners, &mut memo)
             .await

@@ -256,7 +256,7 @@ pub struct WatchStream {
 }
 
 impl WatchStream {
-    pub(super) fn new(events: mpsc::UnboundedReceiver<Result<WatchEvent>>) -> Self {
+    pub(crate) fn new(events: mpsc::UnboundedReceiver<Result<WatchEvent>>) -> Self {
         Self { events }
     }
 

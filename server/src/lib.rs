@@ -1,12 +1,39 @@
 //! The Drover replica.
 //!
-//! - [`config`]: flags, environment and file, validated before anything binds.
+//! # Reading order
+//!
+//! Follow one request top to bottom; every call points down the layers.
+//!
+//! 1. [`replica`] starts a replica's parts and names them; [`server`] puts
+//!    the gRPC services in front of them; [`shutdown`] drains them.
+//! 2. [`api`]: a StopCluster arrives at `ClustersService`, is validated, and
+//!    goes to the one entry, `Executor::submit` (errors become statuses in
+//!    `api::error`, once).
+//! 3. [`executor`] (`submit`, then `start`, then `run`): [`operation`] plans
+//!    the accept (compares and writes, no side effects); the executor adds
+//!    its claim when this replica owns the cluster, commits, and runs the
+//!    steps through the [`provider`], every write through one fenced commit.
+//! 4. [`owner_work`]: what every kind of owner work shares (claim check,
+//!    in-flight marks, stop flag, the fenced commit).
+//! 5. [`replication`]: who owns which cluster (membership, owner keys,
+//!    rendezvous hashing) and the fence every owner write carries.
+//! 6. [`cluster`]: records, the state table (from the `drover-machine`
+//!    crate), the registry, and the watch cache: one etcd watch per replica
+//!    that every consumer reads.
+//! 7. [`store`]: the etcd semantics Drover relies on, over etcd or in
+//!    memory, and [`keys`], the key layout operators read with etcdctl.
+//!
+//! # Modules
+//!
+//! - [`config`]: flags, environment and file, one row per setting,
+//!   validated before anything binds.
 //! - [`store`]: the etcd semantics Drover relies on, over etcd or in memory.
 //! - [`keys`]: the etcd key layout (a user-facing contract).
 //! - [`kind`], [`names`], [`net`]: leaves shared across layers: the
 //!   operation kinds, the DNS-1123 rule for names in keys, accepting
 //!   connections.
-//! - [`cluster`]: cluster records, states, validation and the registry.
+//! - [`cluster`]: cluster records, states, validation, the registry and the
+//!   watch cache.
 //! - [`api`]: the drover.v1 gRPC services; errors become statuses there.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
 //! - [`operation`]: planning and committing accepts; reading, waiting for and

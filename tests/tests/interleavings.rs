@@ -276,14 +276,17 @@ async fn orphan_of_a_killed_replica(
 }
 
 /// Waits (well under the executor's 30 s rescan; the lost lease expires
-/// in 2 s) for the orphan to be failed by its new owner.
+/// in 2 s) for the orphan to be recovered by its new owner: resumed to its
+/// end (the default `--orphaned-operations=resume`), its record naming
+/// both owners.
 async fn assert_recovered(client: &Client, orphan: &v1::Operation) {
     let done = client
         .clone()
         .wait_operation(orphan, WAIT)
         .await
         .expect("wait");
-    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    assert_eq!(done.runs.len(), 2, "resumed by a new owner: {done:?}");
 }
 
 /// A replica adopting a dead peer's clusters claims them 100 per

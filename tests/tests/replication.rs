@@ -22,6 +22,9 @@ const FAILOVER: Duration = Duration::from_secs(2 * TTL_SECONDS + 6);
 /// (etcd's 500 ms expiry tick, the TTL/3 reconcile, the 1 s scanner).
 const RECOVERY: Duration = Duration::from_secs(TTL_SECONDS + 4);
 
+/// The reference's orphan handling (fail it), for the tests written for it.
+const ORPHANS_FAIL: &[&str] = &["--orphaned-operations", "fail"];
+
 /// Fields drop in order: replicas first, etcd last.
 struct Cluster3 {
     replicas: Vec<(String, ReplicaProcess)>,
@@ -31,6 +34,11 @@ struct Cluster3 {
 
 impl Cluster3 {
     async fn start(count: usize, ttl: u64) -> Self {
+        Self::start_with(count, ttl, &[]).await
+    }
+
+    /// Starts `count` replicas with `extra` flags each.
+    async fn start_with(count: usize, ttl: u64, extra: &[&str]) -> Self {
         let etcd = EtcdProcess::start().await;
         let sim = SimProcess::start().await;
         let mut this = Self {
@@ -39,7 +47,7 @@ impl Cluster3 {
             replicas: Vec::new(),
         };
         for i in 1..=count {
-            this.add(&format!("r{i}"), ttl).await;
+            this.add_with(&format!("r{i}"), ttl, extra).await;
         }
         this
     }
@@ -121,7 +129,8 @@ async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
 
 #[tokio::test]
 async fn kill_9_of_the_owner_mid_upgrade_fails_the_operation_and_recovers_the_cluster() {
-    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    // The reference's behaviour, kept behind --orphaned-operations=fail.
+    let mut c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;
     let mut client = c.replicas[0].1.client().await;
     let cluster = create_running(&mut client, "victim", 3).await;
     let mut admin = c.admin_avoiding("").await;
@@ -187,16 +196,17 @@ async fn kill_9_of_the_owner_mid_upgrade_resumes_the_operation_on_a_new_owner() 
     assert_ne!(runs[1].0, before.replica);
     assert!(runs[1].1 > runs[0].1, "a newer epoch: {runs:?}");
     let cluster = client.get_cluster("resumed").await.unwrap();
-    assert_eq!(cluster.state, S::Running as i32);
     assert_eq!(cluster.spec.unwrap().version, "1.30.0");
-    let nodes = cluster.status.unwrap().nodes;
+    let status = cluster.status.unwrap();
+    assert_eq!(status.state, Some(S::Running as i32));
+    let nodes = status.nodes;
     assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
-    let c = Cluster3::start(3, TTL_SECONDS).await;
+    let c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;
     let mut client = c.replicas[0].1.client().await;
     let cluster = create_running(&mut client, "zombie", 3).await;
     let mut admin = c.admin_avoiding("").await;
@@ -797,7 +807,9 @@ async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() 
     let etcd = EtcdProcess::start().await;
     let sim = SimProcess::start().await;
     let ttl = TTL_SECONDS.to_string();
-    let args = ["--provider", &sim.endpoint(), "--lease-ttl", &ttl];
+    let endpoint = sim.endpoint();
+    let mut args = vec!["--provider", &endpoint, "--lease-ttl", &ttl];
+    args.extend_from_slice(ORPHANS_FAIL);
     let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
     let mut client = replica.client().await;
     create_running(&mut client, "c", 1).await;

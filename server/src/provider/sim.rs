@@ -139,6 +139,7 @@ struct State {
     runs: HashMap<String, SimRun>,
     /// Calls admitted that land later, by admission number.
     late: HashMap<u64, LateCall>,
+    /// Late calls admitted so far: the last one's number.
     admitted: u64,
     step_latency: Duration,
     task_latency: Duration,
@@ -240,10 +241,7 @@ impl SimProvider {
             .filter(|(_, call)| older(&call.token))
             .map(|(number, _)| *number)
             .collect();
-        for number in superseded {
-            let Some(call) = state.late.remove(&number) else {
-                continue;
-            };
+        for call in superseded.iter().filter_map(|n| state.late.remove(n)) {
             call.landing.abort();
             let _ = call.answer.send(Err(Status::aborted(format!(
                 "superseded by epoch {} for cluster {}: the call under epoch {} was not applied",

@@ -16,13 +16,20 @@
 //!   provider had accepted by then: the history a checker replays.
 //! - Every call is idempotent: creating finds the nodes already there (and
 //!   makes those still missing), deleting a node already gone succeeds.
+//! - A newer epoch drains older ones: the call that raises a cluster's
+//!   newest epoch ends, before it goes on, every call admitted under an
+//!   older epoch that has not landed yet (ABORTED, "superseded by epoch N";
+//!   it applies nothing, ever) and stops every task run started under one
+//!   (its RunTask reports STOPPED, as after StopTask). Calls and runs of
+//!   other clusters, or under the newest epoch itself, go on.
 //!
 //! # Caveats
-//! - A call drawn to land late (fault kind `late`) is checked on entry only:
-//!   it lands even if a newer epoch was accepted meanwhile, or its caller
-//!   went away. That breaks the fencing promise of drover.provider.v1 on
-//!   purpose, as a real provider's admitted call would; the audit log shows
-//!   it.
+//! - A call drawn to land late (fault kind `late`) lands even if its caller
+//!   went away, as a real provider's admitted call would; the audit log
+//!   shows it, with its admission and landing times.
+//! - A call that hangs (fault kind `hang`) or waits out its latency has not
+//!   been admitted: it is never drained, and never applies anything either
+//!   (a token older than the newest by then is refused once it goes on).
 
 pub mod faults;
 
@@ -96,8 +103,33 @@ enum Landed {
 
 /// One task run: its outcome once it ended, and the switch StopTask flips.
 struct SimRun {
+    /// The token it was started under, for the drain of older epochs.
+    token: pb::FencingToken,
     outcome: Option<pb::RunTaskResponse>,
     stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl SimRun {
+    /// Ends the run STOPPED unless it already ended.
+    fn stop(&mut self) {
+        if self.outcome.is_none() {
+            self.outcome = Some(run_outcome("STOPPED", String::new()));
+        }
+        self.stop.send_replace(true);
+    }
+}
+
+/// The answer to a mutating call.
+type Answer = Result<pb::NodesResponse, Status>;
+
+/// A call admitted and not landed yet (fault kind `late`): what a newer
+/// epoch needs to end it.
+struct LateCall {
+    token: pb::FencingToken,
+    admitted_at: u64,
+    answer: tokio::sync::oneshot::Sender<Answer>,
+    /// The task that lands it when its time comes.
+    landing: tokio::task::AbortHandle,
 }
 
 #[derive(Default)]
@@ -105,6 +137,10 @@ struct State {
     clusters: HashMap<String, SimCluster>,
     newest_epoch: HashMap<String, i64>,
     runs: HashMap<String, SimRun>,
+    /// Calls admitted that land later, by admission number.
+    late: HashMap<u64, LateCall>,
+    /// Late calls admitted so far: the last one's number.
+    admitted: u64,
     step_latency: Duration,
     task_latency: Duration,
     /// Faults armed for the nth next call of a method.
@@ -167,8 +203,9 @@ impl SimProvider {
     }
 
     /// Checks `token` against the newest epoch seen for its cluster and
-    /// records it as the newest; the caller holds the state lock, so the
-    /// check and what follows are atomic.
+    /// records it as the newest, draining the older epochs' calls and runs
+    /// when it is newer; the caller holds the state lock, so the check, the
+    /// drain and what follows are atomic.
     fn fence(state: &mut State, token: &pb::FencingToken) -> Result<(), Status> {
         let newest = state.newest_epoch.get(&token.cluster_uid).copied();
         if !drover_machine::fence_admits(newest, token.epoch) {
@@ -179,10 +216,41 @@ impl SimProvider {
                 token.cluster_uid
             )));
         }
+        if newest != Some(token.epoch) {
+            Self::drain(state, token);
+        }
         state
             .newest_epoch
             .insert(token.cluster_uid.clone(), token.epoch);
         Ok(())
+    }
+
+    /// Ends what is still going under an epoch older than `newer`'s for
+    /// its cluster, before the call that brought `newer` goes on: a new
+    /// owner's first call must not have its predecessor's late call land
+    /// after it (a resumed step beside the one it resumes). Late calls end
+    /// ABORTED without landing (their landing task is cancelled, and
+    /// would find nothing to land); task runs end STOPPED.
+    fn drain(state: &mut State, newer: &pb::FencingToken) {
+        let older = |token: &pb::FencingToken| {
+            token.cluster_uid == newer.cluster_uid && token.epoch < newer.epoch
+        };
+        let superseded: Vec<u64> = state
+            .late
+            .iter()
+            .filter(|(_, call)| older(&call.token))
+            .map(|(number, _)| *number)
+            .collect();
+        for call in superseded.iter().filter_map(|n| state.late.remove(n)) {
+            call.landing.abort();
+            let _ = call.answer.send(Err(Status::aborted(format!(
+                "superseded by epoch {} for cluster {}: the call under epoch {} was not applied",
+                newer.epoch, newer.cluster_uid, call.token.epoch
+            ))));
+        }
+        for run in state.runs.values_mut().filter(|run| older(&run.token)) {
+            run.stop();
+        }
     }
 
     /// Appends the entry of a call landing now, admitted at `admitted_at`
@@ -245,11 +313,10 @@ impl SimProvider {
 
     /// Runs a mutating call: latency, faults, fencing, then `apply` and the
     /// audit entry, atomically with the fencing check, or, for a call drawn
-    /// to land late, after a delay and whatever was fenced meanwhile. A late
-    /// call that carries a gRPC deadline (`due`: the time left at entry)
-    /// lands just before it, the latest a provider that honours deadlines
-    /// may apply it: the caller's deadline is what keeps it from landing
-    /// after a newer owner's first call.
+    /// to land late, after a delay, unless a newer epoch drains it first. A
+    /// late call that carries a gRPC deadline (`due`: the time left at
+    /// entry) lands just before it, the latest a provider that honours
+    /// deadlines may apply it.
     async fn mutate<F>(
         &self,
         method: &'static str,
@@ -274,25 +341,50 @@ impl SimProvider {
             Self::fence(&mut state, &token)?;
             return Self::land(&mut state, method, token, None, draw.partial, apply);
         };
-        Self::fence(&mut self.lock(), &token)?;
-        let admitted_at = Some(now_ms());
-        // Detached from the request: the effect lands even if the caller has
-        // gone away (timed out, or its process died) in the meantime.
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let sim = self.clone();
         let lands_at = match due_at {
             Some(at) => at.checked_sub(LAND_BEFORE_DEADLINE).unwrap_or(at),
             None => tokio::time::Instant::now() + delay,
         };
-        tokio::spawn(async move {
-            tokio::time::sleep_until(lands_at).await;
-            let mut state = sim.lock();
-            let landed = Self::land(&mut state, method, token, admitted_at, draw.partial, apply);
-            let _ = answer.send(landed);
-        });
+        let answered = {
+            let mut state = self.lock();
+            Self::fence(&mut state, &token)?;
+            state.admitted += 1;
+            let number = state.admitted;
+            // Detached from the request: the effect lands even if the caller
+            // has gone away (timed out, or its process died) in the meantime.
+            let sim = self.clone();
+            let landing = tokio::spawn(async move {
+                tokio::time::sleep_until(lands_at).await;
+                sim.land_late(number, method, draw.partial, apply);
+            });
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            let call = LateCall {
+                token,
+                admitted_at: now_ms(),
+                answer,
+                landing: landing.abort_handle(),
+            };
+            state.late.insert(number, call);
+            answered
+        };
         answered
             .await
             .map_err(|_| Status::internal(format!("{method}: the late call was lost")))?
+    }
+
+    /// Lands late call `number` now, unless a newer epoch drained it
+    /// meanwhile (it is gone from the calls in flight then, its answer sent).
+    fn land_late<F>(&self, number: u64, method: &'static str, partial: bool, apply: F)
+    where
+        F: FnOnce(&mut SimCluster, bool) -> Result<Landed, Status>,
+    {
+        let mut state = self.lock();
+        let Some(call) = state.late.remove(&number) else {
+            return;
+        };
+        let admitted_at = Some(call.admitted_at);
+        let landed = Self::land(&mut state, method, call.token, admitted_at, partial, apply);
+        let _ = call.answer.send(landed);
     }
 
     /// Applies an admitted call to its cluster and audits what it did.
@@ -594,6 +686,7 @@ impl Provider for SimProvider {
                 .runs
                 .entry(r.run_id.clone())
                 .or_insert_with(|| SimRun {
+                    token: token.clone(),
                     outcome: None,
                     stop: tokio::sync::watch::channel(false).0,
                 });
@@ -643,14 +736,11 @@ impl Provider for SimProvider {
         Self::fence(&mut state, &token)?;
         let detail = format!("stop {}", r.run_id);
         Self::audit(&mut state, "StopTask", token, None, detail, String::new());
-        let run = state
+        state
             .runs
             .get_mut(&r.run_id)
-            .ok_or_else(|| Status::not_found(format!("run {} is unknown", r.run_id)))?;
-        if run.outcome.is_none() {
-            run.outcome = Some(run_outcome("STOPPED", String::new()));
-        }
-        run.stop.send_replace(true);
+            .ok_or_else(|| Status::not_found(format!("run {} is unknown", r.run_id)))?
+            .stop();
         Ok(Response::new(pb::StopTaskResponse {}))
     }
 }
@@ -953,45 +1043,71 @@ mod tests {
         assert_eq!(whole.unwrap().into_inner().nodes.len(), 4);
     }
 
-    #[tokio::test]
-    async fn a_call_admitted_before_a_fence_lands_after_it_even_without_its_caller() {
+    /// `sim` with the cluster made under epoch 5, and StopNodes drawn to
+    /// land `delay_ms` (at most) after admission.
+    async fn with_late_stops(delay_ms: u64) -> SimProvider {
         let sim = SimProvider::new();
         created(&sim, 1).await;
         sim.configure(Request::new(pb::SimulatorConfig {
             faults: Some("StopNodes:late=1".into()),
-            fault_delay_ms: Some(300),
+            fault_delay_ms: Some(delay_ms),
             ..Default::default()
         }))
         .await
         .unwrap();
+        sim
+    }
+
+    /// Sends StopNodes under `token` from a task of its own, and returns
+    /// once the simulator admitted it (drew its late landing and checked
+    /// its token: one step, as these tests run on one thread).
+    async fn admitted_stop(
+        sim: &SimProvider,
+        token: Option<pb::FencingToken>,
+    ) -> tokio::task::JoinHandle<Result<Response<pb::NodesResponse>, Status>> {
+        let before = audit(sim).await.injected.get("StopNodes/late").copied();
         let caller = {
             let sim = sim.clone();
             tokio::spawn(async move {
-                sim.stop_nodes(Request::new(pb::PowerRequest { token: token(5) }))
+                sim.stop_nodes(Request::new(pb::PowerRequest { token }))
                     .await
             })
         };
-        // Admitted (the fence is checked on entry), not landed yet: it lands
-        // 150 ms to 300 ms after admission.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(audit(&sim)
-            .await
-            .entries
+        let wanted = before.unwrap_or(0) + 1;
+        for _ in 0..200 {
+            if audit(sim).await.injected.get("StopNodes/late") == Some(&wanted) {
+                return caller;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("StopNodes was not admitted within 1 s");
+    }
+
+    fn stops(log: &pb::AuditLog) -> Vec<&pb::AuditEntry> {
+        log.entries
             .iter()
-            .all(|e| e.method != "StopNodes"));
-        let fence = pb::DescribeClusterRequest {
-            cluster_uid: "u1".into(),
-            token: token(9),
+            .filter(|e| e.method == "StopNodes")
+            .collect()
+    }
+
+    async fn nodes_of(sim: &SimProvider, uid: &str) -> Vec<pb::ProviderNode> {
+        let describe = pb::DescribeClusterRequest {
+            cluster_uid: uid.into(),
+            token: None,
         };
-        sim.describe_cluster(Request::new(fence)).await.unwrap();
+        let nodes = sim.describe_cluster(Request::new(describe)).await;
+        nodes.unwrap().into_inner().nodes
+    }
+
+    #[tokio::test]
+    async fn a_call_admitted_late_lands_even_without_its_caller() {
+        let sim = with_late_stops(300).await;
+        let caller = admitted_stop(&sim, token(5)).await;
+        assert!(stops(&audit(&sim).await).is_empty(), "not landed yet");
         caller.abort();
         let mut landed = None;
         for _ in 0..100 {
-            landed = audit(&sim)
-                .await
-                .entries
-                .into_iter()
-                .find(|e| e.method == "StopNodes");
+            landed = stops(&audit(&sim).await).first().map(|e| (*e).clone());
             if landed.is_some() {
                 break;
             }
@@ -999,8 +1115,137 @@ mod tests {
         }
         let landed = landed.expect("the late call landed");
         assert_eq!(landed.token.as_ref().unwrap().epoch, 5);
-        assert_eq!(landed.newest_epoch_at_landing, 9);
         assert!(landed.landed_at_ms > landed.admitted_at_ms, "{landed:?}");
+        assert!(nodes_of(&sim, "u1")
+            .await
+            .iter()
+            .all(|n| n.power_state == "off"));
+    }
+
+    #[tokio::test]
+    async fn a_newer_epoch_ends_an_older_call_in_flight_before_it_answers() {
+        // Lands 5 s to 10 s after admission, unless drained first.
+        let sim = with_late_stops(10_000).await;
+        let caller = admitted_stop(&sim, token(5)).await;
+        let fence = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: token(6),
+        };
+        sim.describe_cluster(Request::new(fence)).await.unwrap();
+        // Ended by the time the newer call answered: its answer is already
+        // there, long before it would have landed.
+        let ended = tokio::time::timeout(Duration::from_millis(500), caller).await;
+        let superseded = ended.expect("ended at once").unwrap().unwrap_err();
+        assert_eq!(superseded.code(), tonic::Code::Aborted, "{superseded:?}");
+        assert!(
+            superseded.message().contains("superseded by epoch 6"),
+            "{superseded:?}"
+        );
+        // And it never lands: nothing of it in the nodes or the audit log.
+        assert!(stops(&audit(&sim).await).is_empty());
+        assert!(nodes_of(&sim, "u1")
+            .await
+            .iter()
+            .all(|n| n.power_state == "on"));
+    }
+
+    #[tokio::test]
+    async fn a_newer_mutating_call_drains_only_older_epochs_of_its_cluster() {
+        let sim = with_late_stops(300).await;
+        let u2 = Some(pb::FencingToken {
+            cluster_uid: "u2".into(),
+            epoch: 5,
+            operation_id: "op".into(),
+        });
+        let other = pb::CreateNodesRequest {
+            token: u2.clone(),
+            control_nodes: 1,
+            ..Default::default()
+        };
+        sim.create_nodes(Request::new(other)).await.unwrap();
+        let old = admitted_stop(&sim, token(5)).await;
+        let elsewhere = admitted_stop(&sim, u2).await;
+        let started = sim
+            .start_nodes(Request::new(pb::PowerRequest { token: token(6) }))
+            .await;
+        assert!(started.is_ok(), "{started:?}");
+        let ended = tokio::time::timeout(Duration::from_millis(100), old).await;
+        let old = ended.expect("ended at once").unwrap().unwrap_err();
+        assert_eq!(old.code(), tonic::Code::Aborted, "{old:?}");
+        // A call under the newest epoch is not drained by another one.
+        let same_epoch = admitted_stop(&sim, token(6)).await;
+        let fence = pb::DescribeClusterRequest {
+            cluster_uid: "u1".into(),
+            token: token(6),
+        };
+        sim.describe_cluster(Request::new(fence)).await.unwrap();
+        same_epoch
+            .await
+            .unwrap()
+            .expect("not drained by its own epoch");
+        elsewhere
+            .await
+            .unwrap()
+            .expect("not drained by another cluster");
+        let log = audit(&sim).await;
+        let landed: Vec<(&str, i64)> = stops(&log)
+            .iter()
+            .map(|e| {
+                let token = e.token.as_ref().unwrap();
+                (token.cluster_uid.as_str(), token.epoch)
+            })
+            .collect();
+        assert_eq!(landed, [("u2", 5), ("u1", 6)]);
+    }
+
+    #[tokio::test]
+    async fn a_newer_epoch_stops_an_older_task_run() {
+        let sim = SimProvider::new();
+        sim.configure(Request::new(pb::SimulatorConfig {
+            task_latency_ms: Some(60_000),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let run = |epoch, run_id: &str| {
+            let sim = sim.clone();
+            let request = pb::RunTaskRequest {
+                token: token(epoch),
+                task_type: "backup".into(),
+                task_name: "nightly".into(),
+                run_id: run_id.into(),
+            };
+            tokio::spawn(async move { sim.run_task(Request::new(request)).await })
+        };
+        let sim_ref = &sim;
+        let started = |runs: usize| async move {
+            for _ in 0..200 {
+                if audit(sim_ref).await.entries.len() == runs {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("{runs} runs did not start within 1 s");
+        };
+        let old = run(5, "old");
+        started(1).await;
+        let fence = |epoch| {
+            sim.describe_cluster(Request::new(pb::DescribeClusterRequest {
+                cluster_uid: "u1".into(),
+                token: token(epoch),
+            }))
+        };
+        fence(6).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_millis(100), old).await;
+        let outcome = ended.expect("stopped at once").unwrap().unwrap();
+        assert_eq!(outcome.into_inner().status, "STOPPED");
+        // A run under the newest epoch goes on.
+        let mut current = run(6, "current");
+        started(2).await;
+        fence(6).await.unwrap();
+        let going = tokio::time::timeout(Duration::from_millis(100), &mut current).await;
+        assert!(going.is_err(), "{going:?}");
+        current.abort();
     }
 
     #[tokio::test]

@@ -30,8 +30,9 @@ pub struct FaultRates {
     /// A call over several nodes does some of them, then fails.
     pub partial: f64,
     /// Checks the token on entry and applies its effect after a delay, even
-    /// if a newer epoch was accepted meanwhile, and even if the caller went
-    /// away: a real provider's admitted call that lands later.
+    /// if the caller went away: a real provider's admitted call that lands
+    /// later. A newer epoch accepted meanwhile ends it unapplied (the drain
+    /// of drover.provider.v1).
     pub late: f64,
 }
 

@@ -69,7 +69,7 @@ pub struct Replica {
 
 impl Replica {
     /// Its claim on `cluster`: only while it believes its lease alive, as
-    /// `Replication::claim` does.
+    /// `Ownership::claim` does.
     pub fn claim(&self, cluster: ClusterId) -> Option<Claim> {
         Some(Claim {
             lease: self.session?,
@@ -546,7 +546,7 @@ impl State {
         Some(())
     }
 
-    /// `Replication::try_claim`: compare the owner key absent, put it bound
+    /// `Ownership::try_claim`: compare the owner key absent, put it bound
     /// to the replica's lease. The replica is in the member list, so etcd
     /// still holds that lease (its member key is bound to it).
     fn claim(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
@@ -562,7 +562,7 @@ impl State {
         Some(())
     }
 
-    /// `Replication::release`: delete the owner key if it is still ours.
+    /// `Ownership::release`: delete the owner key if it is still ours.
     fn release(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
         let claim = self.replicas[replica].claim(cluster)?;
         if !self.store.owner_is(cluster, claim) {

@@ -23,7 +23,7 @@
 //! - A claim checked here may end a moment later: every write still
 //!   compares the claim's fence in etcd, so the check only saves work.
 
-use crate::replication::{Claim, Replication};
+use crate::replication::{Claim, Ownership};
 use crate::store::{Op, SharedStore, StoreError, Txn};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +32,7 @@ use std::time::Duration;
 
 /// The shared part of one kind of owner work on this replica.
 pub struct OwnerWork {
-    replication: Arc<Replication>,
+    replication: Arc<Ownership>,
     in_flight: Arc<Mutex<HashSet<String>>>,
     /// Set once the replica shuts down: no new work starts from then on.
     stopping: AtomicBool,
@@ -54,7 +54,7 @@ impl Drop for InFlight {
 }
 
 impl OwnerWork {
-    pub fn new(replication: Arc<Replication>) -> Self {
+    pub fn new(replication: Arc<Ownership>) -> Self {
         Self {
             replication,
             in_flight: Arc::default(),
@@ -63,7 +63,7 @@ impl OwnerWork {
         }
     }
 
-    pub fn replication(&self) -> &Arc<Replication> {
+    pub fn replication(&self) -> &Arc<Ownership> {
         &self.replication
     }
 

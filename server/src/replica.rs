@@ -26,7 +26,7 @@ use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::operation::Operations;
 use crate::provider::Provider;
-use crate::replication::{Replication, ReplicationConfig};
+use crate::replication::{Ownership, OwnershipConfig};
 use crate::scanner::Scanner;
 use crate::store::{MeteredStore, SharedStore};
 use crate::task::{TaskScheduler, TaskStore};
@@ -70,7 +70,7 @@ pub struct Replica {
 /// three that run work on the clusters it owns (the scanner runs too, but
 /// nothing outside needs to reach it).
 pub struct Workers {
-    pub replication: Arc<Replication>,
+    pub replication: Arc<Ownership>,
     pub executor: Arc<Executor>,
     pub tasks: Arc<TaskScheduler>,
 }
@@ -168,10 +168,10 @@ impl Replica {
         provider: Provider,
         work_stopped: watch::Receiver<bool>,
     ) -> Workers {
-        let (replication, adoptions) = Replication::new(
+        let (replication, adoptions) = Ownership::new(
             self.store.clone(),
             self.keys.clone(),
-            ReplicationConfig {
+            OwnershipConfig {
                 replica_id: config.replica_id.clone(),
                 address: self.address.to_string(),
                 lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),

@@ -22,7 +22,7 @@ use crate::operation::{
 };
 use crate::owner_work::OwnerWork;
 use crate::provider::{node_ready, Provider, DESCRIBE_TIMEOUT};
-use crate::replication::Replication;
+use crate::replication::Ownership;
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +46,7 @@ impl Scanner {
         operations: Operations,
         executor: Arc<Executor>,
         provider: Provider,
-        replication: Arc<Replication>,
+        replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         interval: Duration,
     ) -> Self {

@@ -26,7 +26,7 @@
 use crate::cluster::ClusterCache;
 use crate::executor::Executor;
 use crate::replica::{Switches, Workers};
-use crate::replication::Replication;
+use crate::replication::Ownership;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -131,10 +131,10 @@ async fn leave(workers: Workers, cache: &ClusterCache, grace: Duration) {
 
 /// Lets the operations running here finish, for at most `grace`, while
 /// every other cluster goes to the peers at once (see
-/// [`Replication::release_unbusy`]); with nothing running the lease revoke
+/// [`Ownership::release_unbusy`]); with nothing running the lease revoke
 /// that follows hands everything over in one go.
 async fn hand_off(
-    replication: &Replication,
+    replication: &Ownership,
     executor: &Executor,
     cache: &ClusterCache,
     grace: Duration,

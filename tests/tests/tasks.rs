@@ -11,7 +11,7 @@ use drover_proto::v1::admin_client::AdminClient;
 use drover_server::cluster::{from_json, Registry, SpecRecord};
 use drover_server::keys::KeyLayout;
 use drover_server::metrics::Metrics;
-use drover_server::replication::{Claim, OwnerRecord, Replication, ReplicationConfig};
+use drover_server::replication::{Claim, OwnerRecord, Ownership, OwnershipConfig};
 use drover_server::store::SharedStore;
 use drover_server::task::{ReconcileOutcome, TaskScheduler, TaskStore};
 use drover_tests::etcd::EtcdProcess;
@@ -634,10 +634,10 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
         lease: owner.lease,
         epoch: owner_kv.create_revision,
     };
-    let (replication, _) = Replication::new(
+    let (replication, _) = Ownership::new(
         store.clone(),
         keys.clone(),
-        ReplicationConfig {
+        OwnershipConfig {
             replica_id: "stale-reader".into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(2),

@@ -5,7 +5,7 @@ use crate::cluster::from_json;
 use crate::cluster::validate;
 use crate::keys::KeyLayout;
 use crate::operation::LifecycleError;
-use crate::replication::{MemberRecord, OwnerRecord, Replication};
+use crate::replication::{MemberRecord, OwnerRecord, Ownership};
 use crate::store::{RangeRequest, SharedStore};
 use drover_proto::v1::{self, admin_server::Admin};
 use std::collections::HashMap;
@@ -16,11 +16,11 @@ pub struct AdminService {
     store: SharedStore,
     keys: KeyLayout,
     /// Present when this replica is a member.
-    replication: Option<Arc<Replication>>,
+    replication: Option<Arc<Ownership>>,
 }
 
 impl AdminService {
-    pub fn new(store: SharedStore, keys: KeyLayout, replication: Option<Arc<Replication>>) -> Self {
+    pub fn new(store: SharedStore, keys: KeyLayout, replication: Option<Arc<Ownership>>) -> Self {
         Self {
             store,
             keys,

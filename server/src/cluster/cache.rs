@@ -22,7 +22,7 @@
 //! # Caveats
 //! - Reads may lag etcd by the watch delay (milliseconds). Callers that must
 //!   see their own writes ask for a linearizable read, served from etcd, or
-//!   wait for the cache to show them ([`ClusterCache::show`]).
+//!   wait for the cache to show them ([`ClusterCache::wait_until_applied`]).
 //! - The records of one transaction arrive one event at a time, so for an
 //!   instant a cluster's spec and state may come from adjacent revisions.
 //! - Once stopped, the cache serves no reads, but the watch goes on for as
@@ -430,7 +430,7 @@ impl ClusterCache {
     /// replica sees the clusters as that write left them. (A transaction's
     /// keys arrive one event at a time: its first cluster key is then
     /// shown, and the rest follow in microseconds.)
-    pub async fn show(&self, revision: i64, limit: Duration) {
+    pub async fn wait_until_applied(&self, revision: i64, limit: Duration) {
         let mut applied = self.applied.subscribe();
         let shown = |applied: &i64| *applied >= revision || !self.read().ready;
         let _ = tokio::time::timeout(limit, applied.wait_for(shown)).await;

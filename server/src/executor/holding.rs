@@ -96,7 +96,7 @@ impl<'e> Holding<'e> {
             .commit(store, txn, name, self.claim, marker.as_ref())
             .await?;
         if let Some(Op::Put { key, value, .. }) = marker {
-            operations.wrote(key, value, revision);
+            operations.record_own_write(key, value, revision);
         }
         Ok(revision)
     }

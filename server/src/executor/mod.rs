@@ -45,7 +45,7 @@ use crate::config::{OrphanPolicy, Timeouts};
 use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
 use crate::provider::Provider;
-use crate::replication::Replication;
+use crate::replication::Ownership;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -72,7 +72,7 @@ impl Executor {
     pub fn new(
         operations: Operations,
         provider: Provider,
-        replication: Arc<Replication>,
+        replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
         orphans: OrphanPolicy,

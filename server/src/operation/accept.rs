@@ -367,7 +367,7 @@ impl Operations {
             Err(StoreError::Conflict { .. }) => return Ok(None),
             Err(error) => return Err(error.into()),
         };
-        self.wrote(operation_key, operation_json, revision);
+        self.record_own_write(operation_key, operation_json, revision);
         self.metrics
             .transition(operation.from_state, operation.entered_state);
         tracing::info!(

@@ -215,7 +215,7 @@ impl OperationFeed {
 
     /// A record this replica just wrote itself: its followers here learn of
     /// it without waiting for the watch to deliver it.
-    pub fn wrote(&self, kv: KeyValue) {
+    pub fn record_own_write(&self, kv: KeyValue) {
         self.memory().remember(Arc::new(kv));
     }
 }
@@ -277,15 +277,15 @@ mod tests {
         let feed = live(10);
         let mut follower = feed.follow("a");
         assert!(follower.known.is_none());
-        feed.wrote(kv("b", 11));
-        feed.wrote(kv("a", 12));
-        feed.wrote(kv("a", 12));
+        feed.record_own_write(kv("b", 11));
+        feed.record_own_write(kv("a", 12));
+        feed.record_own_write(kv("a", 12));
         match follower.next().await {
             Some(Seen::Record(record)) => assert_eq!(record.mod_revision, 12),
             other => panic!("expected the write of a, got {other:?}"),
         }
         // An older write (a watch event behind a local write) changes nothing.
-        feed.wrote(kv("a", 11));
+        feed.record_own_write(kv("a", 11));
         assert_eq!(feed.follow("a").known.as_ref().unwrap().mod_revision, 12);
         assert!(!follower.receiver.has_changed().unwrap());
     }
@@ -293,17 +293,17 @@ mod tests {
     #[tokio::test]
     async fn nothing_written_before_the_feed_began_is_remembered() {
         let feed = live(10);
-        feed.wrote(kv("a", 9));
+        feed.record_own_write(kv("a", 9));
         assert!(feed.follow("a").known.is_none());
         let not_live = OperationFeed::new();
-        not_live.wrote(kv("a", 20));
+        not_live.record_own_write(kv("a", 20));
         assert!(not_live.follow("a").known.is_none());
     }
 
     #[tokio::test]
     async fn a_restart_forgets_and_tells_followers_to_read_again() {
         let feed = live(10);
-        feed.wrote(kv("a", 12));
+        feed.record_own_write(kv("a", 12));
         let mut follower = feed.follow("a");
         assert!(follower.known.is_some());
         feed.memory().reset(None);
@@ -315,7 +315,7 @@ mod tests {
     async fn memory_is_bounded_oldest_first() {
         let feed = live(1);
         for i in 0..(REMEMBERED + 10) {
-            feed.wrote(kv(&format!("k{i}"), i as i64 + 1));
+            feed.record_own_write(kv(&format!("k{i}"), i as i64 + 1));
         }
         let memory = feed.memory();
         assert_eq!(memory.records.len(), REMEMBERED);

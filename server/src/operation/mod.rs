@@ -382,7 +382,7 @@ impl Operations {
             // that asks this replica for the cluster, or for its next
             // operation, next must find the cluster as the operation left
             // it, not still busy.
-            cache.show(revision, CACHE_CATCH_UP).await;
+            cache.wait_until_applied(revision, CACHE_CATCH_UP).await;
         }
         Ok(latest)
     }
@@ -403,8 +403,8 @@ impl Operations {
 
     /// An operation record this replica wrote at `revision`: followers here
     /// learn of it at once.
-    pub(crate) fn wrote(&self, key: String, value: Vec<u8>, revision: i64) {
-        self.feed.wrote(KeyValue {
+    pub(crate) fn record_own_write(&self, key: String, value: Vec<u8>, revision: i64) {
+        self.feed.record_own_write(KeyValue {
             key,
             value,
             create_revision: revision,

@@ -23,7 +23,7 @@ pub fn connect_lazy(endpoint: &str) -> Result<Provider, tonic::codegen::http::ur
 }
 
 /// `message` as a request due by `deadline` (the end of the caller's claim,
-/// see `Replication::claim_deadline`): it carries the time left as its gRPC
+/// see `Ownership::claim_deadline`): it carries the time left as its gRPC
 /// deadline (`grpc-timeout`), which the client enforces (the call ends with
 /// CANCELLED once it passes) and the provider learns, so that a call made
 /// under a claim is never applied after a peer could have taken over.

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 /// etcd's default limit of 128 per transaction.
 const RELEASE_BATCH: usize = 30;
 
-impl Replication {
+impl Ownership {
     /// Rewrites this replica's member record as draining (bound to the same
     /// lease, and only while the record is still bound to it): peers then
     /// claim the clusters it releases.
@@ -179,15 +179,14 @@ mod tests {
     /// A replica that joined `store` and owns `clusters`, each with a state
     /// key (its slot holding `op-<cluster>` unless the name says idle) and
     /// that operation's record.
-    async fn owner_of(store: SharedStore, keys: &KeyLayout, clusters: &[&str]) -> Arc<Replication> {
-        let config = ReplicationConfig {
+    async fn owner_of(store: SharedStore, keys: &KeyLayout, clusters: &[&str]) -> Arc<Ownership> {
+        let config = OwnershipConfig {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
         };
-        let (replication, _) =
-            Replication::new(store.clone(), keys.clone(), config, Metrics::new());
+        let (replication, _) = Ownership::new(store.clone(), keys.clone(), config, Metrics::new());
         let lease = replication.join().await.unwrap();
         for cluster in clusters {
             let slot = (!cluster.starts_with("idle")).then(|| OperationSlot {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 const REJOIN_DELAY: Duration = Duration::from_millis(500);
 
-impl Replication {
+impl Ownership {
     /// Keeps this replica a member: joins (again) until `shutdown` turns
     /// true, and renews the lease it holds until it resigns, so that the
     /// running operations a shutdown waits for still own their clusters.
@@ -247,15 +247,15 @@ mod tests {
     const TTL: Duration = Duration::from_secs(2);
 
     /// A member of `store` (renewing its lease) that owns cluster `c`.
-    async fn member(store: Arc<LossyStore>) -> (Arc<Replication>, Claim, watch::Sender<bool>) {
+    async fn member(store: Arc<LossyStore>) -> (Arc<Ownership>, Claim, watch::Sender<bool>) {
         let keys = KeyLayout::new("/t/");
-        let config = ReplicationConfig {
+        let config = OwnershipConfig {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: TTL,
             lease_margin: Duration::from_millis(400),
         };
-        let (replication, _) = Replication::new(store, keys, config, Metrics::new());
+        let (replication, _) = Ownership::new(store, keys, config, Metrics::new());
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(Arc::clone(&replication).run_membership(stopped));
         let lease = wait_for(|| replication.session_lease(), "a lease").await;
@@ -276,7 +276,7 @@ mod tests {
         }
     }
 
-    impl Replication {
+    impl Ownership {
         fn session_lease(&self) -> Option<LeaseId> {
             lock(&self.session).as_ref().map(|s| s.lease)
         }

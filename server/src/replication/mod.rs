@@ -3,14 +3,14 @@
 //! fencing every owner write and provider call carries.
 //!
 //! # Guarantees
-//! - [`Replication::claim`] returns a cluster's claim only while this
+//! - [`Ownership::claim`] returns a cluster's claim only while this
 //!   replica's lease is believed alive: up to the TTL minus a safety margin
 //!   after the last renewal that succeeded was sent. Past that the session
 //!   has lapsed: no claim is returned until etcd answers again. If the lease
 //!   still lives then (LeaseTimeToLive), the session and its claims go on;
 //!   if it is gone, every claim is dropped before a new lease is granted.
 //! - A provider call made under a claim carries a gRPC deadline no later
-//!   than the end of that belief ([`Replication::claim_deadline`]), so a
+//!   than the end of that belief ([`Ownership::claim_deadline`]), so a
 //!   call cannot land after the lease could have expired and a peer taken
 //!   over.
 //! - Every owner write compares the owner key's lease and create revision
@@ -109,7 +109,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(50);
 
 /// Settings of the replication layer.
 #[derive(Debug, Clone)]
-pub struct ReplicationConfig {
+pub struct OwnershipConfig {
     pub replica_id: String,
     pub address: String,
     pub lease_ttl: Duration,
@@ -118,19 +118,21 @@ pub struct ReplicationConfig {
     pub lease_margin: Duration,
 }
 
-impl ReplicationConfig {
+impl OwnershipConfig {
     /// How long a renewal sent at `sent` makes this replica an owner.
     fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
         sent + ttl.saturating_sub(self.lease_margin)
     }
 }
 
-/// The replication state of this replica; shared by the executor, the
-/// scanner and the API.
-pub struct Replication {
+/// This replica's side of replication: its membership session and the
+/// clusters it owns (mostly the latter, hence the name), with the claims
+/// and fences every owner write and provider call carries; shared by the
+/// executor, the task scheduler, the scanner and the API.
+pub struct Ownership {
     store: SharedStore,
     keys: KeyLayout,
-    config: ReplicationConfig,
+    config: OwnershipConfig,
     session: Mutex<Option<Session>>,
     owned: Mutex<HashMap<String, Claim>>,
     /// Work in flight per cluster outside the operation slot (task runs):
@@ -141,20 +143,20 @@ pub struct Replication {
     /// The revision of this replica's newest owner-key write (a claim or a
     /// release).
     owner_writes: AtomicI64,
-    /// Shutting down: see [`Replication::begin_draining`].
+    /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
     /// The newest record schema this replica understands: clusters with
     /// newer records are left to replicas that do.
     schema: u32,
 }
 
-impl Replication {
+impl Ownership {
     /// The replication layer and the stream of clusters it adopts (for the
     /// executor to look at).
     pub fn new(
         store: SharedStore,
         keys: KeyLayout,
-        config: ReplicationConfig,
+        config: OwnershipConfig,
         metrics: Arc<Metrics>,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
         Self::understanding(store, keys, config, metrics, SCHEMA_VERSION)
@@ -165,7 +167,7 @@ impl Replication {
     fn understanding(
         store: SharedStore,
         keys: KeyLayout,
-        config: ReplicationConfig,
+        config: OwnershipConfig,
         metrics: Arc<Metrics>,
         schema: u32,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<String>) {
@@ -297,9 +299,9 @@ impl Replication {
     }
 }
 
-/// See [`Replication::hold`].
+/// See [`Ownership::hold`].
 pub struct Hold {
-    replication: Arc<Replication>,
+    replication: Arc<Ownership>,
     cluster: String,
 }
 

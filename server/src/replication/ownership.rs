@@ -1,7 +1,7 @@
 //! Ownership: a free cluster is claimed by its preferred live member; an
 //! idle cluster whose preferred member changed is released so that member
 //! can claim it; a busy one (an operation, or a task run held with
-//! [`Replication::hold`]) is released after that ends.
+//! [`Ownership::hold`]) is released after that ends.
 //!
 //! # Guarantees
 //! - A cluster's preferred member is chosen among the live members whose
@@ -39,7 +39,7 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 /// operations per transaction.
 const CLAIM_BATCH: usize = 100;
 
-impl Replication {
+impl Ownership {
     /// Reconciles ownership on every membership or ownership change, soon
     /// after a cluster is created, and at least every TTL/3, until
     /// `shutdown` turns true. The clusters come from the watch cache (a full
@@ -443,8 +443,8 @@ mod tests {
         keys: &KeyLayout,
         id: &str,
         schema: u32,
-    ) -> Arc<Replication> {
-        let config = ReplicationConfig {
+    ) -> Arc<Ownership> {
+        let config = OwnershipConfig {
             replica_id: id.into(),
             address: "127.0.0.1:1".into(),
             lease_ttl: Duration::from_secs(30),
@@ -452,7 +452,7 @@ mod tests {
         };
         let metrics = Metrics::new();
         let (replication, _) =
-            Replication::understanding(store.clone(), keys.clone(), config, metrics, schema);
+            Ownership::understanding(store.clone(), keys.clone(), config, metrics, schema);
         let lease = replication.join().await.unwrap();
         let member = MemberRecord {
             schema,
@@ -501,7 +501,7 @@ mod tests {
 
     /// One ownership pass of `replication`, over the clusters listed from
     /// etcd (the cache is not started).
-    async fn pass(replication: &Replication, store: &SharedStore, keys: &KeyLayout) {
+    async fn pass(replication: &Ownership, store: &SharedStore, keys: &KeyLayout) {
         let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
         let mut memo = StateMemo::new(replication.schema);
         let mut owners = OwnersView::new(Arc::clone(&cache));

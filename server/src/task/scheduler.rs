@@ -32,7 +32,7 @@ use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VER
 use crate::metrics::{Metrics, TaskRunLabels};
 use crate::owner_work::OwnerWork;
 use crate::provider::{due_by, Provider};
-use crate::replication::{Claim, Hold, Replication};
+use crate::replication::{Claim, Hold, Ownership};
 use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
@@ -89,7 +89,7 @@ impl TaskScheduler {
     pub fn new(
         tasks: TaskStore,
         provider: Provider,
-        replication: Arc<Replication>,
+        replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
         run_timeout: Duration,

@@ -272,13 +272,10 @@ impl Executor {
 
     /// What becomes of an orphan: resumed while the policy allows it.
     fn orphan<'e>(&self, holding: Holding<'e>) -> Held<'e> {
-        let mut runs = holding.operation.clone();
-        runs.run_by("", holding.claim.epoch);
-        match self.orphans {
-            OrphanPolicy::Resume { limit } if runs.orphaned() <= limit as usize => {
-                Held::Resume(holding)
-            }
-            _ => Held::Orphan(holding),
+        if resumes(self.orphans, &holding.operation, holding.claim.epoch) {
+            Held::Resume(holding)
+        } else {
+            Held::Orphan(holding)
         }
     }
 
@@ -354,5 +351,78 @@ impl Executor {
         if reclaimed.is_some() && reclaimed != claim {
             self.start_slot_of(cluster, None).await;
         }
+    }
+}
+
+/// Whether an orphan taken over under `epoch` is resumed: with this loss
+/// counted, it was orphaned at most the policy's limit of times.
+fn resumes(policy: OrphanPolicy, operation: &OperationRecord, epoch: i64) -> bool {
+    let OrphanPolicy::Resume { limit } = policy else {
+        return false;
+    };
+    let mut taken_over = operation.clone();
+    taken_over.run_by("", epoch);
+    taken_over.orphaned() <= limit as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::machine::Event;
+    use crate::cluster::ClusterState;
+    use crate::operation::{OperationKind, OperationParams};
+
+    /// An upgrade first run by r1 under epoch 10, then lost `losses` times.
+    fn orphaned(losses: i64) -> OperationRecord {
+        let mut operation = OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Upgrade,
+            Event::UpgradeRequested,
+            OperationParams::default(),
+            ClusterState::Running,
+            ClusterState::Upgrading,
+            "",
+            now_rfc3339(),
+        );
+        for epoch in 0..=losses {
+            operation.run_by(&format!("r{epoch}"), 10 + epoch);
+        }
+        operation
+    }
+
+    #[test]
+    fn an_orphan_is_resumed_up_to_the_limit_then_failed() {
+        let resume = OrphanPolicy::Resume { limit: 3 };
+        assert!(resumes(resume, &orphaned(0), 20), "first loss");
+        assert!(resumes(resume, &orphaned(2), 20), "third loss");
+        assert!(!resumes(resume, &orphaned(3), 20), "fourth loss");
+        assert!(!resumes(
+            OrphanPolicy::Resume { limit: 0 },
+            &orphaned(0),
+            20
+        ));
+        assert!(!resumes(OrphanPolicy::Fail, &orphaned(0), 20));
+    }
+
+    #[test]
+    fn each_owner_is_recorded_once_and_a_record_from_before_runs_keeps_its_first() {
+        let mut operation = orphaned(1);
+        operation.run_by("r1", 11);
+        let runs: Vec<i64> = operation.runs.iter().map(|r| r.epoch).collect();
+        assert_eq!(runs, [10, 11], "the same owner again adds nothing");
+        assert_eq!(operation.orphaned(), 1);
+
+        let mut legacy = orphaned(0);
+        legacy.runs.clear();
+        legacy.run_by("r9", 30);
+        let runs: Vec<(&str, i64)> = legacy
+            .runs
+            .iter()
+            .map(|r| (r.replica.as_str(), r.epoch))
+            .collect();
+        assert_eq!(runs, [("r0", 10), ("r9", 30)]);
+        assert_eq!(legacy.owner_epoch, Some(30));
     }
 }

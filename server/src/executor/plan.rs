@@ -32,9 +32,12 @@ impl Step {
             Step::CreateNodes => "create nodes".into(),
             Step::StartNodes => "start nodes".into(),
             Step::StopNodes => "stop nodes".into(),
-            Step::Resize { workers, offering } => {
-                format!("resize (workers {workers:?}, offering {offering:?})")
-            }
+            Step::Resize { workers, offering } => match (workers, offering) {
+                (Some(n), Some(o)) => format!("resize to {n} workers of offering {o}"),
+                (Some(n), None) => format!("resize to {n} workers"),
+                (None, Some(o)) => format!("change the node offering to {o}"),
+                (None, None) => "resize".into(),
+            },
             Step::UpgradeNode { node_id, version } => {
                 format!("upgrade node {node_id} to {version}")
             }
@@ -189,6 +192,27 @@ mod tests {
             healthy: true,
             offering: "m".into(),
         }
+    }
+
+    /// Step names are what an operator reads in progress and errors: words,
+    /// not Rust's debug text.
+    #[test]
+    fn a_resize_is_named_in_words() {
+        let resize = |workers, offering: Option<&str>| Step::Resize {
+            workers,
+            offering: offering.map(String::from),
+        };
+        assert_eq!(resize(Some(3), None).name(), "resize to 3 workers");
+        assert_eq!(
+            resize(None, Some("m2")).name(),
+            "change the node offering to m2"
+        );
+        assert_eq!(
+            resize(Some(5), Some("m2")).name(),
+            "resize to 5 workers of offering m2"
+        );
+        let all = [resize(Some(3), None), resize(None, Some("m2"))];
+        assert!(all.iter().all(|s| !s.name().contains("Some(")));
     }
 
     fn start_from(from: ClusterState) -> OperationRecord {

@@ -84,13 +84,27 @@ pub struct ConnectOptions {
     pub token: Option<String>,
 }
 
+/// How long connecting to one endpoint may take (TCP and TLS): ample on a
+/// network that works, and an address that never answers is reported in
+/// seconds instead of after the operating system's minutes.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl ConnectOptions {
     fn endpoint(&self, url: &str) -> Result<Endpoint, ClientError> {
-        let endpoint = Channel::from_shared(url.to_string()).map_err(|_| {
-            ClientError::Status(tonic::Status::invalid_argument(format!(
-                "{url:?} is not a URL"
-            )))
-        })?;
+        // Without a scheme the URL parses (as host:port) and only the
+        // connection fails, with a bare "transport error".
+        if !url.contains("://") {
+            return Err(ClientError::Status(tonic::Status::invalid_argument(
+                format!("{url:?} has no scheme: write http://{url} (https://{url} for TLS)"),
+            )));
+        }
+        let endpoint = Channel::from_shared(url.to_string())
+            .map_err(|_| {
+                ClientError::Status(tonic::Status::invalid_argument(format!(
+                    "{url:?} is not a URL"
+                )))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT);
         let Some(tls) = &self.tls else {
             return Ok(endpoint);
         };
@@ -136,11 +150,14 @@ impl ConnectOptions {
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to {endpoint}: {source}")]
+    #[error("cannot connect to {endpoint}: {}", explain_connect(.endpoint, .source))]
     Connect {
         endpoint: String,
         source: tonic::transport::Error,
     },
+    /// No endpoint could be connected to: why, for each, in order.
+    #[error("no replica answered: {}", join(.0))]
+    Unreachable(Vec<ClientError>),
     #[error("{:?}: {}", .0.code(), .0.message())]
     Status(#[from] tonic::Status),
     #[error("operation {id} ended {state}: {message}")]
@@ -177,7 +194,7 @@ impl ClientError {
     /// carried out all the same.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            ClientError::Connect { .. } => true,
+            ClientError::Connect { .. } | ClientError::Unreachable(_) => true,
             ClientError::Status(status) => match status.code() {
                 tonic::Code::Unavailable => true,
                 // A connection that broke mid-call (the replica died).
@@ -187,6 +204,45 @@ impl ClientError {
             },
             ClientError::OperationFailed { .. } | ClientError::StillRunning { .. } => false,
         }
+    }
+}
+
+fn join(errors: &[ClientError]) -> String {
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    errors.join("; ")
+}
+
+/// Why connecting to `endpoint` failed, in words, with the likely fix.
+/// The causes are recognised by their text: the TLS library's error types
+/// are not part of tonic's API.
+fn explain_connect(endpoint: &str, error: &tonic::transport::Error) -> String {
+    let mut causes = Vec::new();
+    let mut refused = false;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        let io_kind = error.downcast_ref::<std::io::Error>().map(|e| e.kind());
+        refused |= io_kind == Some(std::io::ErrorKind::ConnectionRefused);
+        causes.push(error.to_string());
+        cause = error.source();
+    }
+    let text = causes.join(": ");
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    if refused {
+        "connection refused: no replica listens there (check the address and port)".into()
+    } else if has(&["timed out", "Elapsed", "elapsed"]) {
+        format!("no answer within {CONNECT_TIMEOUT:?} (a wrong address, or a firewall in the way?)")
+    } else if has(&["InvalidContentType", "corrupt message"]) {
+        let plain = endpoint.replacen("https://", "http://", 1);
+        format!("the replica does not speak TLS there: use {plain}")
+    } else if has(&["UnknownIssuer", "BadSignature"]) {
+        "the replica's certificate is not signed by the CA given (--ca-cert): give the CA that signed it".into()
+    } else if has(&["NotValidForName"]) {
+        "the replica's certificate does not name this host: connect by a name it carries".into()
+    } else if has(&["CertificateRequired", "certificate required"]) {
+        "the replica requires a client certificate (--cert and --key)".into()
+    } else {
+        // The innermost cause is the most specific one.
+        causes.last().cloned().unwrap_or_default()
     }
 }
 
@@ -218,6 +274,34 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         let channel = Channel::balance_list(endpoints.into_iter());
         Ok(Self::over(channel, options.credentials()?))
+    }
+
+    /// Connects to the first of `endpoints` that answers, trying them in
+    /// order, then (with several) spreads requests over all of them as
+    /// [`Client::connect_many_with`] does. Unlike that lazy call, this one
+    /// finds out at once when no replica answers, and says why for each
+    /// endpoint ([`ClientError::Unreachable`]; with one endpoint, its
+    /// [`ClientError::Connect`]).
+    pub async fn connect_first_with(
+        endpoints: &[String],
+        options: &ConnectOptions,
+    ) -> Result<Self, ClientError> {
+        for url in endpoints {
+            options.endpoint(url)?;
+        }
+        let mut failures = Vec::new();
+        for url in endpoints {
+            match Self::connect_with(url, options).await {
+                Ok(client) if endpoints.len() == 1 => return Ok(client),
+                Ok(_) => return Self::connect_many_with(endpoints, options),
+                Err(error) if error.is_unavailable() => failures.push(error),
+                Err(error) => return Err(error),
+            }
+        }
+        match failures.len() {
+            1 => Err(failures.remove(0)),
+            _ => Err(ClientError::Unreachable(failures)),
+        }
     }
 
     /// Runs `call` until it succeeds or fails with something that is not

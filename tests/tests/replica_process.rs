@@ -479,3 +479,321 @@ async fn the_admin_port_answers_through_the_drain() {
     assert_eq!(status.code(), Some(130), "{status:?}");
     assert!(fetch(&admin, "/healthz").await.is_err(), "closed on exit");
 }
+
+/// Runs droverctl against `endpoints` (comma-separated), with no token from
+/// the environment.
+fn droverctl(endpoints: &str, args: &[&str]) -> std::process::Output {
+    Command::new(workspace_binary("droverctl"))
+        .args(["--endpoint", endpoints])
+        .args(args)
+        .env_remove("DROVER_TOKEN")
+        .env_remove("DROVER_TOKEN_FILE")
+        .output()
+        .expect("run droverctl")
+}
+
+/// A loopback URL nobody listens on.
+fn dead_endpoint() -> String {
+    format!("http://127.0.0.1:{}", drover_tests::free_port())
+}
+
+/// Spawns droverctl with its standard output piped, reads `lines` lines,
+/// closes the pipe (as `| head` does), runs `after` (something that makes
+/// droverctl write again), and returns how droverctl ended.
+async fn droverctl_into_head(
+    endpoint: &str,
+    args: &[&str],
+    lines: usize,
+    after: impl std::future::Future<Output = ()>,
+) -> std::process::Output {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = Command::new(workspace_binary("droverctl"))
+        .args(["--endpoint", endpoint])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run droverctl");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        for _ in 0..lines {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("a line");
+        }
+        // The reader is dropped here: the pipe's read end closes.
+    });
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("droverctl prints")
+        .unwrap();
+    after.await;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await
+    .expect("droverctl ends once its reader has gone")
+    .unwrap()
+    .expect("droverctl's status")
+}
+
+/// `droverctl ... | head` in a script: droverctl ends quietly with success
+/// once its reader has gone, instead of panicking (exit 101). The list is
+/// longer than a pipe holds, so droverctl is still writing when the reader
+/// closes; the watch writes again for a change made after.
+#[tokio::test]
+async fn droverctl_into_a_reader_that_closes_early_ends_quietly() {
+    let replica = ReplicaProcess::dev().await;
+    let mut client = replica.client().await;
+    for i in 0..300 {
+        let request = v1::CreateClusterRequest {
+            name: format!("piped-{i}"),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "small".into(),
+                ..Default::default()
+            }),
+            create_only: true,
+            request_id: String::new(),
+        };
+        client.create_cluster(request).await.expect("create");
+    }
+    let endpoint = replica.endpoint();
+    let list = ["-o", "json", "cluster", "list"];
+    let listed = droverctl_into_head(&endpoint, &list, 2, async {}).await;
+    let watch = ["-o", "json", "watch", "--from-revision", "1"];
+    let mut writer = client.clone();
+    let one_more = async move {
+        let request = v1::CreateClusterRequest {
+            name: "after-head".into(),
+            spec: Some(v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "small".into(),
+                ..Default::default()
+            }),
+            create_only: true,
+            request_id: String::new(),
+        };
+        writer.create_cluster(request).await.expect("create");
+    };
+    let watched = droverctl_into_head(&endpoint, &watch, 2, one_more).await;
+    for (what, out) in [("list", listed), ("watch", watched)] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{what}: {stderr}");
+    }
+}
+
+/// Reads fail over across `--endpoint a,b` as lifecycle calls do: with the
+/// first endpoint dead, every read still answers (a read used to fail
+/// whenever it was sent to the dead one).
+#[tokio::test]
+async fn droverctl_reads_fail_over_to_a_live_endpoint() {
+    let replica = ReplicaProcess::dev().await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "failover", 0).await;
+    let endpoints = format!("{},{}", dead_endpoint(), replica.endpoint());
+    let reads: [&[&str]; 5] = [
+        &["cluster", "list"],
+        &["cluster", "get", "failover"],
+        &["members"],
+        &["op", "list", "failover"],
+        &["task", "list", "failover"],
+    ];
+    // Each read is sent several times: a balancer picks an endpoint at
+    // random, so a read without failover fails about one time in five.
+    for round in 0..5 {
+        for read in reads {
+            let out = droverctl(&endpoints, read);
+            assert!(
+                out.status.success(),
+                "round {round}, {read:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// With every endpoint down droverctl says so at once, naming each endpoint
+/// and what went wrong (it used to retry in silence for 15 s and then print
+/// "tcp connect error").
+#[tokio::test]
+async fn droverctl_with_every_endpoint_down_says_so_quickly() {
+    let (first, second) = (dead_endpoint(), dead_endpoint());
+    let endpoints = format!("{first},{second}");
+    for (endpoints, args) in [
+        (first.as_str(), &["cluster", "list"][..]),
+        (endpoints.as_str(), &["cluster", "list"][..]),
+        (endpoints.as_str(), &["cluster", "stop", "web"][..]),
+    ] {
+        let started = std::time::Instant::now();
+        let out = droverctl(endpoints, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{args:?}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(8), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        for endpoint in endpoints.split(',') {
+            assert!(stderr.contains(endpoint), "{args:?}: {stderr}");
+        }
+        assert!(stderr.contains("connection refused"), "{stderr}");
+    }
+}
+
+/// Errors that say what to do: an endpoint without a scheme, https against
+/// a plaintext replica; a file droverctl cannot read is a usage error with
+/// its own exit code (13), not INVALID_ARGUMENT (5).
+#[tokio::test]
+async fn droverctl_errors_name_the_endpoint_and_the_fix() {
+    let replica = ReplicaProcess::dev().await;
+    let bare = replica.endpoint().replace("http://", "");
+    let out = droverctl(&bare, &["cluster", "list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("http://{bare}")), "{stderr}");
+
+    let tls = replica.endpoint().replace("http://", "https://");
+    let dir = drover_tests::TempDir::new("ctl-errors");
+    let pki = drover_tests::pki::Pki::new();
+    let ca = pki.ca().to_string_lossy().into_owned();
+    let out = droverctl(&tls, &["--ca-cert", &ca, "cluster", "list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains(&tls), "{stderr}");
+    assert!(stderr.contains("does not speak TLS"), "{stderr}");
+    assert!(
+        stderr.contains(&replica.endpoint()),
+        "suggests http://: {stderr}"
+    );
+
+    let missing = dir.path().join("missing");
+    let missing = missing.to_string_lossy();
+    for flag in ["--token-file", "--ca-cert"] {
+        let out = droverctl(&tls, &[flag, &missing, "cluster", "list"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(13), "{flag}: {stderr}");
+        assert!(stderr.contains(&*missing), "{flag}: {stderr}");
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
+}
+
+/// A replica serving TLS with a certificate the CA given did not sign: a
+/// message that says so (it used to read "transport error").
+#[tokio::test]
+async fn droverctl_explains_an_unknown_ca() {
+    let etcd = EtcdProcess::start().await;
+    let pki = drover_tests::pki::Pki::new();
+    let server = pki.server("replica");
+    let (cert, key) = (
+        server.cert.to_string_lossy().into_owned(),
+        server.key.to_string_lossy().into_owned(),
+    );
+    let probe = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pki.ca_pem()));
+    let args = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    let replica = ReplicaProcess::serve_tls(&etcd.endpoint(), "r1", &args, probe).await;
+    let endpoint = replica.endpoint();
+    let other = drover_tests::pki::Pki::new();
+    let other_ca = other.ca().to_string_lossy().into_owned();
+    let out = droverctl(&endpoint, &["--ca-cert", &other_ca, "cluster", "list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains(&endpoint), "{stderr}");
+    assert!(
+        stderr.contains("not signed by the CA given (--ca-cert)"),
+        "{stderr}"
+    );
+}
+
+/// Logs written to a pipe (not a terminal) carry no colour codes, and a log
+/// reader that goes away (`drover dev 2>&1 | head`) does not take the
+/// replica down: it keeps serving and still exits cleanly on SIGTERM (it
+/// used to panic, exit 101, at its next log line).
+#[tokio::test]
+async fn logs_into_a_pipe_are_plain_and_a_closed_pipe_stops_nothing() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let etcd = EtcdProcess::start().await;
+    let etcd_endpoint = etcd.endpoint();
+    let serve = [
+        "serve",
+        "--etcd-endpoints",
+        &etcd_endpoint,
+        "--replica-id",
+        "r1",
+        "--lease-ttl",
+        "2",
+    ];
+    for mode in [&["dev"][..], &serve[..]] {
+        let (port, admin_port) = (drover_tests::free_port(), drover_tests::free_port());
+        let child = Command::new(workspace_binary("drover"))
+            .args(mode)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn drover");
+        let mut child = KillOnDrop(child);
+        let stderr = child.0.stderr.take().expect("piped stderr");
+        // Read a few lines, then drop the reader: the pipe closes.
+        let lines = tokio::task::spawn_blocking(move || {
+            std::io::BufReader::new(stderr)
+                .lines()
+                .take(2)
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let lines = tokio::time::timeout(Duration::from_secs(20), lines)
+            .await
+            .expect("drover logs")
+            .unwrap()
+            .expect("log lines");
+        assert!(!lines.is_empty(), "{mode:?}");
+        for line in &lines {
+            assert!(!line.contains("\x1b["), "{mode:?}: {line:?}");
+        }
+        let endpoint = format!("http://127.0.0.1:{port}");
+        wait_until(Duration::from_secs(20), "the replica to serve", || {
+            let endpoint = endpoint.clone();
+            async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+        })
+        .await;
+        // Work that logs, into the closed pipe.
+        let mut client = drover_client::Client::connect(&endpoint).await.unwrap();
+        if mode == ["dev"] {
+            create_running(&mut client, "logged", 0).await;
+        }
+        assert_eq!(health(&endpoint).await, Some(ServingStatus::Serving));
+        let status = Command::new("kill")
+            .args(["-TERM", &child.0.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let mut exit = None;
+        wait_until(Duration::from_secs(30), "drover to exit", || {
+            exit = child.0.try_wait().expect("poll drover");
+            std::future::ready(exit.is_some())
+        })
+        .await;
+        assert!(exit.is_some_and(|e| e.success()), "{mode:?}: {exit:?}");
+    }
+}
+
+/// A process this test started, killed if the test ends before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

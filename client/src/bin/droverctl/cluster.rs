@@ -3,7 +3,7 @@
 //! operation, sent and followed by one helper ([`Lifecycle::run`]); how
 //! clusters are printed.
 
-use crate::{op, Output};
+use crate::{op, send, Output};
 use clap::Subcommand;
 use drover_client::{v1, Client, ClientError};
 use serde_json::{json, Value};
@@ -166,21 +166,6 @@ impl Lifecycle {
         let op = send(client, request, |client, request: R| request.call(client)).await?;
         op::follow(client, output, op, self.wait).await
     }
-}
-
-/// Sends a lifecycle request, again while no replica answers (an answer
-/// lost with a replica that went away): it carries a request id, so a
-/// request that was carried out returns its operation instead of starting
-/// another.
-async fn send<R, T, F, Fut>(client: &Client, request: R, call: F) -> Result<T, ClientError>
-where
-    R: Clone,
-    F: Fn(Client, R) -> Fut,
-    Fut: std::future::Future<Output = Result<T, ClientError>>,
-{
-    client
-        .retrying_unavailable(|c| call(c, request.clone()))
-        .await
 }
 
 /// A lifecycle request, and the Clusters RPC that sends it and answers with
@@ -381,7 +366,10 @@ async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result
 }
 
 async fn get(client: &mut Client, output: Output, name: String) -> Result<(), ClientError> {
-    let cluster = client.get_cluster(&name).await?;
+    let name = name.as_str();
+    let cluster = client
+        .retrying_unavailable(|mut c| async move { c.get_cluster(name).await })
+        .await?;
     print_clusters(output, &[cluster], false);
     Ok(())
 }
@@ -396,15 +384,17 @@ async fn list(client: &mut Client, output: Output, args: ListArgs) -> Result<(),
     let mut clusters = Vec::new();
     let mut page_token = String::new();
     loop {
-        let page = client
-            .list_clusters(v1::ListClustersRequest {
-                page_size,
-                page_token,
-                label_selector: selector.clone(),
-                linearizable: !cached,
-                ..Default::default()
-            })
-            .await?;
+        let request = v1::ListClustersRequest {
+            page_size,
+            page_token,
+            label_selector: selector.clone(),
+            linearizable: !cached,
+            ..Default::default()
+        };
+        let page = send(client, request, |mut c, r| async move {
+            c.list_clusters(r).await
+        })
+        .await?;
         clusters.extend(page.clusters);
         if page.next_page_token.is_empty() {
             break;
@@ -427,11 +417,10 @@ pub async fn watch(
         from_revision,
         name: name.unwrap_or_default(),
     };
-    let mut events = client
-        .clusters()
-        .watch_clusters(request)
-        .await?
-        .into_inner();
+    let mut events = send(client, request, |mut c, r| async move {
+        Ok(c.clusters().watch_clusters(r).await?.into_inner())
+    })
+    .await?;
     while let Some(event) = events.message().await? {
         let cluster = event.cluster.unwrap_or_default();
         let kind = if event.kind == v1::cluster_event::Kind::Delete as i32 {
@@ -444,9 +433,9 @@ pub async fn watch(
                 let mut line = cluster_json(&cluster);
                 line["event"] = json!(kind);
                 line["event_revision"] = json!(event.revision);
-                println!("{line}");
+                outln!("{line}");
             }
-            Output::Table => println!(
+            Output::Table => outln!(
                 "{:<8} {:<8} {:<24} {:<24} gen {}",
                 event.revision,
                 kind,
@@ -508,16 +497,20 @@ fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
             } else {
                 Value::Array(clusters.iter().map(cluster_json).collect())
             };
-            println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
         }
         Output::Table => {
-            println!(
+            outln!(
                 "{:<24} {:<24} {:<10} {:>7} {:>7}  UID",
-                "NAME", "STATE", "VERSION", "CONTROL", "WORKERS"
+                "NAME",
+                "STATE",
+                "VERSION",
+                "CONTROL",
+                "WORKERS"
             );
             for cluster in clusters {
                 let spec = cluster.spec.clone().unwrap_or_default();
-                println!(
+                outln!(
                     "{:<24} {:<24} {:<10} {:>7} {:>7}  {}",
                     cluster.name,
                     state_name(cluster),

@@ -5,7 +5,20 @@
 //! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
 //! `op wait`) failed or was cancelled; 10 unauthenticated (no or a wrong
 //! token); 11 permission denied (the token's role may not do this); 12 the
-//! operation waited for (`op wait`) had not ended at the timeout.
+//! operation waited for (`op wait`) had not ended at the timeout; 13 a
+//! file named by a flag (`--token-file`, `--ca-cert`, `--cert`, `--key`)
+//! cannot be read (a usage error: nothing was sent).
+//!
+//! Output goes to standard output line by line; a reader that stops reading
+//! (`droverctl cluster list | head`) ends droverctl quietly, with 0.
+
+/// `println!` through [`write_line`] (defined before the modules that use
+/// it).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
 
 mod cluster;
 mod op;
@@ -14,6 +27,7 @@ mod task;
 use clap::{Parser, Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError, ConnectOptions, Tls};
 use serde_json::{json, Value};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -81,14 +95,47 @@ enum Command {
     },
 }
 
+/// Why droverctl failed: a local problem, found before anything was sent,
+/// or the answer (or silence) of the replicas.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    LocalFile(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            // Standard error may be gone too (`2>&1 | head`): nothing to do.
+            let _ = writeln!(std::io::stderr(), "droverctl: {failure}");
+            ExitCode::from(match &failure {
+                Failure::LocalFile(_) => 13,
+                Failure::Usage(_) => 2,
+                Failure::Client(error) => exit_code(error),
+            })
+        }
+    }
+}
+
+/// Writes one line of output (what `println!` does, without its panic when
+/// the reader has gone). A reader that closed the pipe has all it wanted:
+/// droverctl ends there, with success, as `head`'s writer should.
+pub fn write_line(line: std::fmt::Arguments) {
+    let mut out = std::io::stdout().lock();
+    let written = out.write_fmt(line).and_then(|()| out.write_all(b"\n"));
+    match written {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(error) => {
-            eprintln!("droverctl: {error}");
-            ExitCode::from(exit_code(&error))
+            let _ = writeln!(std::io::stderr(), "droverctl: cannot write output: {error}");
+            std::process::exit(1);
         }
     }
 }
@@ -96,7 +143,7 @@ async fn main() -> ExitCode {
 fn exit_code(error: &ClientError) -> u8 {
     use tonic::Code;
     match error {
-        ClientError::Connect { .. } => 8,
+        ClientError::Connect { .. } | ClientError::Unreachable(_) => 8,
         ClientError::OperationFailed { .. } => 9,
         ClientError::StillRunning { .. } => 12,
         ClientError::Status(status) => match status.code() {
@@ -114,50 +161,45 @@ fn exit_code(error: &ClientError) -> u8 {
 }
 
 /// TLS and token options from the flags; files that cannot be read are
-/// usage errors.
-fn connect_options(cli: &Cli) -> Result<ConnectOptions, String> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+/// usage errors of their own.
+fn connect_options(cli: &Cli) -> Result<ConnectOptions, Failure> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| Failure::LocalFile(format!("{flag}: cannot read {}: {e}", path.display())))
     };
     let token = match (&cli.token, &cli.token_file) {
         (Some(token), _) => Some(token.clone()),
         (None, Some(path)) => Some(
-            String::from_utf8(read(path)?)
-                .map_err(|_| format!("{} is not UTF-8", path.display()))?
+            String::from_utf8(read("--token-file", path)?)
+                .map_err(|_| {
+                    Failure::LocalFile(format!("--token-file: {} is not UTF-8", path.display()))
+                })?
                 .trim()
                 .to_string(),
         ),
         (None, None) => None,
     };
     let identity = match (&cli.cert, &cli.key) {
-        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+        (Some(cert), Some(key)) => Some((read("--cert", cert)?, read("--key", key)?)),
         _ => None,
     };
     let tls = match &cli.ca_cert {
         Some(ca) => Some(Tls {
-            ca_pem: read(ca)?,
+            ca_pem: read("--ca-cert", ca)?,
             identity,
             domain: None,
         }),
-        None if identity.is_some() => return Err("--cert needs --ca-cert".into()),
+        None if identity.is_some() => return Err(Failure::Usage("--cert needs --ca-cert".into())),
         None => None,
     };
     Ok(ConnectOptions { tls, token })
 }
 
-async fn connect(cli: &Cli) -> Result<Client, ClientError> {
-    let options = connect_options(cli)
-        .map_err(|message| ClientError::Status(tonic::Status::invalid_argument(message)))?;
-    match cli.endpoint.as_slice() {
-        [one] => Client::connect_with(one, &options).await,
-        many => Client::connect_many_with(many, &options),
-    }
-}
-
-async fn run(cli: Cli) -> Result<(), ClientError> {
-    let mut client = connect(&cli).await?;
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let options = connect_options(&cli)?;
+    let mut client = Client::connect_first_with(&cli.endpoint, &options).await?;
     let output = cli.output;
-    match cli.command {
+    let done = match cli.command {
         Command::Cluster(command) => cluster::run(&mut client, output, command).await,
         Command::Op(command) => op::run(&mut client, output, command).await,
         Command::Task(command) => task::run(&mut client, output, command).await,
@@ -166,32 +208,52 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             name,
             from_revision,
         } => cluster::watch(&mut client, output, name, from_revision).await,
-    }
+    };
+    Ok(done?)
+}
+
+/// Sends a request, again while no replica answers (another endpoint may;
+/// or the answer was lost with a replica that went away). Safe for every
+/// request droverctl sends this way: a read changes nothing, and a
+/// lifecycle request carries a request id, so one that was carried out
+/// returns its operation instead of starting another.
+pub async fn send<R, T, F, Fut>(client: &Client, request: R, call: F) -> Result<T, ClientError>
+where
+    R: Clone,
+    F: Fn(Client, R) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    client
+        .retrying_unavailable(|c| call(c, request.clone()))
+        .await
 }
 
 /// `droverctl members`: the live replicas.
 async fn members(client: &mut Client, output: Output) -> Result<(), ClientError> {
-    let members = client
-        .admin()
-        .list_members(v1::ListMembersRequest {})
-        .await?
-        .into_inner()
-        .members;
+    let request = v1::ListMembersRequest {};
+    let members = send(client, request, |mut c, r| async move {
+        Ok(c.admin().list_members(r).await?.into_inner().members)
+    })
+    .await?;
     match output {
         Output::Json => {
             let list: Vec<Value> = members
                 .iter()
                 .map(|m| json!({"id": m.id, "address": m.address, "version": m.version, "lease_ttl_left_seconds": m.lease_ttl_left_seconds, "clusters_owned": m.clusters_owned, "draining": m.draining}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+            outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
         }
         Output::Table => {
-            println!(
+            outln!(
                 "{:<20} {:<22} {:<8} {:>9} {:>8}  STATE",
-                "ID", "ADDRESS", "VERSION", "LEASE(S)", "CLUSTERS"
+                "ID",
+                "ADDRESS",
+                "VERSION",
+                "LEASE(S)",
+                "CLUSTERS"
             );
             for m in &members {
-                println!(
+                outln!(
                     "{:<20} {:<22} {:<8} {:>9} {:>8}  {}",
                     m.id,
                     m.address,

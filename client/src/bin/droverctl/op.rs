@@ -2,10 +2,11 @@
 //! how a lifecycle command follows the operation it started (`--wait`);
 //! how operations are printed.
 
-use crate::{enum_name, Output};
+use crate::{enum_name, send, Output};
 use clap::Subcommand;
 use drover_client::{v1, Client, ClientError};
 use serde_json::{json, Value};
+use std::io::Write;
 use std::time::Duration;
 
 #[derive(Subcommand)]
@@ -33,11 +34,7 @@ pub async fn run(
 ) -> Result<(), ClientError> {
     match command {
         OpCommand::Get { cluster, id } => {
-            let op = client
-                .operations()
-                .get_operation(v1::GetOperationRequest { cluster, id })
-                .await?
-                .into_inner();
+            let op = get(client, v1::GetOperationRequest { cluster, id }).await?;
             print_operation(output, &op);
         }
         OpCommand::List { cluster } => {
@@ -62,6 +59,16 @@ pub async fn run(
     Ok(())
 }
 
+async fn get(
+    client: &Client,
+    request: v1::GetOperationRequest,
+) -> Result<v1::Operation, ClientError> {
+    send(client, request, |mut c, r| async move {
+        Ok(c.operations().get_operation(r).await?.into_inner())
+    })
+    .await
+}
+
 /// Every operation of a cluster, newest first, page after page.
 async fn list(client: &mut Client, cluster: String) -> Result<Vec<v1::Operation>, ClientError> {
     let mut operations = Vec::new();
@@ -72,11 +79,10 @@ async fn list(client: &mut Client, cluster: String) -> Result<Vec<v1::Operation>
             page_size: 100,
             page_token,
         };
-        let page = client
-            .operations()
-            .list_operations(request)
-            .await?
-            .into_inner();
+        let page = send(client, request, |mut c, r| async move {
+            Ok(c.operations().list_operations(r).await?.into_inner())
+        })
+        .await?;
         operations.extend(page.operations);
         if page.next_page_token.is_empty() {
             break;
@@ -95,11 +101,7 @@ async fn wait(
     id: String,
     waited: Duration,
 ) -> Result<(), ClientError> {
-    let op = client
-        .operations()
-        .get_operation(v1::GetOperationRequest { cluster, id })
-        .await?
-        .into_inner();
+    let op = get(client, v1::GetOperationRequest { cluster, id }).await?;
     let op = client.wait_operation(&op, waited).await?;
     print_operation(output, &op);
     if op.state < v1::OperationState::Succeeded as i32 {
@@ -186,18 +188,21 @@ impl Progress {
         if line == self.last {
             return;
         }
-        if self.terminal {
+        // Progress is a courtesy: a standard error that was closed
+        // (`2>&-`) does not stop the command.
+        let mut err = std::io::stderr();
+        let _ = if self.terminal {
             // Clear the line, then redraw.
-            eprint!("\r\x1b[2K{line}");
+            write!(err, "\r\x1b[2K{line}")
         } else {
-            eprintln!("{line}");
-        }
+            writeln!(err, "{line}")
+        };
         self.last = line;
     }
 
     fn finish(&self) {
         if self.terminal && !self.last.is_empty() {
-            eprintln!();
+            let _ = writeln!(std::io::stderr());
         }
     }
 }
@@ -250,12 +255,15 @@ fn print_operations(output: Output, ops: &[v1::Operation], list: bool) {
                 [one] if !list => operation_json(one),
                 many => Value::Array(many.iter().map(operation_json).collect()),
             };
-            println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
         }
         Output::Table => {
-            println!(
+            outln!(
                 "{:<38} {:<14} {:<10} {:<8}  DETAIL",
-                "ID", "KIND", "STATE", "STEP"
+                "ID",
+                "KIND",
+                "STATE",
+                "STEP"
             );
             for op in ops {
                 let json = operation_json(op);
@@ -269,7 +277,7 @@ fn print_operations(output: Output, ops: &[v1::Operation], list: bool) {
                     .as_ref()
                     .map(|e| e.message.clone())
                     .unwrap_or_default();
-                println!(
+                outln!(
                     "{:<38} {:<14} {:<10} {:<8}  {}",
                     op.id,
                     json["kind"].as_str().unwrap_or_default(),

@@ -1,6 +1,6 @@
 //! `droverctl task ...`: scheduled repair and backup tasks.
 
-use crate::{enum_name, Output};
+use crate::{enum_name, send, Output};
 use clap::{Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError};
 use serde_json::{json, Value};
@@ -122,12 +122,18 @@ pub async fn run(
                 r#type: kind.proto(),
                 name,
             };
-            let task = client.tasks().get_task(request).await?.into_inner();
+            let task = send(client, request, |mut c, r| async move {
+                Ok(c.tasks().get_task(r).await?.into_inner())
+            })
+            .await?;
             print_tasks(output, &[task], false);
         }
         TaskCommand::List { cluster } => {
             let request = v1::ListTasksRequest { cluster };
-            let tasks = client.tasks().list_tasks(request).await?.into_inner().tasks;
+            let tasks = send(client, request, |mut c, r| async move {
+                Ok(c.tasks().list_tasks(r).await?.into_inner().tasks)
+            })
+            .await?;
             print_tasks(output, &tasks, true);
         }
         TaskCommand::Runs {
@@ -141,12 +147,10 @@ pub async fn run(
                 name,
                 page_size: 0,
             };
-            let runs = client
-                .tasks()
-                .list_task_runs(request)
-                .await?
-                .into_inner()
-                .runs;
+            let runs = send(client, request, |mut c, r| async move {
+                Ok(c.tasks().list_task_runs(r).await?.into_inner().runs)
+            })
+            .await?;
             print_runs(output, &runs);
         }
     }
@@ -292,18 +296,24 @@ fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
                 [one] if !list => task_json(one),
                 many => Value::Array(many.iter().map(task_json).collect()),
             };
-            println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
         }
         Output::Table => {
-            println!(
+            outln!(
                 "{:<8} {:<20} {:<38} {:<9} {:<26} {:>4} {:>4}  MESSAGE",
-                "TYPE", "NAME", "ID", "LAST RUN", "NEXT", "OK", "ERR"
+                "TYPE",
+                "NAME",
+                "ID",
+                "LAST RUN",
+                "NEXT",
+                "OK",
+                "ERR"
             );
             for task in tasks {
                 let spec = task.spec.clone().unwrap_or_default();
                 let status = task.status.clone().unwrap_or_default();
                 let count = |c: Option<u64>| c.map(|c| c.to_string()).unwrap_or_default();
-                println!(
+                outln!(
                     "{:<8} {:<20} {:<38} {:<9} {:<26} {:>4} {:>4}  {}",
                     type_name(spec.r#type),
                     spec.name,
@@ -326,15 +336,18 @@ fn print_runs(output: Output, runs: &[v1::TaskRun]) {
     match output {
         Output::Json => {
             let list: Vec<Value> = runs.iter().map(run_json).collect();
-            println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+            outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
         }
         Output::Table => {
-            println!(
+            outln!(
                 "{:<52} {:<8} {:<26} {:>7}  ERROR",
-                "ID", "STATUS", "STARTED", "ATTEMPT"
+                "ID",
+                "STATUS",
+                "STARTED",
+                "ATTEMPT"
             );
             for run in runs {
-                println!(
+                outln!(
                     "{:<52} {:<8} {:<26} {:>7}  {}",
                     run.id,
                     run_status(run.status),

@@ -181,5 +181,9 @@ mod tests {
             route("/nope", &metrics, &ready).status(),
             StatusCode::NOT_FOUND
         );
+        // A replica without a provider is never a member.
+        let (_open, closed) = watch::channel(false);
+        let answer = liveness(&Incarnation::default(), closed);
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND);
     }
 }

@@ -337,6 +337,119 @@ impl Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin_http::{self, Incarnation};
+    use crate::store::{MemoryStore, SharedStore};
+    use std::sync::atomic::AtomicBool;
+
+    /// A member `id` of `store` whose admin port serves `/liveness`; the
+    /// port closes when the returned sender is dropped.
+    async fn member(store: &SharedStore, id: &str) -> (Arc<Ownership>, Peer, watch::Sender<bool>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_address = listener.local_addr().unwrap().to_string();
+        let config = OwnershipConfig {
+            replica_id: id.into(),
+            address: "127.0.0.1:1".into(),
+            admin_address: admin_address.clone(),
+            lease_ttl: Duration::from_secs(30),
+            lease_margin: Duration::from_secs(6),
+        };
+        let keys = KeyLayout::new("/t/");
+        let (ownership, _) = Ownership::new(store.clone(), keys, config, Metrics::new());
+        let lease = ownership.join().await.unwrap();
+        let incarnation = Incarnation::default();
+        let _ = incarnation.set(Arc::clone(&ownership));
+        let (open, closed) = watch::channel(false);
+        let ready = Arc::new(AtomicBool::new(true));
+        let metrics = Metrics::new();
+        tokio::spawn(admin_http::serve(
+            listener,
+            metrics,
+            ready,
+            incarnation,
+            closed,
+        ));
+        let peer = Peer {
+            replica: id.into(),
+            lease,
+            admin_address,
+        };
+        (ownership, peer, open)
+    }
+
+    async fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {what} within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The whole path on loopback: a peer's `/liveness` answers its lease
+    /// and stays open; its port closing (the process exiting) breaks the
+    /// connection, the probe is refused, and the watcher revokes exactly
+    /// that lease.
+    #[tokio::test]
+    async fn a_peer_whose_port_closes_loses_its_lease_at_once() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let (watcher, _, _watcher_port) = member(&store, "r1").await;
+        let (_, peer, peer_port) = member(&store, "r2").await;
+        let (line, open) = probe(&peer.admin_address).await.unwrap();
+        assert_eq!(
+            line,
+            LivenessLine {
+                replica: "r2".into(),
+                lease: peer.lease
+            }
+        );
+        let task = tokio::spawn(Arc::clone(&watcher).watch_peer(peer.clone()));
+        let connected = || watcher.metrics.liveness_peers_connected.get() == 1;
+        wait_for(connected, "liveness connection").await;
+
+        drop(peer_port);
+        tokio::time::timeout(Duration::from_secs(5), open.closed())
+            .await
+            .expect("the open answer ends with the port");
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the watcher ends after the revoke")
+            .unwrap();
+        assert_eq!(store.lease_time_to_live(peer.lease).await.unwrap(), None);
+        assert_eq!(watcher.metrics.peer_crashes_detected.get(), 1);
+        assert_eq!(watcher.metrics.peer_leases_revoked.get(), 1);
+        assert_eq!(watcher.metrics.liveness_peers_connected.get(), 0);
+        let own = watcher.session_lease().unwrap();
+        assert!(store.lease_time_to_live(own).await.unwrap().is_some());
+    }
+
+    /// A watcher of an older incarnation of `r2` that finds a newer one
+    /// answering revokes the old lease and leaves the new one alone.
+    #[tokio::test]
+    async fn a_newer_incarnation_answering_revokes_only_the_old_lease() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let (watcher, _, _watcher_port) = member(&store, "r1").await;
+        let (_, newer, _newer_port) = member(&store, "r2").await;
+        let old_lease = store.grant_lease(30).await.unwrap();
+        let older = Peer {
+            lease: old_lease,
+            ..newer.clone()
+        };
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            Arc::clone(&watcher).watch_peer(older),
+        )
+        .await
+        .expect("the watcher ends after the revoke");
+        assert_eq!(store.lease_time_to_live(old_lease).await.unwrap(), None);
+        assert!(store
+            .lease_time_to_live(newer.lease)
+            .await
+            .unwrap()
+            .is_some());
+        assert_eq!(watcher.metrics.peer_leases_revoked.get(), 1);
+    }
 
     fn peer() -> Peer {
         Peer {

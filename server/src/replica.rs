@@ -1,6 +1,7 @@
 //! Starts a replica's parts: the metered store, the cluster cache, the
 //! operations, the admin port, the compactor and, with a provider, the
-//! workers that own clusters and run their operations.
+//! workers that own clusters, run their operations and watch the peers for
+//! crashes.
 //!
 //! Kept apart from [`crate::server`] (which assembles the gRPC services)
 //! and [`crate::shutdown`] (which stops these parts in order) so that each
@@ -79,8 +80,9 @@ pub struct Workers {
 pub struct Switches {
     /// What /readyz answers.
     pub ready: Arc<AtomicBool>,
-    /// Sending `true` stops membership, ownership, the executor, the task
-    /// scheduler, the scanner and the compactor.
+    /// Sending `true` stops membership, ownership, the peers' liveness
+    /// connections, the executor, the task scheduler, the scanner and the
+    /// compactor.
     pub stop_work: watch::Sender<bool>,
     /// Sending `true` stops the cluster cache following etcd.
     pub stop_cache: watch::Sender<bool>,

@@ -1,15 +1,38 @@
 //! The admin HTTP port: `/metrics` (Prometheus text format), `/healthz`
-//! (the process is up) and `/readyz` (serving and not draining).
+//! (the process is up), `/readyz` (serving and not draining) and
+//! `/liveness` (peers' crash detection, see [`crate::replication::liveness`]).
+//!
+//! # Guarantees
+//! - `/liveness` answers one JSON line naming this replica and the lease of
+//!   its current membership session, then keeps the response open until
+//!   the admin port closes (the process exits): a peer holding it sees the
+//!   connection break when this process dies. A replica between sessions
+//!   answers 503, one without a provider (never a member) 404.
+//!
+//! # Caveats
+//! - Plain HTTP, no authentication: bind it where only operators and peers
+//!   reach it. `/liveness` tells nothing but a replica id and a lease id.
 
 use crate::metrics::Metrics;
-use http_body_util::Full;
-use hyper::body::Bytes;
+use crate::replication::{LivenessLine, Ownership};
+use http_body_util::{Either, Full};
+use hyper::body::{Bytes, Frame};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+/// Who answers `/liveness`: this replica's membership, set once its
+/// workers start (the admin port is served before).
+pub type Incarnation = Arc<OnceLock<Arc<Ownership>>>;
+
+type AdminBody = Either<Full<Bytes>, LivenessBody>;
 
 fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     Response::builder()
@@ -39,11 +62,72 @@ fn route(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Byt
     }
 }
 
+/// The `/liveness` answer: the first line, then an open body until
+/// `closed` (the admin port's shutdown) turns true or its sender goes.
+fn liveness(incarnation: &Incarnation, closed: watch::Receiver<bool>) -> Response<AdminBody> {
+    let Some(ownership) = incarnation.get() else {
+        let body = Full::new(Bytes::from("not a member: no provider\n"));
+        return plain(StatusCode::NOT_FOUND, body);
+    };
+    let Some(lease) = ownership.session_lease() else {
+        let body = Full::new(Bytes::from("not a member now: joining\n"));
+        return plain(StatusCode::SERVICE_UNAVAILABLE, body);
+    };
+    let line = LivenessLine {
+        replica: ownership.replica_id().to_string(),
+        lease,
+    };
+    let mut line = serde_json::to_vec(&line).expect("a plain struct serializes");
+    line.push(b'\n');
+    let mut closed = closed;
+    let body = LivenessBody {
+        line: Some(Bytes::from(line)),
+        closed: Box::pin(async move {
+            let _ = closed.wait_for(|closed| *closed).await;
+        }),
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/x-ndjson")
+        .body(Either::Right(body))
+        .expect("static response parts are valid")
+}
+
+fn plain(status: StatusCode, body: Full<Bytes>) -> Response<AdminBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain")
+        .body(Either::Left(body))
+        .expect("static response parts are valid")
+}
+
+/// The `/liveness` body: one line, then nothing until the port closes.
+struct LivenessBody {
+    line: Option<Bytes>,
+    closed: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl hyper::body::Body for LivenessBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(line) = self.line.take() {
+            return Poll::Ready(Some(Ok(Frame::data(line))));
+        }
+        self.closed.as_mut().poll(cx).map(|()| None)
+    }
+}
+
 /// Serves the admin port until `shutdown` turns true or its sender goes.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    incarnation: Incarnation,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -53,11 +137,15 @@ pub async fn serve(
         };
         let Ok((stream, _)) = accepted else { continue };
         let (metrics, ready) = (Arc::clone(&metrics), Arc::clone(&ready));
+        let (incarnation, closed) = (Arc::clone(&incarnation), shutdown.clone());
         tokio::spawn(async move {
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let response = route(request.uri().path(), &metrics, &ready);
-                    async move { Ok::<_, std::convert::Infallible>(response) }
+                    let response = match request.uri().path() {
+                        "/liveness" => liveness(&incarnation, closed.clone()),
+                        path => route(path, &metrics, &ready).map(Either::Left),
+                    };
+                    async move { Ok::<_, Infallible>(response) }
                 });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -93,5 +181,9 @@ mod tests {
             route("/nope", &metrics, &ready).status(),
             StatusCode::NOT_FOUND
         );
+        // A replica without a provider is never a member.
+        let (_open, closed) = watch::channel(false);
+        let answer = liveness(&Incarnation::default(), closed);
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND);
     }
 }

@@ -64,6 +64,12 @@ pub struct Metrics {
     pub orphan_resumes: Counter,
     /// Leases of this replica's own earlier incarnations revoked at join.
     pub previous_incarnations_revoked: Counter,
+    /// Peers found crashed through their liveness connection.
+    pub peer_crashes_detected: Counter,
+    /// Leases of crashed peers this replica revoked.
+    pub peer_leases_revoked: Counter,
+    /// Peers this replica holds a liveness connection to now.
+    pub liveness_peers_connected: Gauge,
     pub newer_schema_skipped: Counter,
     pub task_runs: Family<TaskRunLabels, Counter>,
     /// 1 for each known etcd issue the etcd in use has (by its version).
@@ -154,6 +160,24 @@ impl Metrics {
             "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once",
             previous_incarnations_revoked.clone(),
         );
+        let peer_crashes_detected = Counter::default();
+        registry.register(
+            "peer_crashes_detected",
+            "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation",
+            peer_crashes_detected.clone(),
+        );
+        let peer_leases_revoked = Counter::default();
+        registry.register(
+            "peer_leases_revoked",
+            "Leases of crashed peers revoked by this replica, handing their clusters over before the TTL",
+            peer_leases_revoked.clone(),
+        );
+        let liveness_peers_connected = Gauge::default();
+        registry.register(
+            "liveness_peers_connected",
+            "Peers this replica holds a liveness connection to",
+            liveness_peers_connected.clone(),
+        );
         let newer_schema_skipped = Counter::default();
         registry.register(
             "newer_schema_records",
@@ -186,6 +210,9 @@ impl Metrics {
             orphan_recoveries,
             orphan_resumes,
             previous_incarnations_revoked,
+            peer_crashes_detected,
+            peer_leases_revoked,
+            liveness_peers_connected,
             newer_schema_skipped,
             task_runs,
             etcd_known_issues,

@@ -1,6 +1,7 @@
 //! Starts a replica's parts: the metered store, the cluster cache, the
 //! operations, the admin port, the compactor and, with a provider, the
-//! workers that own clusters and run their operations.
+//! workers that own clusters, run their operations and watch the peers for
+//! crashes.
 //!
 //! Kept apart from [`crate::server`] (which assembles the gRPC services)
 //! and [`crate::shutdown`] (which stops these parts in order) so that each
@@ -79,8 +80,9 @@ pub struct Workers {
 pub struct Switches {
     /// What /readyz answers.
     pub ready: Arc<AtomicBool>,
-    /// Sending `true` stops membership, ownership, the executor, the task
-    /// scheduler, the scanner and the compactor.
+    /// Sending `true` stops membership, ownership, the peers' liveness
+    /// connections, the executor, the task scheduler, the scanner and the
+    /// compactor.
     pub stop_work: watch::Sender<bool>,
     /// Sending `true` stops the cluster cache following etcd.
     pub stop_cache: watch::Sender<bool>,
@@ -116,7 +118,8 @@ impl Replica {
 
         let (listener, address) = bind(config.listen).await?;
         let (stop_work, work_stopped) = watch::channel(false);
-        let (ready, admin_open) = start_admin(config.admin_listen, &metrics).await?;
+        let incarnation = admin_http::Incarnation::default();
+        let admin = start_admin(config.admin_listen, &metrics, &incarnation).await?;
         if let Some(interval) = config.compact_interval {
             tokio::spawn(crate::compactor::run(
                 store.clone(),
@@ -139,15 +142,16 @@ impl Replica {
             listener,
             address,
             switches: Switches {
-                ready,
+                ready: admin.ready,
                 stop_work,
                 stop_cache,
             },
-            admin_open,
+            admin_open: admin.open,
         };
         Ok(match provider {
             Some(provider) => {
-                let workers = replica.start_workers(config, provider, work_stopped);
+                let workers = replica.start_workers(config, provider, admin.address, work_stopped);
+                let _ = incarnation.set(Arc::clone(&workers.replication));
                 Self {
                     workers: Some(workers),
                     ..replica
@@ -160,12 +164,15 @@ impl Replica {
         })
     }
 
-    /// Joins as a member and starts ownership, the executor, the task
-    /// scheduler and the scanner, all until `work_stopped`.
+    /// Joins as a member and starts ownership, the peers' liveness
+    /// connections, the executor, the task scheduler and the scanner, all
+    /// until `work_stopped`. `admin_address` (where the admin port listens)
+    /// goes into the member record for the peers' liveness connections.
     fn start_workers(
         &self,
         config: &Config,
         provider: Provider,
+        admin_address: SocketAddr,
         work_stopped: watch::Receiver<bool>,
     ) -> Workers {
         let (replication, adoptions) = Ownership::new(
@@ -174,6 +181,7 @@ impl Replica {
             OwnershipConfig {
                 replica_id: config.replica_id.clone(),
                 address: self.address.to_string(),
+                admin_address: admin_address.to_string(),
                 lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
                 lease_margin: config.lease_margin,
             },
@@ -182,6 +190,9 @@ impl Replica {
         tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
         tokio::spawn(
             Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
+        );
+        tokio::spawn(
+            Arc::clone(&replication).run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
         );
         let executor = Executor::new(
             self.operations.clone(),
@@ -227,21 +238,37 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), StartErr
     Ok((listener, bound))
 }
 
-/// Serves /metrics, /healthz and /readyz on `address`; returns what
-/// /readyz answers and the sender whose drop closes the port.
+/// The admin port, served.
+struct Admin {
+    /// What /readyz answers.
+    ready: Arc<AtomicBool>,
+    /// Its drop closes the port.
+    open: watch::Sender<bool>,
+    /// Where it listens.
+    address: SocketAddr,
+}
+
+/// Serves /metrics, /healthz, /readyz and /liveness (answered by
+/// `incarnation` once set) on `address`.
 async fn start_admin(
     address: SocketAddr,
     metrics: &Arc<Metrics>,
-) -> Result<(Arc<AtomicBool>, watch::Sender<bool>), StartError> {
+    incarnation: &admin_http::Incarnation,
+) -> Result<Admin, StartError> {
     let (listener, bound) = bind(address).await?;
     let ready = Arc::new(AtomicBool::new(true));
-    let (admin_open, admin_closed) = watch::channel(false);
-    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz)");
+    let (open, closed) = watch::channel(false);
+    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness)");
     tokio::spawn(admin_http::serve(
         listener,
         Arc::clone(metrics),
         Arc::clone(&ready),
-        admin_closed,
+        Arc::clone(incarnation),
+        closed,
     ));
-    Ok((ready, admin_open))
+    Ok(Admin {
+        ready,
+        open,
+        address: bound,
+    })
 }

@@ -123,7 +123,7 @@ async fn leave(workers: Workers, cache: &ClusterCache, grace: Duration) {
     } else {
         tracing::warn!(
             running = executor.in_flight(),
-            "operations still running: leaving without revoking the lease, peers take over after the TTL"
+            "operations still running: leaving without revoking the lease, peers take over once this process exits (seen through their liveness connections) or after the TTL"
         );
         replication.leave();
     }

@@ -885,3 +885,120 @@ async fn a_restarted_replica_takes_its_clusters_back_without_waiting_for_the_ttl
         "{metrics}"
     );
 }
+
+/// A metric summed over the replicas other than `avoid`.
+async fn peers_metric(c: &Cluster3, avoid: &str, name: &str) -> f64 {
+    let mut total = 0.0;
+    for (id, replica) in c.replicas.iter().filter(|(id, _)| id != avoid) {
+        let samples = drover_tests::scrape::metrics(&replica.admin_endpoint()).await;
+        let value = drover_tests::scrape::sum(&samples, name, "");
+        eprintln!("{id}: {name} = {value}");
+        total += value;
+    }
+    total
+}
+
+/// Waits until every replica holds a liveness connection to each of its
+/// peers: before that, a test of what they do when one breaks proves
+/// nothing.
+async fn wait_liveness_connected(c: &Cluster3) {
+    let peers = (c.replicas.len() - 1) as f64;
+    for (_, replica) in &c.replicas {
+        let admin = replica.admin_endpoint();
+        wait_until(Duration::from_secs(10), "liveness connections", || {
+            let admin = admin.clone();
+            async move {
+                let samples = drover_tests::scrape::metrics(&admin).await;
+                drover_tests::scrape::sum(&samples, "drover_liveness_peers_connected", "") == peers
+            }
+        })
+        .await;
+    }
+}
+
+/// Fast crash detection: with a 30 s TTL, kill -9 of the owner mid-upgrade
+/// breaks its peers' liveness connections, their probes are refused, and
+/// one of them revokes its lease: a peer owns the cluster and finishes the
+/// operation long before the TTL could have run out.
+#[tokio::test]
+async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
+    let mut c = Cluster3::start(3, 30).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "crashed", 3).await;
+    wait_liveness_connected(&c).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "crashed").await.expect("an owner");
+    c.sim.set_latency(Duration::from_millis(500)).await;
+    let op = upgrade(&mut client, "crashed").await;
+    wait_running(&client, "crashed", &op.id, Duration::from_secs(20)).await;
+
+    c.replica_mut(&before.replica).kill9();
+    let killed = Instant::now();
+    let admin = c.admin_avoiding(&before.replica).await;
+    wait_until(Duration::from_secs(5), "a peer to own the cluster", || {
+        let mut admin = admin.clone();
+        let gone = before.replica.clone();
+        async move {
+            owner(&mut admin, "crashed")
+                .await
+                .is_some_and(|o| o.replica != gone)
+        }
+    })
+    .await;
+    eprintln!("kill -9 to a new owner: {:?} (TTL 30 s)", killed.elapsed());
+    let mut client = c.client_avoiding(&before.replica).await;
+    let done = client
+        .wait_operation(&op, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "resumed: {done:?}");
+    assert!(killed.elapsed() < Duration::from_secs(20), "within the TTL");
+    let runs: Vec<&str> = done.runs.iter().map(|r| r.replica.as_str()).collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_ne!(runs[1], before.replica);
+    let detected = peers_metric(&c, &before.replica, "drover_peer_crashes_detected_total").await;
+    assert!(detected >= 1.0, "a peer detected the crash");
+    let revoked = peers_metric(&c, &before.replica, "drover_peer_leases_revoked_total").await;
+    assert!(revoked >= 1.0, "a peer revoked the lease");
+}
+
+/// A paused replica (SIGSTOP) keeps its liveness connections open and
+/// does not answer probes: its peers cannot tell it from a partition, so
+/// nothing is revoked and its TTL (30 s) decides. Woken before it, it goes
+/// on owning its clusters under the same epoch.
+#[tokio::test]
+async fn a_paused_owner_is_not_taken_for_crashed() {
+    let c = Cluster3::start(3, 30).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "napping", 1).await;
+    wait_liveness_connected(&c).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "napping").await.expect("an owner");
+    let admin = c.admin_avoiding(&before.replica).await;
+
+    c.replica(&before.replica).signal("STOP");
+    let paused = Instant::now();
+    // Bounded: polls for 5 s that the owner stays the paused replica.
+    while paused.elapsed() < Duration::from_secs(5) {
+        let now = owner(&mut admin.clone(), "napping").await;
+        assert_eq!(
+            now.as_ref().map(|o| (o.replica.as_str(), o.epoch)),
+            Some((before.replica.as_str(), before.epoch)),
+            "the paused owner's lease was not revoked"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    c.replica(&before.replica).signal("CONT");
+    wait_liveness_connected(&c).await;
+    let now = owner(&mut admin.clone(), "napping")
+        .await
+        .expect("an owner");
+    assert_eq!(
+        (now.replica, now.epoch),
+        (before.replica.clone(), before.epoch)
+    );
+    let detected = peers_metric(&c, &before.replica, "drover_peer_crashes_detected_total").await;
+    assert_eq!(detected, 0.0, "no crash detected");
+    let revoked = peers_metric(&c, &before.replica, "drover_peer_leases_revoked_total").await;
+    assert_eq!(revoked, 0.0, "nothing revoked");
+}

@@ -41,6 +41,7 @@ impl Ownership {
             address: self.config.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             lease,
+            admin_address: self.config.admin_address.clone(),
             draining: true,
         };
         let key = self.keys.member(&self.config.replica_id);
@@ -183,6 +184,7 @@ mod tests {
         let config = OwnershipConfig {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
+            admin_address: String::new(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
         };

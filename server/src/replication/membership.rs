@@ -106,6 +106,7 @@ impl Ownership {
             address: self.config.address.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             lease,
+            admin_address: self.config.admin_address.clone(),
             draining: false,
         };
         let key = self.keys.member(&self.config.replica_id);
@@ -252,6 +253,7 @@ mod tests {
         let config = OwnershipConfig {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
+            admin_address: String::new(),
             lease_ttl: TTL,
             lease_margin: Duration::from_millis(400),
         };
@@ -273,12 +275,6 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "no {what} within {:?}", 4 * TTL);
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    impl Ownership {
-        fn session_lease(&self) -> Option<LeaseId> {
-            lock(&self.session).as_ref().map(|s| s.lease)
         }
     }
 

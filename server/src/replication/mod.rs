@@ -32,12 +32,14 @@
 //!   cover an arbitrarily slow leader.
 
 mod handoff;
+mod liveness;
 mod membership;
 mod owners_view;
 mod ownership;
 mod rendezvous;
 mod state_memo;
 
+pub use liveness::LivenessLine;
 pub use rendezvous::preferred;
 
 use crate::cluster::SCHEMA_VERSION;
@@ -61,6 +63,11 @@ pub struct MemberRecord {
     /// Drover version it runs.
     pub version: String,
     pub lease: LeaseId,
+    /// The admin HTTP address (plain HTTP) where peers hold a liveness
+    /// connection (`/liveness`); empty from members of older builds, which
+    /// peers then leave to the TTL.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub admin_address: String,
     /// Shutting down: it finishes the operations it runs and hands every
     /// other cluster over; peers prefer it for none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -112,6 +119,9 @@ const SETTLE_POLL: Duration = Duration::from_millis(50);
 pub struct OwnershipConfig {
     pub replica_id: String,
     pub address: String,
+    /// Where the admin port listens, written to the member record for the
+    /// peers' liveness connections (empty: none).
+    pub admin_address: String,
     pub lease_ttl: Duration,
     /// How long before the TTL runs out this replica stops believing in its
     /// lease (less than a third of the TTL leaves time for renewals).
@@ -190,6 +200,12 @@ impl Ownership {
 
     pub fn replica_id(&self) -> &str {
         &self.config.replica_id
+    }
+
+    /// The lease of this replica's membership session, lapsed or not; none
+    /// between sessions.
+    pub fn session_lease(&self) -> Option<LeaseId> {
+        lock(&self.session).as_ref().map(|s| s.lease)
     }
 
     /// This replica's claim on `cluster`, if it owns it and its lease is

@@ -447,6 +447,7 @@ mod tests {
         let config = OwnershipConfig {
             replica_id: id.into(),
             address: "127.0.0.1:1".into(),
+            admin_address: String::new(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
         };
@@ -460,6 +461,7 @@ mod tests {
             address: "127.0.0.1:1".into(),
             version: "test".into(),
             lease,
+            admin_address: String::new(),
             draining: false,
         };
         let put = Op::put_with_lease(keys.member(id), to_json(&member), lease);

@@ -1,0 +1,509 @@
+//! Liveness: peers see a crash. Each member holds one plain-HTTP
+//! connection to every peer's `/liveness` (on the admin port its member
+//! record names). When one breaks, the peer is probed at once: evidence
+//! that the incarnation holding the lease is gone revokes that lease, so
+//! its clusters are taken over now instead of after the TTL.
+//!
+//! # Guarantees
+//! - A lease is revoked only on evidence that its incarnation is gone: the
+//!   admin address where that incarnation was seen answering refuses
+//!   connections, or the same replica id answers there with another lease.
+//!   The revoke names the lease of the member record the task watched, so
+//!   a newer incarnation's lease is never touched; nor is this replica's.
+//! - A probe that times out or fails otherwise (a paused process, a
+//!   partition, an overloaded host) proves nothing: the TTL decides, as
+//!   without this module. A paused peer also keeps its connections open.
+//!
+//! # Assumptions
+//! - A replica binds its admin port before it joins and keeps it until the
+//!   process exits: no listener there means no process.
+//! - Replica ids are unique among live replicas (as membership assumes).
+//! - Every owner write and provider call is fenced, and the provider
+//!   drains calls of older epochs: revoking a lease early is safe, so this
+//!   module only decides how soon.
+//!
+//! # Caveats
+//! - A firewall that starts rejecting (not dropping) connections to the
+//!   admin port looks like a crash: the peer's lease is revoked, its
+//!   clusters move (safely) and it rejoins with a new lease.
+//! - Left to the TTL: a peer that crashes before this replica saw it
+//!   answer, and one whose member record has no admin address (an older
+//!   build) or a wildcard one (an admin port listening on all interfaces).
+
+use super::*;
+use crate::cluster::{from_json, ClusterCache};
+use crate::store::{RangeRequest, StoreError};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long a probe waits for a peer's first line.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Probes of one peer start at most this often (a connection that keeps
+/// breaking at once must not spin).
+const PROBE_SPACING: Duration = Duration::from_millis(250);
+/// After a probe that proved nothing: the next one.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The first line is a replica id and a lease id: anything longer is not
+/// a liveness answer.
+const LINE_LIMIT: usize = 4096;
+
+/// The first line `/liveness` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessLine {
+    pub replica: String,
+    /// The lease of the answering incarnation's membership session.
+    pub lease: LeaseId,
+}
+
+/// A peer incarnation, as its member record names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Peer {
+    replica: String,
+    lease: LeaseId,
+    admin_address: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("connection refused")]
+    Refused,
+    #[error("no answer within {PROBE_TIMEOUT:?}")]
+    TimedOut,
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn failed(error: impl std::fmt::Display) -> ProbeError {
+    ProbeError::Failed(error.to_string())
+}
+
+/// What a probe shows about the incarnation a task watches.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Alive,
+    /// Gone, with the evidence.
+    Gone(String),
+    /// Nothing proven (why): the TTL decides.
+    Unknown(String),
+}
+
+/// Judges a probe of `peer`; `seen` tells whether this incarnation was
+/// seen answering at its address (only then does a refusal there say it
+/// is gone: the address might not reach it at all).
+fn judge(peer: &Peer, seen: bool, probe: Result<&LivenessLine, &ProbeError>) -> Verdict {
+    match probe {
+        Ok(line) if line.replica != peer.replica => {
+            Verdict::Unknown(format!("answered by replica {}", line.replica))
+        }
+        Ok(line) if line.lease == peer.lease => Verdict::Alive,
+        Ok(line) => Verdict::Gone(format!("answered with lease {}", line.lease)),
+        Err(ProbeError::Refused) if seen => Verdict::Gone("connection refused".into()),
+        Err(error) => Verdict::Unknown(error.to_string()),
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An open `/liveness` response.
+struct Open {
+    body: Incoming,
+    _sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    _connection: AbortOnDrop,
+}
+
+impl Open {
+    /// Returns when the connection ends (EOF, reset, or the peer's port
+    /// closing); nothing else is sent on it.
+    async fn closed(mut self) {
+        while let Some(Ok(_)) = self.body.frame().await {}
+    }
+}
+
+/// Counts a held liveness connection in the metrics while it lives.
+struct Connected(Arc<Metrics>);
+
+impl Connected {
+    fn new(metrics: &Arc<Metrics>) -> Self {
+        metrics.liveness_peers_connected.inc();
+        Self(Arc::clone(metrics))
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.liveness_peers_connected.dec();
+    }
+}
+
+/// `GET /liveness` at `address`, within [`PROBE_TIMEOUT`].
+async fn probe(address: &str) -> Result<(LivenessLine, Open), ProbeError> {
+    tokio::time::timeout(PROBE_TIMEOUT, connect(address))
+        .await
+        .unwrap_or(Err(ProbeError::TimedOut))
+}
+
+async fn connect(address: &str) -> Result<(LivenessLine, Open), ProbeError> {
+    let stream = TcpStream::connect(address).await.map_err(|error| {
+        if error.kind() == std::io::ErrorKind::ConnectionRefused {
+            ProbeError::Refused
+        } else {
+            failed(error)
+        }
+    })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(failed)?;
+    let connection = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    let request = hyper::Request::get("/liveness")
+        .header(hyper::header::HOST, address)
+        .body(Empty::new())
+        .map_err(failed)?;
+    let response = sender.send_request(request).await.map_err(failed)?;
+    if response.status() != hyper::StatusCode::OK {
+        return Err(failed(format!("answered {}", response.status())));
+    }
+    let mut body = response.into_body();
+    let line = first_line(&mut body).await?;
+    let open = Open {
+        body,
+        _sender: sender,
+        _connection: connection,
+    };
+    Ok((line, open))
+}
+
+async fn first_line(body: &mut Incoming) -> Result<LivenessLine, ProbeError> {
+    let mut read = Vec::new();
+    while !read.contains(&b'\n') {
+        if read.len() > LINE_LIMIT {
+            return Err(failed("no liveness line"));
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => read.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d)),
+            Some(Err(error)) => return Err(failed(error)),
+            None => return Err(failed("the answer ended before its first line")),
+        }
+    }
+    let end = read.iter().position(|b| *b == b'\n').unwrap_or(read.len());
+    serde_json::from_slice(&read[..end]).map_err(failed)
+}
+
+/// Whether peers can reach `address` as written: a wildcard listen
+/// address names no host.
+fn reachable(address: &str) -> bool {
+    !address.is_empty()
+        && address
+            .parse::<SocketAddr>()
+            .map_or(true, |a| !a.ip().is_unspecified())
+}
+
+impl Ownership {
+    /// Follows the member records and holds a liveness connection to every
+    /// peer that has an admin address, until `shutdown` turns true.
+    pub async fn run_liveness(
+        self: Arc<Self>,
+        cache: Arc<ClusterCache>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let period = self.config.lease_ttl / 3;
+        let mut watched: HashMap<String, (Peer, AbortOnDrop)> = HashMap::new();
+        while !*shutdown.borrow() {
+            // Before the read: a change after it is then in the watch.
+            let mut members = cache.watch_keys(&self.keys.members()).map(|(w, _)| w);
+            match self.peers().await {
+                Ok(peers) => self.follow(&mut watched, peers),
+                Err(error) => tracing::warn!(%error, "cannot read the members to watch"),
+            }
+            let member_changed = async {
+                match &mut members {
+                    Some(watch) => drop(watch.next().await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = member_changed => {},
+                _ = tokio::time::sleep(period) => {},
+            }
+        }
+    }
+
+    /// The peers worth a liveness connection: every member record but this
+    /// replica's, with a reachable admin address.
+    async fn peers(&self) -> crate::store::Result<Vec<Peer>> {
+        let members = self
+            .store
+            .range(RangeRequest::prefix(self.keys.members()))
+            .await?;
+        let own = self.session_lease();
+        Ok(members
+            .kvs
+            .iter()
+            .filter(|kv| kv.lease != 0 && Some(kv.lease) != own)
+            .filter_map(|kv| Some((kv.lease, from_json::<MemberRecord>(kv).ok()?)))
+            .filter(|(_, m)| m.id != self.config.replica_id && reachable(&m.admin_address))
+            .map(|(lease, m)| Peer {
+                replica: m.id,
+                lease,
+                admin_address: m.admin_address,
+            })
+            .collect())
+    }
+
+    /// Keeps one task per peer incarnation: a new lease or address replaces
+    /// the task (dropping the old one aborts it), a peer gone ends it.
+    fn follow(
+        self: &Arc<Self>,
+        watched: &mut HashMap<String, (Peer, AbortOnDrop)>,
+        peers: Vec<Peer>,
+    ) {
+        watched.retain(|id, (peer, _)| peers.iter().any(|p| &p.replica == id && p == peer));
+        for peer in peers {
+            if !watched.contains_key(&peer.replica) {
+                let task = tokio::spawn(Arc::clone(self).watch_peer(peer.clone()));
+                watched.insert(peer.replica.clone(), (peer, AbortOnDrop(task)));
+            }
+        }
+    }
+
+    /// Holds a liveness connection to `peer` and probes it whenever the
+    /// connection breaks or cannot be made; ends once it revoked `peer`'s
+    /// lease (or found it gone), or when aborted.
+    async fn watch_peer(self: Arc<Self>, peer: Peer) {
+        let mut seen = false;
+        let mut next_probe = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep_until(next_probe).await;
+            next_probe = tokio::time::Instant::now() + PROBE_SPACING;
+            let probed = probe(&peer.admin_address).await;
+            match judge(&peer, seen, probed.as_ref().map(|(line, _)| line)) {
+                Verdict::Alive => {
+                    let Ok((_, open)) = probed else { continue };
+                    if !seen {
+                        tracing::debug!(peer = %peer.replica, lease = peer.lease, "liveness connection to the peer open");
+                    }
+                    seen = true;
+                    let _connected = Connected::new(&self.metrics);
+                    open.closed().await;
+                    tracing::info!(peer = %peer.replica, lease = peer.lease, "liveness connection to the peer broke: probing it");
+                }
+                Verdict::Gone(evidence) => return self.revoke_crashed(&peer, &evidence).await,
+                Verdict::Unknown(why) => {
+                    tracing::debug!(peer = %peer.replica, why, "liveness probe proved nothing; the TTL decides");
+                    next_probe = tokio::time::Instant::now() + RETRY_AFTER;
+                }
+            }
+        }
+    }
+
+    /// Revokes the lease of `peer`'s incarnation, found gone on `evidence`.
+    async fn revoke_crashed(&self, peer: &Peer, evidence: &str) {
+        // Never this replica's own (a member record cannot name it for
+        // another replica id; checked again all the same).
+        if self.session_lease() == Some(peer.lease) {
+            return;
+        }
+        self.metrics.peer_crashes_detected.inc();
+        match self.store.revoke_lease(peer.lease).await {
+            Ok(()) => {
+                self.metrics.peer_leases_revoked.inc();
+                tracing::warn!(peer = %peer.replica, lease = peer.lease, evidence, "peer crashed: revoked its lease, its clusters are taken over now, not after its TTL");
+            }
+            // Another peer revoked it first, or it expired.
+            Err(StoreError::LeaseNotFound(_)) => {
+                tracing::info!(peer = %peer.replica, lease = peer.lease, evidence, "peer crashed; its lease is already gone");
+            }
+            Err(error) => {
+                tracing::warn!(%error, peer = %peer.replica, lease = peer.lease, evidence, "peer crashed but its lease cannot be revoked; its clusters wait for its TTL");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin_http::{self, Incarnation};
+    use crate::store::{MemoryStore, SharedStore};
+    use std::sync::atomic::AtomicBool;
+
+    /// A member `id` of `store` whose admin port serves `/liveness`; the
+    /// port closes when the returned sender is dropped.
+    async fn member(store: &SharedStore, id: &str) -> (Arc<Ownership>, Peer, watch::Sender<bool>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_address = listener.local_addr().unwrap().to_string();
+        let config = OwnershipConfig {
+            replica_id: id.into(),
+            address: "127.0.0.1:1".into(),
+            admin_address: admin_address.clone(),
+            lease_ttl: Duration::from_secs(30),
+            lease_margin: Duration::from_secs(6),
+        };
+        let keys = KeyLayout::new("/t/");
+        let (ownership, _) = Ownership::new(store.clone(), keys, config, Metrics::new());
+        let lease = ownership.join().await.unwrap();
+        let incarnation = Incarnation::default();
+        let _ = incarnation.set(Arc::clone(&ownership));
+        let (open, closed) = watch::channel(false);
+        let ready = Arc::new(AtomicBool::new(true));
+        let metrics = Metrics::new();
+        tokio::spawn(admin_http::serve(
+            listener,
+            metrics,
+            ready,
+            incarnation,
+            closed,
+        ));
+        let peer = Peer {
+            replica: id.into(),
+            lease,
+            admin_address,
+        };
+        (ownership, peer, open)
+    }
+
+    async fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {what} within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The whole path on loopback: a peer's `/liveness` answers its lease
+    /// and stays open; its port closing (the process exiting) breaks the
+    /// connection, the probe is refused, and the watcher revokes exactly
+    /// that lease.
+    #[tokio::test]
+    async fn a_peer_whose_port_closes_loses_its_lease_at_once() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let (watcher, _, _watcher_port) = member(&store, "r1").await;
+        let (_, peer, peer_port) = member(&store, "r2").await;
+        let (line, open) = probe(&peer.admin_address).await.unwrap();
+        assert_eq!(
+            line,
+            LivenessLine {
+                replica: "r2".into(),
+                lease: peer.lease
+            }
+        );
+        let task = tokio::spawn(Arc::clone(&watcher).watch_peer(peer.clone()));
+        let connected = || watcher.metrics.liveness_peers_connected.get() == 1;
+        wait_for(connected, "liveness connection").await;
+
+        drop(peer_port);
+        tokio::time::timeout(Duration::from_secs(5), open.closed())
+            .await
+            .expect("the open answer ends with the port");
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the watcher ends after the revoke")
+            .unwrap();
+        assert_eq!(store.lease_time_to_live(peer.lease).await.unwrap(), None);
+        assert_eq!(watcher.metrics.peer_crashes_detected.get(), 1);
+        assert_eq!(watcher.metrics.peer_leases_revoked.get(), 1);
+        assert_eq!(watcher.metrics.liveness_peers_connected.get(), 0);
+        let own = watcher.session_lease().unwrap();
+        assert!(store.lease_time_to_live(own).await.unwrap().is_some());
+    }
+
+    /// A watcher of an older incarnation of `r2` that finds a newer one
+    /// answering revokes the old lease and leaves the new one alone.
+    #[tokio::test]
+    async fn a_newer_incarnation_answering_revokes_only_the_old_lease() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let (watcher, _, _watcher_port) = member(&store, "r1").await;
+        let (_, newer, _newer_port) = member(&store, "r2").await;
+        let old_lease = store.grant_lease(30).await.unwrap();
+        let older = Peer {
+            lease: old_lease,
+            ..newer.clone()
+        };
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            Arc::clone(&watcher).watch_peer(older),
+        )
+        .await
+        .expect("the watcher ends after the revoke");
+        assert_eq!(store.lease_time_to_live(old_lease).await.unwrap(), None);
+        assert!(store
+            .lease_time_to_live(newer.lease)
+            .await
+            .unwrap()
+            .is_some());
+        assert_eq!(watcher.metrics.peer_leases_revoked.get(), 1);
+    }
+
+    fn peer() -> Peer {
+        Peer {
+            replica: "r2".into(),
+            lease: 7,
+            admin_address: "127.0.0.1:1".into(),
+        }
+    }
+
+    fn line(replica: &str, lease: LeaseId) -> LivenessLine {
+        LivenessLine {
+            replica: replica.into(),
+            lease,
+        }
+    }
+
+    #[test]
+    fn only_a_refusal_where_it_answered_or_another_lease_is_evidence() {
+        let p = peer();
+        assert_eq!(judge(&p, false, Ok(&line("r2", 7))), Verdict::Alive);
+        assert_eq!(
+            judge(&p, false, Ok(&line("r2", 9))),
+            Verdict::Gone("answered with lease 9".into())
+        );
+        assert!(matches!(
+            judge(&p, true, Ok(&line("r3", 9))),
+            Verdict::Unknown(_)
+        ));
+        assert_eq!(
+            judge(&p, true, Err(&ProbeError::Refused)),
+            Verdict::Gone("connection refused".into())
+        );
+        // Never seen there: the address may not reach it at all.
+        assert!(matches!(
+            judge(&p, false, Err(&ProbeError::Refused)),
+            Verdict::Unknown(_)
+        ));
+        // A paused process or a partition.
+        assert!(matches!(
+            judge(&p, true, Err(&ProbeError::TimedOut)),
+            Verdict::Unknown(_)
+        ));
+        assert!(matches!(
+            judge(&p, true, Err(&failed("answered 503 Service Unavailable"))),
+            Verdict::Unknown(_)
+        ));
+    }
+
+    #[test]
+    fn wildcard_and_empty_admin_addresses_are_not_followed() {
+        assert!(!reachable(""));
+        assert!(!reachable("0.0.0.0:9070"));
+        assert!(!reachable("[::]:9070"));
+        assert!(reachable("10.0.0.5:9070"));
+        assert!(reachable("drover-1.drover:9070"));
+    }
+}

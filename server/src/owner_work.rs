@@ -172,6 +172,32 @@ impl OwnerWork {
     }
 }
 
+impl OwnerWork {
+    /// Reads `key` for owner work on `cluster` under `claim`, retrying while
+    /// etcd is unavailable and the claim holds (as [`Self::commit`] does),
+    /// so a blip of etcd does not end the work that needs the read.
+    pub async fn get_while_held(
+        &self,
+        store: &SharedStore,
+        key: &str,
+        cluster: &str,
+        claim: Claim,
+    ) -> Result<Option<crate::store::KeyValue>, StoreError> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match store.get(key).await {
+                Ok(read) => return Ok(read.into_single()),
+                Err(StoreError::Unavailable(error)) if self.holds(cluster, claim) => {
+                    tracing::warn!(cluster, %error, retry_in = ?delay, "etcd unavailable; retrying the read");
+                }
+                Err(error) => return Err(error),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
 /// The revision at which `marker` (a put) is in etcd as it would write it,
 /// if it is.
 async fn written_by(store: &SharedStore, marker: Option<&Op>) -> Result<Option<i64>, StoreError> {

@@ -546,8 +546,12 @@ impl TaskScheduler {
         claim: Claim,
     ) -> Result<(), TaskError> {
         let keys = self.tasks.keys();
+        let store = self.tasks.store();
         for _ in 0..FINISH_ATTEMPTS {
-            let Some(kv) = self.tasks.store().get(task_key).await?.into_single() else {
+            // An etcd blip is waited out while the claim holds: the run's end
+            // is then recorded, and RunTask need not be asked again.
+            let read = self.work.get_while_held(store, task_key, cluster, claim);
+            let Some(kv) = read.await? else {
                 return Ok(());
             };
             let record: TaskRecord = crate::cluster::from_json(&kv)?;
@@ -556,6 +560,12 @@ impl TaskScheduler {
             }
             let (updated, ended) = finished(&record, run, status, error.clone(), Utc::now());
             let slot_ms = parse_time(&run.slot).map_or(0, |t| t.timestamp_millis());
+            // The ended run, stamped with its end time: only this write
+            // produces it.
+            let marker = Op::put(
+                keys.task_run(cluster, &run.task_id, slot_ms),
+                to_json(&ended),
+            );
             let txn = Txn::new()
                 .when(claim.fence(keys, cluster))
                 .when([Compare::mod_revision(
@@ -563,14 +573,9 @@ impl TaskScheduler {
                     CmpOp::Equal,
                     kv.mod_revision,
                 )])
-                .and_then([
-                    Op::put(
-                        keys.task_run(cluster, &run.task_id, slot_ms),
-                        to_json(&ended),
-                    ),
-                    Op::put(task_key, to_json(&updated)),
-                ]);
-            match self.tasks.store().cas(txn).await {
+                .and_then([marker.clone(), Op::put(task_key, to_json(&updated))]);
+            let committed = self.work.commit(store, txn, cluster, claim, Some(&marker));
+            match committed.await {
                 Ok(_) => {
                     self.count(&record, status);
                     tracing::info!(cluster, task = %record.name, run = %run.id, ?status, error = ?ended.error, next = ?updated.next_activation, "task run ended");

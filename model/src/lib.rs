@@ -162,7 +162,22 @@ pub struct Drover {
     /// their replica keeps its claim (a write that met an error other than
     /// a conflict); the next scan resumes the operation.
     pub stalls: u8,
+    /// Calls the provider admits and applies later (a long call), instead
+    /// of in the step it admits them.
+    pub slow_calls: u8,
+    pub orphans: OrphanPolicy,
     pub flaw: Option<Flaw>,
+}
+
+/// What a new owner does with an operation RUNNING under a lost epoch,
+/// once it has fenced the provider (`--orphaned-operations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    /// Fail it, as the reference does.
+    Fail,
+    /// Resume it at its persisted step while it was orphaned at most
+    /// `limit` times, this loss counted; fail it after that.
+    Resume { limit: u8 },
 }
 
 /// A way to break the protocol, each a safeguard removed or a fix undone.
@@ -188,11 +203,16 @@ pub enum Flaw {
     /// A drive resumed under the same claim starts again at the first step
     /// instead of the persisted one.
     ResumeFromFirstStep,
+    /// The provider does not drain: a call of an older epoch that it
+    /// admitted before a newer epoch arrived still applies afterwards.
+    NoDrain,
 }
 
 impl Drover {
     /// The protocol as Drover runs it, within these bounds, with one failed
-    /// provider read and one drive ending early.
+    /// provider read, one drive ending early and one slow call. Orphans
+    /// are resumed once and failed the second time (Drover's default limit
+    /// is 3; 1 here so that two lease losses reach both).
     pub fn new(replicas: usize, clusters: usize, requests: u8, faults: u8) -> Self {
         Drover {
             replicas,
@@ -201,6 +221,8 @@ impl Drover {
             faults,
             read_errors: 1,
             stalls: 1,
+            slow_calls: 1,
+            orphans: OrphanPolicy::Resume { limit: 1 },
             flaw: None,
         }
     }

@@ -20,9 +20,11 @@
 //!   other operation of the cluster is live;
 //! - every change of a cluster's state is an edge of the table, judged
 //!   against the state etcd held just before the write;
-//! - per cluster, the epochs of the calls the provider took never
+//! - per cluster, the epochs of the calls the provider applied never
 //!   decrease (no call lands under an epoch older than one it already
-//!   took), and every operation's calls carry a single epoch;
+//!   took, so an orphan resumed under a new epoch never sees a call of
+//!   the lost owner land after the resumed step's), and no call runs at
+//!   the provider beside a newer epoch's (the drain);
 //! - no call lands after its operation ended, even when the new owner's
 //!   fencing describe fails: orphan recovery keeps the slot and retries;
 //! - an operation's steps land in order: a drive resumed under its claim
@@ -37,7 +39,8 @@
 //!
 //! The checks are not vacuous: the `sometimes` properties show that a
 //! zombie and a new owner both believe they own a cluster, that orphans are
-//! failed, that a failed fence keeps the slot, that a call is still in
+//! resumed and (past the limit, or under the fail policy) failed, that a
+//! newer epoch drains an older call, that a failed fence keeps the slot, that a call is still in
 //! flight after its drive ended with its session, that a stale call is on
 //! its way to a refusal, that an accept on the owner claims its operation,
 //! that a drive that ended early is resumed and that idle clusters move to
@@ -48,7 +51,9 @@
 //! without a fence, or when the fence fails (as Drover did), lets the old
 //! owner's call land after the operation ended; planning from a failed
 //! describe (as Drover did) reports an upgrade that never ran; resuming at
-//! the first step runs a step again after a later one.
+//! the first step runs a step again after a later one; resuming an orphan
+//! with a provider that does not drain lets the lost owner's call, admitted
+//! before the fence, run beside the resumed step and land after it.
 //!
 //! # Assumptions
 //!
@@ -60,16 +65,31 @@
 //!   successful keep-alive is not a step of the model (it only postpones an
 //!   expiry the model may take or not), and a paused replica is one that
 //!   acts on its beliefs while its lease is already gone.
+//! - A live peer may revoke any other replica's lease at any step (fast
+//!   crash detection, `server/src/replication/liveness.rs`): to etcd that
+//!   is an expiry, and it is drawn from the same budget of lease losses.
+//!   The model lets a peer revoke a lease whose replica is alive and well,
+//!   which Drover never does on purpose: safety must not rest on the
+//!   evidence being right. A replica that rejoins revokes its previous
+//!   incarnation's lease first if etcd still holds it.
+//! - Orphans: a new owner that reads an operation RUNNING under another
+//!   epoch fences the provider and then resumes it at the step its record
+//!   shows, recording it under its own epoch (the record counts the
+//!   epochs that took it over); past the limit, or under the fail policy,
+//!   it fails it instead ([`OrphanPolicy`]). Steps are idempotent, so a
+//!   step run again by the new owner is the same step.
 //! - Every replica computes the same preferred member from the same member
 //!   list (a stand-in for rendezvous hashing), and claims as the member
 //!   list is at its claim's transaction. The real reconcile reads the list
 //!   first; who claims matters for progress only, never for safety, which
 //!   rests on the compares.
-//! - The provider checks a token and applies the call in one step when the
-//!   call arrives, as `server/src/provider/sim.rs` does under one lock; a
-//!   fenced DescribeCluster that it answers refuses older epochs from then
-//!   on. A provider that admits a call and applies it later must not let a
-//!   newer epoch's answered call come between, or the fence proves nothing.
+//! - The provider checks a token when the call arrives and either applies
+//!   it in the same step or admits it and applies it later (a slow call);
+//!   a fenced DescribeCluster that it answers refuses older epochs from
+//!   then on. Whatever raises a cluster's newest epoch (a call or a fenced
+//!   describe) first drains that cluster's older-epoch calls still
+//!   running: they answer ABORTED and apply nothing (`provider.proto`,
+//!   "Draining"; `server/src/provider/sim.rs`).
 //! - Accepting a request is one step: the replica's read and its
 //!   transaction on the read revision are collapsed, since a transaction
 //!   that misses writes nothing.
@@ -82,7 +102,8 @@
 //! # Caveats
 //!
 //! - Bounds: 2–3 replicas, 1–2 clusters, 1–2 requests, 1–2 lease losses,
-//!   one failed provider read, at most one drive ending early (see the
+//!   one failed provider read, at most one drive ending early and one slow
+//!   call, orphans resumed once (Drover's default is three; see the
 //!   tests: not every combination, or the states run into tens of
 //!   millions). A slice of the state table is reached (Created, Starting,
 //!   Running, Stopping, Stopped, Upgrading, Alert; start, stop and upgrade
@@ -162,7 +183,22 @@ pub struct Drover {
     /// their replica keeps its claim (a write that met an error other than
     /// a conflict); the next scan resumes the operation.
     pub stalls: u8,
+    /// Calls the provider admits and applies later (a long call), instead
+    /// of in the step it admits them.
+    pub slow_calls: u8,
+    pub orphans: OrphanPolicy,
     pub flaw: Option<Flaw>,
+}
+
+/// What a new owner does with an operation RUNNING under a lost epoch,
+/// once it has fenced the provider (`--orphaned-operations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    /// Fail it, as the reference does.
+    Fail,
+    /// Resume it at its persisted step while it was orphaned at most
+    /// `limit` times, this loss counted; fail it after that.
+    Resume { limit: u8 },
 }
 
 /// A way to break the protocol, each a safeguard removed or a fix undone.
@@ -176,11 +212,12 @@ pub enum Flaw {
     UnfencedClaimAtAccept,
     /// A new owner leaves an operation RUNNING under another epoch alone.
     NoOrphanRecovery,
-    /// Orphan recovery fails the orphan without announcing its epoch to
-    /// the provider first.
+    /// Orphan recovery fails (or resumes) the orphan without announcing
+    /// its epoch to the provider first.
     UnfencedOrphans,
-    /// Orphan recovery fails the orphan anyway when its fencing describe
-    /// fails (Drover did, before it kept the slot and retried).
+    /// Orphan recovery fails (or resumes) the orphan anyway when its
+    /// fencing describe fails (Drover did, before it kept the slot and
+    /// retried).
     OrphanFailedWhenFenceFails,
     /// A describe that fails plans no steps (Drover did, before a failed
     /// read failed the operation).
@@ -188,11 +225,16 @@ pub enum Flaw {
     /// A drive resumed under the same claim starts again at the first step
     /// instead of the persisted one.
     ResumeFromFirstStep,
+    /// The provider does not drain: a call of an older epoch that it
+    /// admitted before a newer epoch arrived still applies afterwards.
+    NoDrain,
 }
 
 impl Drover {
     /// The protocol as Drover runs it, within these bounds, with one failed
-    /// provider read and one drive ending early.
+    /// provider read, one drive ending early and one slow call. Orphans
+    /// are resumed once and failed the second time (Drover's default limit
+    /// is 3; 1 here so that two lease losses reach both).
     pub fn new(replicas: usize, clusters: usize, requests: u8, faults: u8) -> Self {
         Drover {
             replicas,
@@ -201,6 +243,8 @@ impl Drover {
             faults,
             read_errors: 1,
             stalls: 1,
+            slow_calls: 1,
+            orphans: OrphanPolicy::Resume { limit: 1 },
             flaw: None,
         }
     }

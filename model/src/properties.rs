@@ -11,10 +11,13 @@ use stateright::Property;
 pub const ONE_OPERATION: &str = "at most one operation holds a cluster";
 pub const EDGES_ONLY: &str = "every state change is an edge of the table";
 pub const EPOCHS_GROW: &str = "the provider never takes an older epoch";
+pub const NONE_BESIDE: &str = "no call runs beside a newer epoch's";
 pub const LIVE_LEASE_WRITES: &str = "no owner write takes effect without its lease";
 pub const MISSES_ARE_DEAD: &str = "a missed compare comes from a dead claim";
 pub const EVERYTHING_ENDS: &str = "every request is made and every operation ends";
 pub const ORPHAN_FAILED: &str = "a new owner fails an orphaned operation";
+pub const ORPHAN_RESUMED: &str = "a new owner resumes an orphaned operation";
+pub const DRAINED: &str = "a newer epoch drains an older call";
 pub const STALE_REFUSED: &str = "the provider refuses a stale epoch";
 pub const TWO_BELIEVERS: &str = "a zombie and a new owner both believe they own a cluster";
 pub const HANDED_BACK: &str = "an idle cluster is released to its preferred member";
@@ -32,6 +35,7 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::always(ONE_OPERATION, one_operation),
         Property::always(EDGES_ONLY, edges_only),
         Property::always(EPOCHS_GROW, epochs_grow),
+        Property::always(NONE_BESIDE, none_beside),
         Property::always(LIVE_LEASE_WRITES, live_lease_writes),
         Property::always(MISSES_ARE_DEAD, misses_are_dead),
         Property::eventually(EVERYTHING_ENDS, everything_ends),
@@ -41,6 +45,10 @@ pub fn all() -> Vec<Property<Drover>> {
                 .iter()
                 .any(|o| o.status == Status::Orphaned)
         }),
+        Property::sometimes(ORPHAN_RESUMED, |_, s: &State| {
+            s.store.operations.iter().any(|o| o.orphaned > 0)
+        }),
+        Property::sometimes(DRAINED, |_, s: &State| s.history.drained),
         Property::sometimes(STALE_REFUSED, stale_call_in_flight),
         Property::sometimes(TWO_BELIEVERS, two_believers),
         Property::sometimes(HANDED_BACK, |_, s: &State| s.history.released),
@@ -80,21 +88,30 @@ fn edges_only(_: &Drover, state: &State) -> bool {
     state.history.illegal_transition.is_none()
 }
 
-/// Per cluster, the accepted calls' epochs never decrease; so in
-/// particular no call under an older epoch lands for an operation after
-/// one under a newer epoch did. And every operation's calls carry one
-/// epoch: an operation's side effects come from one owner.
+/// Per cluster, the applied calls' epochs never decrease; so in
+/// particular an operation's calls never go back to an older epoch: once
+/// a new owner's call for a resumed orphan applied, none of the lost
+/// owner's does. (This said too that every operation's calls carry one
+/// epoch, while an orphan was always failed; now an orphan resumed by a
+/// new owner has the calls of each epoch that ran it, in order.)
 fn epochs_grow(_: &Drover, state: &State) -> bool {
     state.provider.accepted.iter().all(|calls| {
-        calls.iter().enumerate().all(|(i, earlier)| {
-            let earlier = earlier.token;
-            calls[i + 1..].iter().all(|later| {
-                let later = later.token;
-                later.epoch >= earlier.epoch
-                    && (later.operation != earlier.operation || later.epoch == earlier.epoch)
-            })
-        })
+        calls
+            .iter()
+            .zip(calls.iter().skip(1))
+            .all(|(earlier, later)| later.token.epoch >= earlier.token.epoch)
     })
+}
+
+/// No call runs at the provider under an epoch older than one the
+/// provider has admitted for its cluster: a resumed step never runs beside
+/// a late call of the owner that lost the operation.
+fn none_beside(_: &Drover, state: &State) -> bool {
+    state
+        .provider
+        .running
+        .iter()
+        .all(|c| !state.provider.refuses(c.cluster, c.epoch))
 }
 
 /// Per operation, no step's call lands after a call of a later step did:

@@ -13,7 +13,7 @@ use crate::store::{
     Claim, ClusterId, Guard, Kind, LeaseId, Operation, OperationId, OwnerKey, ReplicaId, Revision,
     Status, Store,
 };
-use crate::{Drover, Flaw};
+use crate::{Drover, Flaw, OrphanPolicy};
 use drover_machine::{self as machine, Admission, ClusterState, Event};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,6 +34,8 @@ pub struct State {
     pub read_errors_left: u8,
     /// Drives still to end early.
     pub stalls_left: u8,
+    /// Calls still to be admitted and applied later.
+    pub slow_calls_left: u8,
     pub history: History,
 }
 
@@ -55,6 +57,8 @@ pub struct History {
     pub fence_retried: bool,
     /// A drive resumed an operation RUNNING under its own claim.
     pub resumed: bool,
+    /// The provider aborted a running call of an older epoch.
+    pub drained: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -98,7 +102,8 @@ pub struct Holding {
     /// The cluster's state as read: completion moves it from there.
     pub held: ClusterState,
     pub phase: Phase,
-    /// The step of the plan it is at (1-based; 0 for an orphan).
+    /// The step of the plan it is at (1-based; an orphan's is the step
+    /// its record shows).
     pub step: u8,
 }
 
@@ -141,8 +146,9 @@ pub enum Phase {
     Calling,
     /// Every step worked, or one failed: next, completion.
     Done { ok: bool },
-    /// Read RUNNING under another epoch: next, the fencing describe.
-    Fencing,
+    /// Read RUNNING under another epoch: next, the fencing describe, and
+    /// then resuming the orphan at its step (a boundary) or failing it.
+    Fencing { resume: bool },
     /// Fenced: next, failing the orphan.
     Orphan,
 }
@@ -155,7 +161,7 @@ impl Phase {
 
     /// Whether the next step is a fenced provider read.
     pub fn reads_next(self) -> bool {
-        matches!(self, Phase::Pending | Phase::Fencing)
+        matches!(self, Phase::Pending | Phase::Fencing { .. })
     }
 }
 
@@ -209,6 +215,11 @@ pub enum Action {
     /// it in one step; `succeeds` is the step's outcome if it takes it. The
     /// drive that sent it, if it still runs, gets the answer.
     Land { call: Token, succeeds: bool },
+    /// A call arrives at the provider, which checks its token and admits it
+    /// to apply later (a long call); spends a slow call.
+    Admit { call: Token },
+    /// An admitted call is applied and answered.
+    Apply { call: Token, succeeds: bool },
     /// Ends the operation (succeeded, failed, or failed as an orphan):
     /// moves the cluster by the table and clears the slot.
     Finish {
@@ -223,6 +234,10 @@ pub enum Action {
     /// etcd drops the lease and every key bound to it; its replica does not
     /// know.
     LeaseExpires { lease: LeaseId },
+    /// A live peer revokes another replica's lease early (fast crash
+    /// detection): to etcd an expiry, at any step, whatever the keep-alives
+    /// did; the replica does not know.
+    Revoke { by: ReplicaId, lease: LeaseId },
     /// A keep-alive answers "lease not found": the replica drops its
     /// session, its claims and its drives.
     LeaseNotFound { replica: ReplicaId },
@@ -230,7 +245,8 @@ pub enum Action {
     /// lease: the replica gives up on it (it expires later, on its own).
     KeepAliveTimeout { replica: ReplicaId },
     /// A replica without a session grants a new lease and rebinds its
-    /// member key to it.
+    /// member key to it, having revoked its previous incarnation's lease
+    /// if etcd still holds it.
     Rejoin { replica: ReplicaId },
 }
 
@@ -252,6 +268,11 @@ impl Kind {
 }
 
 const KINDS: [Kind; 3] = [Kind::Start, Kind::Stop, Kind::Upgrade];
+
+/// Whether the provider drains older epochs, as Drover's contract says.
+fn drains(model: &Drover) -> bool {
+    !model.has(Flaw::NoDrain)
+}
 
 /// The member `cluster` should be owned by. Stands in for rendezvous
 /// hashing: the model only needs every replica to compute the same answer
@@ -279,6 +300,7 @@ impl State {
             faults_left: model.faults,
             read_errors_left: model.read_errors,
             stalls_left: model.stalls,
+            slow_calls_left: model.slow_calls,
             history: History::default(),
             store,
         }
@@ -312,13 +334,34 @@ impl State {
             for succeeds in [false, true].into_iter().take(if refused { 1 } else { 2 }) {
                 actions.push(Action::Land { call, succeeds });
             }
+            if !refused && self.slow_calls_left > 0 {
+                actions.push(Action::Admit { call });
+            }
         }
+        for &call in &self.provider.running {
+            for succeeds in [false, true] {
+                actions.push(Action::Apply { call, succeeds });
+            }
+        }
+        self.lease_losses(actions);
+    }
+
+    /// Leases etcd drops: a lease its replica has given up on expires for
+    /// sure; one still in use expires, or a live peer revokes it, only as
+    /// one of the budgeted faults.
+    fn lease_losses(&self, actions: &mut Vec<Action>) {
         for &lease in &self.store.leases {
-            // A lease its replica has given up on expires for sure; one
-            // still in use expires only as one of the budgeted faults.
             let in_use = self.replicas.iter().any(|r| r.session == Some(lease));
-            if !in_use || self.faults_left > 0 {
-                actions.push(Action::LeaseExpires { lease });
+            if in_use && self.faults_left == 0 {
+                continue;
+            }
+            actions.push(Action::LeaseExpires { lease });
+            // A peer acts on its own member key's lease being alive.
+            let peers = self.store.members.iter().enumerate().filter(|(by, m)| {
+                m.is_some_and(|m| m != lease && self.replicas[*by].session == Some(m))
+            });
+            for (by, _) in peers {
+                actions.push(Action::Revoke { by, lease });
             }
         }
     }
@@ -383,7 +426,7 @@ impl State {
             (Some(_), Some(holding)) => holding,
         };
         match holding.phase {
-            Phase::Pending | Phase::Fencing => {
+            Phase::Pending | Phase::Fencing { .. } => {
                 actions.push(Action::Describe {
                     replica,
                     cluster,
@@ -433,13 +476,15 @@ impl State {
                 fails,
             } => next.describe(model, replica, cluster, fails)?,
             Action::Record { replica, cluster } => next.record(model, replica, cluster)?,
-            Action::Land { call, succeeds } => next.land(call, succeeds)?,
+            Action::Land { call, succeeds } => next.land(model, call, succeeds)?,
+            Action::Admit { call } => next.admit(model, call)?,
+            Action::Apply { call, succeeds } => next.apply(call, succeeds)?,
             Action::Finish { replica, cluster } => next.finish(model, replica, cluster)?,
             Action::Stall { replica, cluster } => {
                 next.stalls_left -= 1;
                 next.replicas[replica].holding[cluster] = None;
             }
-            Action::LeaseExpires { lease } => {
+            Action::LeaseExpires { lease } | Action::Revoke { lease, .. } => {
                 if self.replicas.iter().any(|r| r.session == Some(lease)) {
                     next.faults_left -= 1;
                 }
@@ -451,6 +496,11 @@ impl State {
                 next.replicas[replica].drop_session();
             }
             Action::Rejoin { replica } => {
+                // Its member key still bound to a lease etcd holds: that is
+                // its own lost incarnation's, revoked at once.
+                if let Some(old) = next.store.members[replica] {
+                    next.store.expire(old);
+                }
                 next.replicas[replica].session = Some(next.store.join(replica));
             }
         }
@@ -497,6 +547,7 @@ impl State {
             kind,
             go_ahead,
             status,
+            orphaned: 0,
             mod_revision: revision,
         });
         let key = &mut self.store.states[cluster];
@@ -596,8 +647,17 @@ impl State {
                 }
             }
             Status::Running { .. } if model.has(Flaw::NoOrphanRecovery) => return None,
-            Status::Running { .. } if model.has(Flaw::UnfencedOrphans) => (Phase::Orphan, 0),
-            Status::Running { .. } => (Phase::Fencing, 0),
+            Status::Running { step, .. } => {
+                let resume = match model.orphans {
+                    OrphanPolicy::Fail => false,
+                    OrphanPolicy::Resume { limit } => record.orphaned < limit,
+                };
+                match (model.has(Flaw::UnfencedOrphans), resume) {
+                    (false, _) => (Phase::Fencing { resume }, step),
+                    (true, true) => (Phase::Boundary, step),
+                    (true, false) => (Phase::Orphan, step),
+                }
+            }
             // Completion clears the slot in the same transaction: a
             // terminal operation in the slot is ignored, as drive does
             // (and "one operation per cluster" says it cannot happen).
@@ -638,7 +698,10 @@ impl State {
         if fails {
             self.read_errors_left -= 1;
         } else {
-            self.provider.fence(cluster, holding.claim.epoch);
+            let aborted = self
+                .provider
+                .fence(cluster, holding.claim.epoch, drains(model));
+            self.abort(aborted);
         }
         holding.phase = match (holding.phase, fails) {
             (Phase::Pending, false) => Phase::Boundary,
@@ -648,12 +711,21 @@ impl State {
             }
             // The operation fails with the provider's error.
             (Phase::Pending, true) => Phase::Done { ok: false },
-            (Phase::Fencing, false) => Phase::Orphan,
-            (Phase::Fencing, true) if model.has(Flaw::OrphanFailedWhenFenceFails) => Phase::Orphan,
+            // Resumed at the step its record shows: the boundary's write
+            // records it under this epoch.
+            (Phase::Fencing { resume: true }, false) => Phase::Boundary,
+            (Phase::Fencing { resume: false }, false) => Phase::Orphan,
+            (Phase::Fencing { resume }, true) if model.has(Flaw::OrphanFailedWhenFenceFails) => {
+                if resume {
+                    Phase::Boundary
+                } else {
+                    Phase::Orphan
+                }
+            }
             // The slot is kept and the fence tried again.
-            (Phase::Fencing, true) => {
+            (phase @ Phase::Fencing { .. }, true) => {
                 self.history.fence_retried = true;
-                Phase::Fencing
+                phase
             }
             _ => return None,
         };
@@ -684,6 +756,10 @@ impl State {
         let mut holding = self.fenced_write(model, replica, cluster)?;
         let revision = self.store.commit();
         let record = &mut self.store.operations[holding.operation];
+        // Taken over from a lost owner: the record shows one more epoch.
+        if matches!(record.status, Status::Running { epoch, .. } if epoch != holding.claim.epoch) {
+            record.orphaned += 1;
+        }
         record.status = Status::Running {
             epoch: holding.claim.epoch,
             step: holding.step,
@@ -707,34 +783,81 @@ impl State {
 
     /// The provider takes or refuses `call`; the drive that sent it, if it
     /// still runs, moves on to its next step or to completion.
-    fn land(&mut self, call: Token, succeeds: bool) -> Option<()> {
+    fn land(&mut self, model: &Drover, call: Token, succeeds: bool) -> Option<()> {
         let at = self.calls.iter().position(|c| *c == call)?;
         self.calls.remove(at);
         let ok = if self.provider.refuses(call.cluster, call.epoch) {
             false
         } else {
-            if self.store.operations[call.operation].status.is_terminal() {
-                self.history.call_after_end = true;
-            }
-            self.provider.accept(call, succeeds);
+            self.applies(call);
+            let aborted = self.provider.accept(call, succeeds, drains(model));
+            self.abort(aborted);
             succeeds
         };
-        let steps = self.store.operations[call.operation].kind.steps();
-        let drive = self
-            .replicas
-            .iter_mut()
-            .filter_map(|r| r.holding[call.cluster].as_mut())
-            .find(|h| h.awaits(call));
-        let Some(drive) = drive else {
-            return Some(());
-        };
-        if ok && drive.step < steps {
-            drive.step += 1;
-            drive.phase = Phase::Boundary;
-        } else {
-            drive.phase = Phase::Done { ok };
-        }
+        self.answer(&[call], ok);
         Some(())
+    }
+
+    /// The provider admits `call`, which it does not refuse, to apply it
+    /// later; the drive that sent it waits on.
+    fn admit(&mut self, model: &Drover, call: Token) -> Option<()> {
+        if self.provider.refuses(call.cluster, call.epoch) {
+            return None;
+        }
+        let at = self.calls.iter().position(|c| *c == call)?;
+        self.calls.remove(at);
+        self.slow_calls_left -= 1;
+        let aborted = self.provider.admit(call, drains(model));
+        self.abort(aborted);
+        Some(())
+    }
+
+    /// The provider applies an admitted `call` and answers it. It applies
+    /// whatever epoch came since: the drain is what keeps an older one
+    /// from getting here.
+    fn apply(&mut self, call: Token, succeeds: bool) -> Option<()> {
+        self.provider.running.contains(&call).then_some(())?;
+        self.applies(call);
+        self.provider.apply(call, succeeds);
+        self.answer(&[call], succeeds);
+        Some(())
+    }
+
+    /// Notes a call about to apply after its operation ended.
+    fn applies(&mut self, call: Token) {
+        if self.store.operations[call.operation].status.is_terminal() {
+            self.history.call_after_end = true;
+        }
+    }
+
+    /// The calls a newer epoch drained answer ABORTED.
+    fn abort(&mut self, aborted: Vec<Token>) {
+        if !aborted.is_empty() {
+            self.history.drained = true;
+            self.answer(&aborted, false);
+        }
+    }
+
+    /// Answers `calls` (`ok` or failed): each drive waiting for one, if it
+    /// still runs, moves on to its next step or to completion.
+    fn answer(&mut self, calls: &[Token], ok: bool) {
+        for &call in calls {
+            let steps = self.store.operations[call.operation].kind.steps();
+            let drive = self
+                .replicas
+                .iter_mut()
+                .filter_map(|r| r.holding[call.cluster].as_mut())
+                .find(|h| h.awaits(call));
+            let Some(drive) = drive else {
+                continue;
+            };
+            if ok && drive.step < steps {
+                drive.step += 1;
+                drive.phase = Phase::Boundary;
+            } else {
+                drive.phase = Phase::Done { ok };
+            }
+        }
     }
 
     /// `Holding::finish`: move the cluster from the state as read by the

@@ -56,7 +56,8 @@ pub enum Status {
     },
     Succeeded,
     Failed,
-    /// Failed by a new owner that found it RUNNING under another epoch.
+    /// Failed by a new owner that found it RUNNING under another epoch:
+    /// under the fail policy, or once it was orphaned too often.
     Orphaned,
 }
 
@@ -73,6 +74,9 @@ pub struct Operation {
     /// Accepted without an edge: it leaves the state alone when it ends.
     pub go_ahead: bool,
     pub status: Status,
+    /// How many owners lost it while it ran and a later one resumed it
+    /// (the epochs the record shows, less one).
+    pub orphaned: u8,
     pub mod_revision: Revision,
 }
 

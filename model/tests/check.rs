@@ -3,9 +3,10 @@
 //! states explored and the counterexamples.
 
 use drover_model::properties::{
-    EVERYTHING_ENDS, LIVE_LEASE_WRITES, NO_LATE_CALL, RESUMED, STEPS_FORWARD, SUCCESS_SHOWN,
+    DRAINED, EPOCHS_GROW, EVERYTHING_ENDS, LIVE_LEASE_WRITES, NONE_BESIDE, NO_LATE_CALL,
+    ORPHAN_RESUMED, RESUMED, STEPS_FORWARD, SUCCESS_SHOWN,
 };
-use drover_model::{Drover, Flaw};
+use drover_model::{Drover, Flaw, OrphanPolicy};
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 use std::time::Instant;
 
@@ -53,22 +54,34 @@ fn refute(model: Drover, property: &'static str) {
 }
 
 /// Two lease losses and a failed provider read: a new owner whose fence
-/// fails, then loses its own lease, and the like. (No drive ends early:
-/// with that too the states run into tens of millions.)
+/// fails, then loses its own lease, an orphan resumed and then failed, and
+/// the like. (No drive ends early and no call is slow: with those too the
+/// states run into tens of millions.)
 #[test]
 fn two_replicas_one_cluster() {
     let model = Drover {
         stalls: 0,
+        slow_calls: 0,
         ..Drover::new(2, 1, 2, 2)
     };
-    check(model, &[RESUMED]);
+    check(model, &[RESUMED, DRAINED]);
 }
 
 /// One of each fault: a lease loss, a failed provider read, a drive that
-/// ends early.
+/// ends early, a slow call. One lease loss resumes its orphan.
 #[test]
 fn two_replicas_one_cluster_every_fault() {
     check(Drover::new(2, 1, 2, 1), &[]);
+}
+
+/// With `--orphaned-operations=fail`, as the reference does.
+#[test]
+fn two_replicas_one_cluster_orphans_failed() {
+    let model = Drover {
+        orphans: OrphanPolicy::Fail,
+        ..Drover::new(2, 1, 2, 1)
+    };
+    check(model, &[ORPHAN_RESUMED]);
 }
 
 #[test]
@@ -112,7 +125,11 @@ fn without_orphan_recovery_an_operation_never_ends() {
 /// call can land after its operation ended.
 #[test]
 fn without_fencing_orphans_a_zombie_call_lands_late() {
-    let model = Drover::new(2, 1, 1, 1).with(Flaw::UnfencedOrphans);
+    let model = Drover {
+        orphans: OrphanPolicy::Fail,
+        ..Drover::new(2, 1, 1, 1)
+    }
+    .with(Flaw::UnfencedOrphans);
     refute(model, NO_LATE_CALL);
 }
 
@@ -121,7 +138,11 @@ fn without_fencing_orphans_a_zombie_call_lands_late() {
 /// operation is FAILED.
 #[test]
 fn failing_the_orphan_without_a_fence_lets_a_stale_call_land_late() {
-    let model = Drover::new(2, 1, 1, 1).with(Flaw::OrphanFailedWhenFenceFails);
+    let model = Drover {
+        orphans: OrphanPolicy::Fail,
+        ..Drover::new(2, 1, 1, 1)
+    }
+    .with(Flaw::OrphanFailedWhenFenceFails);
     refute(model, NO_LATE_CALL);
 }
 
@@ -139,4 +160,14 @@ fn planning_from_a_failed_read_reports_success_not_shown() {
 fn resuming_at_the_first_step_runs_a_step_again() {
     let model = Drover::new(2, 1, 1, 0).with(Flaw::ResumeFromFirstStep);
     refute(model, STEPS_FORWARD);
+}
+
+/// Resuming an orphan with a provider that does not drain: the lost
+/// owner's call, admitted before the new owner's fence, runs beside the
+/// resumed step and applies after it, under the older epoch.
+#[test]
+fn resuming_without_the_drain_lets_an_old_call_land_after_the_resumed_step() {
+    let model = Drover::new(2, 1, 1, 1).with(Flaw::NoDrain);
+    refute(model, NONE_BESIDE);
+    refute(model, EPOCHS_GROW);
 }

@@ -4,6 +4,7 @@
 
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
 use drover_client::Client;
+use drover_proto::provider::v1 as pb;
 use drover_proto::v1::admin_client::AdminClient;
 use drover_server::store::Store;
 use drover_tests::etcd::EtcdProcess;
@@ -916,21 +917,118 @@ async fn wait_liveness_connected(c: &Cluster3) {
     }
 }
 
-/// Fast crash detection: with a 30 s TTL, kill -9 of the owner mid-upgrade
-/// breaks its peers' liveness connections, their probes are refused, and
-/// one of them revokes its lease: a peer owns the cluster and finishes the
-/// operation long before the TTL could have run out.
+/// The operation as `client`'s replica reports it now.
+async fn get_operation(client: &Client, cluster: &str, id: &str) -> v1::Operation {
+    let request = v1::GetOperationRequest {
+        cluster: cluster.into(),
+        id: id.into(),
+    };
+    client
+        .clone()
+        .operations()
+        .get_operation(request)
+        .await
+        .expect("get operation")
+        .into_inner()
+}
+
+/// Polls until the operation is RUNNING at step `step` or a later one, so
+/// that a kill lands in the middle of it.
+async fn wait_step(client: &Client, cluster: &str, id: &str, step: u32, deadline: Duration) {
+    let what = format!("the operation to reach step {step}");
+    wait_until(deadline, &what, || async move {
+        let now = get_operation(client, cluster, id).await;
+        now.state == O::Running as i32 && now.progress.is_some_and(|p| p.step >= step)
+    })
+    .await;
+}
+
+/// Checks the provider's audit log of `done`, an upgrade of `nodes` to
+/// 1.30.0 that each of `done.runs` ran in turn: every call carries the
+/// epoch of a run and epochs never go back; no call landed once a newer
+/// epoch had been accepted (the provider drained the lost owner's call in
+/// flight, or it landed before the new owner's first); each node was
+/// upgraded once, or once more under the next epoch for the one node in
+/// flight when its owner was lost. Returns the calls per epoch.
+fn assert_upgrade_audit(
+    audit: &[pb::AuditEntry],
+    done: &v1::Operation,
+    nodes: &[String],
+) -> HashMap<i64, usize> {
+    let epochs: Vec<i64> = done.runs.iter().map(|run| run.epoch).collect();
+    let calls: Vec<(i64, &str)> = audit
+        .iter()
+        .filter(|e| e.token.as_ref().is_some_and(|t| t.operation_id == done.id))
+        .map(|e| {
+            let epoch = e.token.as_ref().expect("a token").epoch;
+            assert_eq!(e.method, "UpgradeNode", "{e:?}");
+            assert!(e.error.is_empty(), "{e:?}");
+            assert!(
+                epochs.contains(&epoch),
+                "an epoch of a run {epochs:?}: {e:?}"
+            );
+            assert_eq!(
+                e.newest_epoch_at_landing, epoch,
+                "landed after a fence: {e:?}"
+            );
+            // "upgraded <node> from <version> to <version>"
+            let node = e.detail.split_whitespace().nth(1).expect("a node");
+            (epoch, node)
+        })
+        .collect();
+    assert!(
+        calls.windows(2).all(|w| w[0].0 <= w[1].0),
+        "epochs never go back: {calls:?}"
+    );
+    let mut per_node: HashMap<&str, Vec<i64>> = HashMap::new();
+    for (epoch, node) in &calls {
+        per_node.entry(node).or_default().push(*epoch);
+    }
+    let mut again = 0;
+    for node in nodes {
+        let upgrades = per_node.get(node.as_str()).cloned().unwrap_or_default();
+        match upgrades[..] {
+            [_] => {}
+            [old, new] if new > old => again += 1,
+            _ => panic!("{node} upgraded once, or again under the next epoch: {calls:?}"),
+        }
+    }
+    assert_eq!(per_node.len(), nodes.len(), "only its nodes: {calls:?}");
+    assert!(
+        again <= 1,
+        "only the node in flight is upgraded again: {calls:?}"
+    );
+    let mut per_epoch = HashMap::new();
+    for (epoch, _) in &calls {
+        *per_epoch.entry(*epoch).or_insert(0) += 1;
+    }
+    per_epoch
+}
+
+/// The ids of the nodes the provider holds for a cluster.
+async fn node_ids(sim: &SimProcess, uid: &str) -> Vec<String> {
+    sim.nodes(uid).await.into_iter().map(|n| n.id).collect()
+}
+
+/// Fast crash detection: with a 30 s TTL, kill -9 of the owner in the
+/// middle of a 6-node upgrade breaks its peers' liveness connections,
+/// their probes are refused, and one of them revokes its lease: a peer
+/// owns the cluster and finishes the operation long before the TTL could
+/// have run out. The provider saw each node upgraded once (or once more
+/// under the new epoch), and nothing of the old epoch after the new one.
 #[tokio::test]
 async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
     let mut c = Cluster3::start(3, 30).await;
     let mut client = c.replicas[0].1.client().await;
-    create_running(&mut client, "crashed", 3).await;
+    let cluster = create_running(&mut client, "crashed", 5).await;
+    let nodes = node_ids(&c.sim, &cluster.uid).await;
+    assert_eq!(nodes.len(), 6, "{nodes:?}");
     wait_liveness_connected(&c).await;
     let mut admin = c.admin_avoiding("").await;
     let before = owner(&mut admin, "crashed").await.expect("an owner");
     c.sim.set_latency(Duration::from_millis(500)).await;
     let op = upgrade(&mut client, "crashed").await;
-    wait_running(&client, "crashed", &op.id, Duration::from_secs(20)).await;
+    wait_step(&client, "crashed", &op.id, 3, Duration::from_secs(20)).await;
 
     c.replica_mut(&before.replica).kill9();
     let killed = Instant::now();
@@ -952,14 +1050,159 @@ async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
         .await
         .unwrap();
     assert_eq!(done.state, O::Succeeded as i32, "resumed: {done:?}");
-    assert!(killed.elapsed() < Duration::from_secs(20), "within the TTL");
-    let runs: Vec<&str> = done.runs.iter().map(|r| r.replica.as_str()).collect();
+    eprintln!("kill -9 to SUCCEEDED: {:?} (TTL 30 s)", killed.elapsed());
+    assert!(killed.elapsed() < Duration::from_secs(15), "within the TTL");
+    let runs: Vec<(&str, i64)> = done
+        .runs
+        .iter()
+        .map(|r| (r.replica.as_str(), r.epoch))
+        .collect();
     assert_eq!(runs.len(), 2, "{runs:?}");
-    assert_ne!(runs[1], before.replica);
+    assert_eq!(runs[0], (before.replica.as_str(), before.epoch));
+    assert_ne!(runs[1].0, before.replica);
+    assert!(runs[1].1 > runs[0].1, "a newer epoch: {runs:?}");
+    let per_epoch = assert_upgrade_audit(&c.sim.audit(&cluster.uid).await, &done, &nodes);
+    assert!(
+        per_epoch.get(&runs[0].1) >= Some(&2),
+        "mid-way: {per_epoch:?}"
+    );
+    assert!(per_epoch.contains_key(&runs[1].1), "resumed: {per_epoch:?}");
+    let provider_nodes = c.sim.nodes(&cluster.uid).await;
+    assert!(
+        provider_nodes.iter().all(|n| n.version == "1.30.0"),
+        "{provider_nodes:?}"
+    );
     let detected = peers_metric(&c, &before.replica, "drover_peer_crashes_detected_total").await;
     assert!(detected >= 1.0, "a peer detected the crash");
     let revoked = peers_metric(&c, &before.replica, "drover_peer_leases_revoked_total").await;
     assert!(revoked >= 1.0, "a peer revoked the lease");
+}
+
+/// kill -9 of a lone replica mid-upgrade, then a restart under the same
+/// replica id: the new incarnation revokes its predecessor's lease when it
+/// joins, owns the cluster again under a newer epoch and resumes the
+/// operation it was running. The TTL (60 s) is far longer than the wait:
+/// only the revoke can explain it.
+#[tokio::test]
+async fn a_restarted_replica_resumes_its_operation_without_waiting_for_the_ttl() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let endpoint = sim.endpoint();
+    let args = ["--provider", &endpoint, "--lease-ttl", "60"];
+    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    let mut client = replica.client().await;
+    let cluster = create_running(&mut client, "c", 3).await;
+    let nodes = node_ids(&sim, &cluster.uid).await;
+    sim.set_latency(Duration::from_millis(500)).await;
+    let op = upgrade(&mut client, "c").await;
+    wait_step(&client, "c", &op.id, 2, Duration::from_secs(20)).await;
+
+    replica.kill9();
+    let killed = Instant::now();
+    let restarted = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    let mut client = restarted.client().await;
+    let done = client
+        .wait_operation(&op, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "resumed: {done:?}");
+    eprintln!(
+        "kill -9 to SUCCEEDED after a restart: {:?}",
+        killed.elapsed()
+    );
+    assert!(killed.elapsed() < Duration::from_secs(15), "within the TTL");
+    let runs: Vec<(&str, i64)> = done
+        .runs
+        .iter()
+        .map(|r| (r.replica.as_str(), r.epoch))
+        .collect();
+    assert_eq!(runs.len(), 2, "both incarnations are recorded: {runs:?}");
+    assert_eq!((runs[0].0, runs[1].0), ("solo", "solo"));
+    assert!(runs[1].1 > runs[0].1, "a newer epoch: {runs:?}");
+    let mut admin = AdminClient::connect(restarted.endpoint()).await.unwrap();
+    let now = owner(&mut admin, "c").await.expect("an owner");
+    assert_eq!((now.replica.as_str(), now.epoch), runs[1]);
+    assert_upgrade_audit(&sim.audit(&cluster.uid).await, &done, &nodes);
+    let provider_nodes = sim.nodes(&cluster.uid).await;
+    assert!(
+        provider_nodes.iter().all(|n| n.version == "1.30.0"),
+        "{provider_nodes:?}"
+    );
+}
+
+/// The operation as some replica not in `killed` reports it.
+async fn live_operation(c: &Cluster3, killed: &[String], cluster: &str, id: &str) -> v1::Operation {
+    let (_, replica) = c
+        .replicas
+        .iter()
+        .find(|(r, _)| !killed.contains(r))
+        .expect("a live replica");
+    get_operation(&replica.client().await, cluster, id).await
+}
+
+/// A poison pill: an operation whose step takes down whichever replica
+/// runs it (here the test kill -9s the replica its latest run names as
+/// soon as that run is on the step). With `--orphan-resume-limit 1` it is
+/// resumed once and failed at its second loss, by the third replica,
+/// instead of killing every replica in turn; the error names the replica
+/// lost last. Fast crash detection keeps each loss well under a second
+/// despite the 30 s TTL.
+#[tokio::test]
+async fn a_poison_pill_operation_fails_after_the_orphan_resume_limit() {
+    const LIMIT: usize = 1;
+    let limit = LIMIT.to_string();
+    let mut c = Cluster3::start_with(3, 30, &["--orphan-resume-limit", &limit]).await;
+    let mut client = c.replicas[0].1.client().await;
+    let cluster = create_running(&mut client, "poisoned", 2).await;
+    wait_liveness_connected(&c).await;
+    let provider_nodes = c.sim.nodes(&cluster.uid).await;
+    let control = provider_nodes.iter().find(|n| n.role == "control");
+    let poison = format!("upgrade node {} ", control.expect("a control node").id);
+    // Each kill lands while the step's call still waits out this latency,
+    // so it never lands and every run of the operation meets the step.
+    c.sim.set_latency(Duration::from_secs(3)).await;
+    let op = upgrade(&mut client, "poisoned").await;
+    let started = Instant::now();
+    let mut killed: Vec<String> = Vec::new();
+    // Bounded: 30 s, and at most LIMIT + 1 kills.
+    let done = loop {
+        let now = live_operation(&c, &killed, "poisoned", &op.id).await;
+        if now.state >= O::Succeeded as i32 {
+            break now;
+        }
+        let at_poison = now.state == O::Running as i32
+            && now
+                .progress
+                .as_ref()
+                .is_some_and(|p| p.step_name.starts_with(&poison));
+        let runner = now.runs.last().map(|run| run.replica.clone());
+        if let Some(runner) = runner.filter(|r| at_poison && !killed.contains(r)) {
+            assert!(
+                killed.len() <= LIMIT,
+                "killed {killed:?}, {runner} next: {now:?}"
+            );
+            eprintln!("kill -9 of {runner} at {:?}", started.elapsed());
+            c.replica_mut(&runner).kill9();
+            killed.push(runner);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the operation to end (killed {killed:?}): {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("poison pill FAILED after {:?}", started.elapsed());
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let runs: Vec<&str> = done.runs.iter().map(|r| r.replica.as_str()).collect();
+    assert_eq!(runs.len(), LIMIT + 1, "resumed {LIMIT} time(s): {runs:?}");
+    assert_eq!(runs, killed, "each run was lost");
+    assert!(
+        done.runs.windows(2).all(|w| w[0].epoch < w[1].epoch),
+        "{done:?}"
+    );
+    let message = done.error.expect("an error").message;
+    let last = killed.last().expect("a kill");
+    assert!(message.contains(&format!("replica {last} ")), "{message}");
 }
 
 /// A paused replica (SIGSTOP) keeps its liveness connections open and

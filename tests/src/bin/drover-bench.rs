@@ -1219,6 +1219,7 @@ const CRASH_LATENCY: Duration = Duration::from_millis(50);
 /// A cluster of nine nodes created and started at zero latency; its uid,
 /// owner and owner epoch.
 async fn owned_cluster(bench: &Bench, name: &str) -> (String, String, i64) {
+    settle(bench).await;
     let mut client = bench.replicas[0].1.client().await;
     let request = v1::CreateClusterRequest {
         name: name.into(),
@@ -1233,6 +1234,27 @@ async fn owned_cluster(bench: &Bench, name: &str) -> (String, String, i64) {
     let mut admin = bench.admin().await;
     let owner = owner(&mut admin, name).await.expect("an owner");
     (uid, owner.replica, owner.epoch)
+}
+
+/// With fast detection on, waits until every replica holds a liveness
+/// connection to every other: a replica that crashes before its peers saw
+/// it answer is left to the TTL by design, and a replacement killed a few
+/// hundred milliseconds after it started would measure that instead.
+async fn settle(bench: &Bench) {
+    if !bench.liveness {
+        return;
+    }
+    let peers = (bench.replicas.len() - 1) as f64;
+    wait_until(Duration::from_secs(10), "liveness connections", || async {
+        for (_, replica) in &bench.replicas {
+            let samples = scrape::metrics(&replica.admin_endpoint()).await;
+            if scrape::sum(&samples, "drover_liveness_peers_connected", "") != peers {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
 }
 
 /// Polls (every 10 ms, for at most `bound`) until `cluster` has an owner of

@@ -165,7 +165,7 @@ impl Replica {
     }
 
     /// Joins as a member and starts ownership, the peers' liveness
-    /// connections, the executor, the task scheduler and the scanner, all
+    /// connections (unless `--peer-liveness=off`), the executor, the task scheduler and the scanner, all
     /// until `work_stopped`. `admin_address` (where the admin port listens)
     /// goes into the member record for the peers' liveness connections.
     fn start_workers(
@@ -191,9 +191,14 @@ impl Replica {
         tokio::spawn(
             Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
         );
-        tokio::spawn(
-            Arc::clone(&replication).run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
-        );
+        // Off, a crashed peer is left to its lease TTL (the /liveness
+        // endpoint still answers, for peers that do watch).
+        if config.peer_liveness {
+            tokio::spawn(
+                Arc::clone(&replication)
+                    .run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
+            );
+        }
         let executor = Executor::new(
             self.operations.clone(),
             provider.clone(),

@@ -30,8 +30,8 @@ pub use timeouts::Timeouts;
 
 use clap::{Args, Parser, Subcommand};
 use rules::{
-    address, compaction, given, key_prefix, log_format, optional_url, orphan_policy, replica_id,
-    urls, within,
+    address, compaction, given, key_prefix, log_format, on_off, optional_url, orphan_policy,
+    replica_id, urls, within,
 };
 use security::SecuritySettings;
 use serde::Deserialize;
@@ -212,6 +212,11 @@ settings! {
     /// replica in turn [default: 3].
     orphan_resume_limit: u32 = "DROVER_ORPHAN_RESUME_LIMIT",
         within(DEFAULT_ORPHAN_RESUME_LIMIT, 0..=100, "") => u32;
+    /// Fast crash detection: on, a replica watches every peer over its
+    /// /liveness connection and revokes the lease of one seen crashed; off,
+    /// a crashed peer's clusters wait for its lease TTL (to compare the two)
+    /// [default: on].
+    peer_liveness: String = "DROVER_PEER_LIVENESS", on_off(true) => bool;
     /// Seconds between status scans, 1-3600 [default: 10].
     scan_interval: u64 = "DROVER_SCAN_INTERVAL",
         within(DEFAULT_SCAN_INTERVAL_SECONDS, 1..=3600, "seconds") => u64;
@@ -284,6 +289,9 @@ pub struct Config {
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
     pub orphaned_operations: OrphanPolicy,
+    /// Whether this replica watches its peers for crashes (off: a crashed
+    /// peer's clusters wait for its lease TTL).
+    pub peer_liveness: bool,
     pub scan_interval: Duration,
     pub admin_listen: SocketAddr,
     /// `None`: Drover does not compact etcd.
@@ -370,6 +378,7 @@ impl Config {
                 },
                 OrphanPolicy::Fail => OrphanPolicy::Fail,
             },
+            peer_liveness: s.peer_liveness,
             scan_interval: Duration::from_secs(s.scan_interval),
             admin_listen: s.admin_listen,
             compact_interval: s.compact_interval,
@@ -417,6 +426,7 @@ mod tests {
         assert_eq!(config.compact_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.task_run_timeout, Duration::from_secs(86_400));
         assert_eq!(config.handoff_grace, Duration::from_secs(5));
+        assert!(config.peer_liveness);
         for kind in OperationKind::ALL {
             let expected = match kind {
                 OperationKind::RemoveNodes => 900,
@@ -449,6 +459,21 @@ mod tests {
             timeouts.get(OperationKind::Start),
             Duration::from_secs(3600)
         );
+    }
+
+    #[test]
+    fn peer_liveness_can_be_turned_off() {
+        let with = |value: &str| {
+            Config::from_settings(Settings {
+                peer_liveness: Some(value.into()),
+                ..settings()
+            })
+        };
+        assert!(!with("off").unwrap().peer_liveness);
+        assert!(with("on").unwrap().peer_liveness);
+        let error = with("yes").unwrap_err();
+        assert_eq!(error.setting, "peer_liveness", "{error}");
+        assert!(error.to_string().contains("neither on nor off"), "{error}");
     }
 
     #[test]

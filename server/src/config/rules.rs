@@ -169,6 +169,18 @@ pub(super) fn orphan_policy(
     }
 }
 
+/// `on` or `off`, `default` when not given.
+pub(super) fn on_off(
+    default: bool,
+) -> impl Fn(&'static str, Option<String>) -> Result<bool, ConfigError> {
+    move |setting, given| match given.as_deref() {
+        None => Ok(default),
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => Err(invalid(setting, format!("{other:?} is neither on nor off"))),
+    }
+}
+
 /// Seconds between compactions, at least 10, or 0 for none.
 pub(super) fn compaction(
     default: u64,

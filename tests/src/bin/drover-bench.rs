@@ -4,8 +4,11 @@
 //! Phases: raw etcd CAS transactions per second; complete Drover operations
 //! (stop/start pairs on a zero-latency simulated provider) through three
 //! replicas; failover (kill -9 of an owner with an operation in flight, and
-//! SIGTERM hand-off); bulk recovery of many clusters when one replica dies,
-//! with each replica's RSS. Prints a table and writes JSON.
+//! SIGTERM hand-off); crashes side by side at lease TTLs of 5 s and 15 s, with
+//! fast crash detection on and off (kill -9 of an owner mid-upgrade, kill -9
+//! then restart of the same replica id, SIGSTOP past the TTL); bulk recovery
+//! of many clusters when one replica dies, with each replica's RSS. Prints a
+//! table and writes JSON.
 
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
@@ -38,6 +41,20 @@ struct Args {
     /// kill -9 failovers to measure.
     #[arg(long, default_value_t = 5)]
     failovers: usize,
+    /// Lease TTLs (seconds) of the crash phase, each run with fast crash
+    /// detection on and then off.
+    #[arg(long, value_delimiter = ',', default_values_t = [5, 15])]
+    crash_ttls: Vec<u64>,
+    /// kill -9 of an owner mid-upgrade per crash variant.
+    #[arg(long, default_value_t = 10)]
+    crash_kills: usize,
+    /// kill -9 mid-upgrade for the lease-bound variants at a TTL above 5 s,
+    /// each of which waits a whole TTL.
+    #[arg(long, default_value_t = 4)]
+    slow_crash_kills: usize,
+    /// kill -9 then restart of the same replica id per crash variant.
+    #[arg(long, default_value_t = 3)]
+    crash_restarts: usize,
     /// Clusters in the bulk-recovery phase.
     #[arg(long, default_value_t = 10_000)]
     bulk_clusters: usize,
@@ -541,6 +558,8 @@ struct Bench {
     sim: SimProcess,
     etcd: EtcdProcess,
     ttl: u64,
+    /// `--peer-liveness` of the replicas added.
+    liveness: bool,
     next_id: usize,
 }
 
@@ -548,10 +567,23 @@ impl Bench {
     async fn add_replica(&mut self) {
         self.next_id += 1;
         let id = format!("b{}", self.next_id);
-        let (provider, ttl) = (self.sim.endpoint(), self.ttl.to_string());
-        let args = ["--provider", provider.as_str(), "--lease-ttl", ttl.as_str()];
-        let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), &id, &args).await;
+        let replica = self.spawn(&id).await;
         self.replicas.push((id, replica));
+    }
+
+    /// A replica process with id `id`, serving.
+    async fn spawn(&self, id: &str) -> ReplicaProcess {
+        let (provider, ttl) = (self.sim.endpoint(), self.ttl.to_string());
+        let liveness = if self.liveness { "on" } else { "off" };
+        let args = [
+            "--provider",
+            provider.as_str(),
+            "--lease-ttl",
+            ttl.as_str(),
+            "--peer-liveness",
+            liveness,
+        ];
+        ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await
     }
 
     fn remove(&mut self, id: &str) -> ReplicaProcess {
@@ -908,6 +940,7 @@ async fn main() {
         sim,
         replicas: Vec::new(),
         ttl: args.ttl,
+        liveness: true,
         next_id: 0,
     };
     for _ in 0..3 {
@@ -933,6 +966,7 @@ async fn main() {
     let failovers = failover(&mut bench, args.failovers).await;
     eprintln!("SIGTERM hand-off...");
     let handoff = handoff(&mut bench).await;
+    let crash = crash_phase(&mut bench, &args).await;
     eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
     let profiles = args.etcd_profiles.as_deref();
     let bulk = bulk(&mut bench, args.bulk_clusters, args.clients, profiles).await;
@@ -983,6 +1017,7 @@ async fn main() {
             "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
         },
         "sigterm_handoff_ms": ms(handoff),
+        "crash": crash.iter().map(Crashes::json).collect::<Vec<_>>(),
         "bulk": {
             "clusters": args.bulk_clusters,
             "recovery_ms": ms(bulk.recovery),
@@ -1086,6 +1121,9 @@ async fn main() {
         format!("{:.0}", ms(handoff)),
         "<= 1000".into(),
     );
+    for figures in &crash {
+        crash_rows(figures, &row);
+    }
     row(
         &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
         format!("{:.0}", ms(bulk.recovery)),
@@ -1108,4 +1146,358 @@ async fn main() {
         String::new(),
     );
     println!("JSON: {}", args.json.display());
+}
+
+/// One configuration of the crash phase: a lease TTL, and fast crash
+/// detection (`--peer-liveness`) on or off.
+#[derive(Clone, Copy)]
+struct Variant {
+    ttl: u64,
+    liveness: bool,
+}
+
+impl Variant {
+    fn label(&self) -> String {
+        let path = if self.liveness { "fast" } else { "lease-bound" };
+        format!("TTL {} s, {path}", self.ttl)
+    }
+}
+
+/// What the crash phase measured for one [`Variant`].
+struct Crashes {
+    variant: Variant,
+    /// kill -9 of the owner mid-upgrade until the provider admitted the first
+    /// mutating call under a newer epoch (the resumed step), by the
+    /// provider's audit clock (milliseconds).
+    first_call: Vec<Duration>,
+    /// kill -9 until the operation showed a peer's run (polled every 10 ms).
+    taken_up: Vec<Duration>,
+    /// Upgrades that did not end SUCCEEDED with every node at the target.
+    failed: usize,
+    /// kill -9 then restart of the same replica id until its cluster had an
+    /// owner again (a newer epoch).
+    restart: Vec<Duration>,
+    /// Of those, the clusters the restarted process owned (not a peer).
+    restart_own: usize,
+    /// SIGSTOP of an owner until a peer owned its cluster.
+    pause: Duration,
+}
+
+/// One kill -9 in the middle of an upgrade.
+struct Kill {
+    first_call: Duration,
+    taken_up: Duration,
+    succeeded: bool,
+}
+
+fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.expect("a clock after 1970").as_millis() as u64
+}
+
+/// Every replica replaced by three new ones of `variant`.
+async fn reconfigure(bench: &mut Bench, variant: Variant) {
+    for (_, mut replica) in std::mem::take(&mut bench.replicas) {
+        let _ = replica.terminate().await;
+    }
+    bench.ttl = variant.ttl;
+    bench.liveness = variant.liveness;
+    for _ in 0..3 {
+        bench.add_replica().await;
+    }
+}
+
+/// Nodes of the crash phase's clusters: one control node and the workers.
+const CRASH_WORKERS: u32 = 8;
+
+/// Provider latency per call while an upgrade is killed: short, as it adds to
+/// the time until the new epoch's first call lands (the fenced describe and
+/// the call itself each wait it), but long enough that the owner dies with a
+/// node's call in flight and most nodes still to do.
+const CRASH_LATENCY: Duration = Duration::from_millis(50);
+
+/// A cluster of nine nodes created and started at zero latency; its uid,
+/// owner and owner epoch.
+async fn owned_cluster(bench: &Bench, name: &str) -> (String, String, i64) {
+    settle(bench).await;
+    let mut client = bench.replicas[0].1.client().await;
+    let request = v1::CreateClusterRequest {
+        name: name.into(),
+        spec: Some(spec(CRASH_WORKERS)),
+        create_only: false,
+        request_id: String::new(),
+    };
+    let created = client.clusters().create_cluster(request).await;
+    let op = created.expect("create").into_inner().operation;
+    finish(&mut client, &op.expect("a start")).await;
+    let uid = client.get_cluster(name).await.expect("get cluster").uid;
+    let mut admin = bench.admin().await;
+    let owner = owner(&mut admin, name).await.expect("an owner");
+    (uid, owner.replica, owner.epoch)
+}
+
+/// With fast detection on, waits until every replica holds a liveness
+/// connection to every other: a replica that crashes before its peers saw
+/// it answer is left to the TTL by design, and a replacement killed a few
+/// hundred milliseconds after it started would measure that instead.
+async fn settle(bench: &Bench) {
+    if !bench.liveness {
+        return;
+    }
+    let peers = (bench.replicas.len() - 1) as f64;
+    wait_until(Duration::from_secs(10), "liveness connections", || async {
+        for (_, replica) in &bench.replicas {
+            let samples = scrape::metrics(&replica.admin_endpoint()).await;
+            if scrape::sum(&samples, "drover_liveness_peers_connected", "") != peers {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+}
+
+/// Polls (every 10 ms, for at most `bound`) until `cluster` has an owner of
+/// an epoch other than `old`; its replica.
+async fn owned_again(bench: &Bench, cluster: &str, old: i64, bound: Duration) -> String {
+    let mut admin = bench.admin().await;
+    let started = Instant::now();
+    loop {
+        if let Some(now) = owner(&mut admin, cluster).await.filter(|o| o.epoch != old) {
+            return now.replica;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "{cluster} not owned again within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The upgrade of a nine-node cluster, its owner killed (-9) once the first
+/// node's call has landed, so that the next node's call is in flight: a peer
+/// must fence the provider and resume the upgrade at its persisted step.
+async fn kill_mid_upgrade(bench: &mut Bench, name: &str) -> Kill {
+    let (uid, victim, epoch) = owned_cluster(bench, name).await;
+    let mut client = bench.replicas[0].1.client().await;
+    let before = bench.sim.audit(&uid).await.len();
+    bench.sim.set_latency(CRASH_LATENCY).await;
+    let request = v1::UpgradeClusterRequest {
+        name: name.into(),
+        version: "1.30.0".into(),
+        request_id: String::new(),
+    };
+    let op = client.clusters().upgrade_cluster(request).await;
+    let op = op.expect("upgrade").into_inner();
+    wait_until(Duration::from_secs(30), "a node upgraded", || async {
+        bench.sim.audit(&uid).await.len() > before
+    })
+    .await;
+    let mut replica = bench.remove(&victim);
+    let (killed, killed_ms) = (Instant::now(), unix_ms());
+    replica.kill9();
+    let mut survivor = bench.replicas[0].1.client().await;
+    let bound = Duration::from_secs(bench.ttl + 30);
+    loop {
+        let request = v1::GetOperationRequest {
+            cluster: name.into(),
+            id: op.id.clone(),
+        };
+        let now = survivor.operations().get_operation(request).await;
+        let now = now.map(|n| n.into_inner());
+        if now
+            .is_ok_and(|n| n.state >= O::Succeeded as i32 || n.runs.iter().any(|r| r.epoch > epoch))
+        {
+            break;
+        }
+        assert!(
+            killed.elapsed() < bound,
+            "{name}: no peer took the upgrade up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let taken_up = killed.elapsed();
+    let done = survivor.wait_operation(&op, Duration::from_secs(60)).await;
+    let nodes = bench.sim.nodes(&uid).await;
+    let succeeded = done.is_ok_and(|d| d.state == O::Succeeded as i32)
+        && nodes.len() == CRASH_WORKERS as usize + 1
+        && nodes.iter().all(|n| n.version == "1.30.0");
+    let first_ms = bench
+        .sim
+        .audit(&uid)
+        .await
+        .iter()
+        .filter(|e| e.token.as_ref().is_some_and(|t| t.epoch > epoch))
+        .map(|e| e.admitted_at_ms)
+        .min();
+    bench.sim.set_latency(Duration::ZERO).await;
+    bench.add_replica().await;
+    Kill {
+        // No call under a newer epoch: the old owner's calls did it all
+        // (counted as a failure if they did not).
+        first_call: Duration::from_millis(first_ms.map_or(0, |at| at.saturating_sub(killed_ms))),
+        taken_up,
+        succeeded,
+    }
+}
+
+/// kill -9 of a cluster's owner and at once a new process with its replica
+/// id, until the cluster has an owner again. The new process revokes its
+/// dead incarnation's lease as it joins; with fast detection on, a peer may
+/// take the cluster first.
+async fn kill_and_restart(bench: &mut Bench, name: &str) -> (Duration, bool) {
+    let (_, victim, epoch) = owned_cluster(bench, name).await;
+    let mut replica = bench.remove(&victim);
+    let killed = Instant::now();
+    replica.kill9();
+    let restarted = bench.spawn(&victim).await;
+    bench.replicas.push((victim.clone(), restarted));
+    let bound = Duration::from_secs(bench.ttl + 30);
+    let now = owned_again(bench, name, epoch, bound).await;
+    (killed.elapsed(), now == victim)
+}
+
+/// SIGSTOP of a cluster's owner until a peer owns the cluster: a paused
+/// process proves nothing, so this must stay bound by the TTL.
+async fn pause_owner(bench: &mut Bench, name: &str) -> Duration {
+    let (_, victim, epoch) = owned_cluster(bench, name).await;
+    let mut replica = bench.remove(&victim);
+    let paused = Instant::now();
+    replica.signal("STOP");
+    owned_again(bench, name, epoch, Duration::from_secs(bench.ttl + 30)).await;
+    let elapsed = paused.elapsed();
+    replica.signal("CONT");
+    let _ = replica.terminate().await;
+    bench.add_replica().await;
+    elapsed
+}
+
+/// The crash phase for one variant, on three fresh replicas of it.
+async fn crashes(bench: &mut Bench, variant: Variant, kills: usize, restarts: usize) -> Crashes {
+    reconfigure(bench, variant).await;
+    let tag = format!(
+        "{}-{}",
+        variant.ttl,
+        if variant.liveness { "on" } else { "off" }
+    );
+    let mut figures = Crashes {
+        variant,
+        first_call: Vec::new(),
+        taken_up: Vec::new(),
+        failed: 0,
+        restart: Vec::new(),
+        restart_own: 0,
+        pause: Duration::ZERO,
+    };
+    for round in 0..kills {
+        let kill = kill_mid_upgrade(bench, &format!("crash-{tag}-{round}")).await;
+        figures.first_call.push(kill.first_call);
+        figures.taken_up.push(kill.taken_up);
+        figures.failed += usize::from(!kill.succeeded);
+    }
+    for round in 0..restarts {
+        let name = format!("restart-{tag}-{round}");
+        let (elapsed, own) = kill_and_restart(bench, &name).await;
+        figures.restart.push(elapsed);
+        figures.restart_own += usize::from(own);
+    }
+    figures.pause = pause_owner(bench, &format!("pause-{tag}")).await;
+    figures.first_call.sort();
+    figures.taken_up.sort();
+    figures.restart.sort();
+    figures
+}
+
+/// p50, p99 and every sample, in milliseconds.
+fn spread(sorted: &[Duration]) -> Value {
+    json!({
+        "p50": ms(percentile(sorted, 0.5)),
+        "p99": ms(percentile(sorted, 0.99)),
+        "samples": sorted.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+    })
+}
+
+impl Crashes {
+    fn json(&self) -> Value {
+        json!({
+            "lease_ttl_seconds": self.variant.ttl,
+            "peer_liveness": self.variant.liveness,
+            "kills": self.first_call.len(),
+            "kill9_to_first_call_of_new_epoch_ms": spread(&self.first_call),
+            "kill9_to_taken_up_ms": spread(&self.taken_up),
+            "upgrades_failed": self.failed,
+            "kill9_then_restart_to_owned_again_ms": spread(&self.restart),
+            "restarts_owned_again_by_the_restarted_process": self.restart_own,
+            "sigstop_to_peer_owner_ms": ms(self.pause),
+        })
+    }
+}
+
+/// Every crash variant, then three replicas as before (`--ttl`, fast
+/// detection on) for the phases after it.
+async fn crash_phase(bench: &mut Bench, args: &Args) -> Vec<Crashes> {
+    let mut all = Vec::new();
+    for &ttl in &args.crash_ttls {
+        for liveness in [true, false] {
+            let variant = Variant { ttl, liveness };
+            let kills = if !liveness && ttl > 5 {
+                args.slow_crash_kills
+            } else {
+                args.crash_kills
+            };
+            eprintln!("crashes, {}: {kills} kills...", variant.label());
+            all.push(crashes(bench, variant, kills, args.crash_restarts).await);
+        }
+    }
+    reconfigure(
+        bench,
+        Variant {
+            ttl: args.ttl,
+            liveness: true,
+        },
+    )
+    .await;
+    all
+}
+
+/// The table rows of one crash variant.
+fn crash_rows(figures: &Crashes, row: &dyn Fn(&str, String, String)) {
+    let label = figures.variant.label();
+    let pair = |sorted: &[Duration]| {
+        format!(
+            "{:.0} / {:.0}",
+            ms(percentile(sorted, 0.5)),
+            ms(percentile(sorted, 0.99))
+        )
+    };
+    let goal = if figures.variant.liveness {
+        "<= 1000 (p99)".to_string()
+    } else {
+        String::new()
+    };
+    row(
+        &format!("{label}: kill -9 to new epoch's 1st call p50/p99 (ms)"),
+        pair(&figures.first_call),
+        goal,
+    );
+    row(
+        &format!("{label}: kill -9 to taken up p50/p99 (ms)"),
+        pair(&figures.taken_up),
+        String::new(),
+    );
+    row(
+        &format!("{label}: upgrades failed of {}", figures.first_call.len()),
+        figures.failed.to_string(),
+        "0".into(),
+    );
+    row(
+        &format!("{label}: kill -9, restart to owned p50/p99 (ms; by itself)",),
+        format!("{}; {}", pair(&figures.restart), figures.restart_own),
+        String::new(),
+    );
+    row(
+        &format!("{label}: SIGSTOP to peer owner (ms)"),
+        format!("{:.0}", ms(figures.pause)),
+        format!("~ TTL ({} ms)", figures.variant.ttl * 1000),
+    );
 }

@@ -46,8 +46,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Probes of one peer start at most this often (a connection that keeps
 /// breaking at once must not spin).
 const PROBE_SPACING: Duration = Duration::from_millis(250);
-/// After a probe that proved nothing: the next one.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// After a probe that proved nothing: the next one. Soon, because a
+/// killed process's sockets do not all close at once (a probe may meet its
+/// listener half torn down, a reset that proves nothing, a moment before
+/// connections are refused); a paused peer costs one connect per
+/// `PROBE_TIMEOUT` plus this.
+const RETRY_AFTER: Duration = Duration::from_millis(250);
 /// The first line is a replica id and a lease id: anything longer is not
 /// a liveness answer.
 const LINE_LIMIT: usize = 4096;

@@ -218,6 +218,21 @@ pub async fn operations_of(
         .operations
 }
 
+/// A request to create a small cluster without starting it.
+pub fn create_only(name: &str) -> drover_client::v1::CreateClusterRequest {
+    drover_client::v1::CreateClusterRequest {
+        name: name.into(),
+        spec: Some(drover_client::v1::ClusterSpec {
+            version: "1.29.0".into(),
+            control_nodes: 1,
+            node_offering: "small".into(),
+            ..Default::default()
+        }),
+        create_only: true,
+        request_id: String::new(),
+    }
+}
+
 /// The owner of `cluster` as the Admin service reports it, if any.
 pub async fn owner(
     admin: &mut drover_client::v1::admin_client::AdminClient<tonic::transport::Channel>,

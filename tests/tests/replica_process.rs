@@ -7,7 +7,7 @@ use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, service_health, ReplicaProcess};
 use drover_tests::scrape::{fetch, metrics};
 use drover_tests::workspace_binary;
-use drover_tests::{create_running, wait_until};
+use drover_tests::{create_only, create_running, wait_until};
 use std::process::Command;
 use std::time::Duration;
 use tokio_stream::StreamExt;
@@ -548,17 +548,7 @@ async fn droverctl_into_a_reader_that_closes_early_ends_quietly() {
     let replica = ReplicaProcess::dev().await;
     let mut client = replica.client().await;
     for i in 0..300 {
-        let request = v1::CreateClusterRequest {
-            name: format!("piped-{i}"),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "small".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
+        let request = create_only(&format!("piped-{i}"));
         client.create_cluster(request).await.expect("create");
     }
     let endpoint = replica.endpoint();
@@ -567,17 +557,7 @@ async fn droverctl_into_a_reader_that_closes_early_ends_quietly() {
     let watch = ["-o", "json", "watch", "--from-revision", "1"];
     let mut writer = client.clone();
     let one_more = async move {
-        let request = v1::CreateClusterRequest {
-            name: "after-head".into(),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "small".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
+        let request = create_only("after-head");
         writer.create_cluster(request).await.expect("create");
     };
     let watched = droverctl_into_head(&endpoint, &watch, 2, one_more).await;

@@ -114,6 +114,25 @@ impl Cluster3 {
     }
 }
 
+/// Waits up to `deadline` until a replica other than `gone` owns `cluster`.
+async fn wait_owner_other_than(
+    admin: &AdminClient<tonic::transport::Channel>,
+    cluster: &str,
+    gone: &str,
+    deadline: Duration,
+) {
+    let what = format!("a replica other than {gone} to own {cluster}");
+    wait_until(deadline, &what, || {
+        let mut admin = admin.clone();
+        async move {
+            owner(&mut admin, cluster)
+                .await
+                .is_some_and(|o| o.replica != gone)
+        }
+    })
+    .await;
+}
+
 async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
     let request = v1::UpgradeClusterRequest {
         name: cluster.into(),
@@ -222,16 +241,7 @@ async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let failed = client.wait_operation(&op, FAILOVER).await.unwrap();
     assert_eq!(failed.state, O::Failed as i32, "{failed:?}");
     let probe = admin.clone();
-    wait_until(FAILOVER, "a new owner", || {
-        let mut probe = probe.clone();
-        let paused = paused.replica.clone();
-        async move {
-            owner(&mut probe, "zombie")
-                .await
-                .is_some_and(|o| o.replica != paused)
-        }
-    })
-    .await;
+    wait_owner_other_than(&admin, "zombie", &paused.replica, FAILOVER).await;
     let audited_before_wake = c.sim.audit(&cluster.uid).await.len();
 
     c.replica(&paused.replica).signal("CONT");
@@ -299,16 +309,7 @@ async fn sigterm_hands_clusters_off_faster_than_the_ttl() {
     let status = c.replica_mut(&before.replica).terminate().await;
     assert!(status.success(), "{status:?}");
     let stopped = Instant::now();
-    wait_until(Duration::from_secs(10), "a peer to own the cluster", || {
-        let mut admin = admin.clone();
-        let gone = before.replica.clone();
-        async move {
-            owner(&mut admin, "handed")
-                .await
-                .is_some_and(|o| o.replica != gone)
-        }
-    })
-    .await;
+    wait_owner_other_than(&admin, "handed", &before.replica, Duration::from_secs(10)).await;
     eprintln!(
         "SIGTERM hand-off: {:?} after exit (TTL 20 s)",
         stopped.elapsed()
@@ -408,20 +409,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
     wait_running(&peer, &busy, &long.id, Duration::from_secs(10)).await;
     c.replica(&owner_id).signal("TERM");
 
-    wait_until(
-        Duration::from_secs(5),
-        "a peer to own the idle cluster",
-        || {
-            let mut admin = peer_admin.clone();
-            let (idle, gone) = (idle.clone(), owner_id.clone());
-            async move {
-                owner(&mut admin, &idle)
-                    .await
-                    .is_some_and(|o| o.replica != gone)
-            }
-        },
-    )
-    .await;
+    wait_owner_other_than(&peer_admin, &idle, &owner_id, Duration::from_secs(5)).await;
     let request = v1::GetOperationRequest {
         cluster: busy.clone(),
         id: long.id.clone(),
@@ -483,20 +471,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
 
     let status = c.replica_mut(&owner_id).wait_exit().await;
     assert!(status.success(), "{status:?}");
-    wait_until(
-        Duration::from_secs(5),
-        "a peer to own the busy cluster",
-        || {
-            let mut admin = peer_admin.clone();
-            let (busy, gone) = (busy.clone(), owner_id.clone());
-            async move {
-                owner(&mut admin, &busy)
-                    .await
-                    .is_some_and(|o| o.replica != gone)
-            }
-        },
-    )
-    .await;
+    wait_owner_other_than(&peer_admin, &busy, &owner_id, Duration::from_secs(5)).await;
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
@@ -1033,16 +1008,7 @@ async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
     c.replica_mut(&before.replica).kill9();
     let killed = Instant::now();
     let admin = c.admin_avoiding(&before.replica).await;
-    wait_until(Duration::from_secs(5), "a peer to own the cluster", || {
-        let mut admin = admin.clone();
-        let gone = before.replica.clone();
-        async move {
-            owner(&mut admin, "crashed")
-                .await
-                .is_some_and(|o| o.replica != gone)
-        }
-    })
-    .await;
+    wait_owner_other_than(&admin, "crashed", &before.replica, Duration::from_secs(5)).await;
     eprintln!("kill -9 to a new owner: {:?} (TTL 30 s)", killed.elapsed());
     let mut client = c.client_avoiding(&before.replica).await;
     let done = client

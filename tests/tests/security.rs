@@ -8,7 +8,7 @@ use drover_server::auth::{hash_token, Role, RPC_ROLES};
 use drover_tests::etcd::{EtcdProcess, EtcdTlsFiles};
 use drover_tests::pki::Pki;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::workspace_binary;
+use drover_tests::{create_only, workspace_binary};
 use std::process::Command;
 use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -38,21 +38,6 @@ fn hex_digest(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// A request to create a small cluster without starting it.
-fn create_only(name: &str) -> v1::CreateClusterRequest {
-    v1::CreateClusterRequest {
-        name: name.into(),
-        spec: Some(v1::ClusterSpec {
-            version: "1.29.0".into(),
-            control_nodes: 1,
-            node_offering: "small".into(),
-            ..Default::default()
-        }),
-        create_only: true,
-        request_id: String::new(),
-    }
 }
 
 /// Calls `path` with an empty request (every field at its default) and

@@ -596,14 +596,25 @@ mod tests {
         let _ = stop.send(true);
     }
 
-    #[tokio::test]
-    async fn knows_which_clusters_have_tasks_through_every_kind_of_change() {
-        use crate::store::{Op, Txn};
+    /// An empty memory store and a cache following it until `stop` says so.
+    fn running_cache() -> (
+        Arc<MemoryStore>,
+        KeyLayout,
+        Arc<ClusterCache>,
+        watch::Sender<bool>,
+    ) {
         let store = Arc::new(MemoryStore::new());
         let keys = KeyLayout::new("/t/");
         let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(Arc::clone(&cache).run(stopped));
+        (store, keys, cache, stop)
+    }
+
+    #[tokio::test]
+    async fn knows_which_clusters_have_tasks_through_every_kind_of_change() {
+        use crate::store::{Op, Txn};
+        let (store, keys, cache, stop) = running_cache();
         let write = |op: Op| {
             let store = store.clone();
             async move { store.txn(Txn::new().and_then([op])).await.unwrap() }
@@ -669,11 +680,7 @@ mod tests {
     #[tokio::test]
     async fn hands_the_other_keys_to_their_subscribers_from_the_revision_it_says() {
         use crate::store::{Op, Txn};
-        let store = Arc::new(MemoryStore::new());
-        let keys = KeyLayout::new("/t/");
-        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
-        let (stop, stopped) = watch::channel(false);
-        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let (store, keys, cache, stop) = running_cache();
         let write = |op: Op| {
             let store = store.clone();
             async move { store.txn(Txn::new().and_then([op])).await.unwrap() }

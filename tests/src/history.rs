@@ -235,6 +235,7 @@ mod tests {
             version: "1.29.0".into(),
             healthy: true,
             offering: "m".into(),
+            facts: Default::default(),
         };
         let shown = v1::Node {
             id: "worker-0".into(),

@@ -191,6 +191,7 @@ mod tests {
             power_state: "on".into(),
             healthy: true,
             offering: "m".into(),
+            facts: Default::default(),
         }
     }
 

@@ -443,6 +443,7 @@ fn node(role: &str, index: u32, version: &str, offering: &str) -> pb::ProviderNo
         version: version.to_string(),
         healthy: true,
         offering: offering.to_string(),
+        facts: Default::default(),
     }
 }
 
@@ -743,13 +744,60 @@ impl Provider for SimProvider {
             .stop();
         Ok(Response::new(pb::StopTaskResponse {}))
     }
+
+    async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = time_left(&request);
+        let r = request.into_inner();
+        self.mutate("RepairNodes", r.token, due, |c, _| Ok(repair(c)))
+            .await
+            .map(Response::new)
+    }
+
+    /// The simulator builds any shape Drover's own validation lets through.
+    async fn validate_spec(
+        &self,
+        _request: Request<pb::ValidateSpecRequest>,
+    ) -> Reply<pb::ValidateSpecResponse> {
+        self.on_entry("ValidateSpec", false, false).await?;
+        Ok(Response::new(pb::ValidateSpecResponse::default()))
+    }
+
+    async fn get_capabilities(
+        &self,
+        _request: Request<pb::GetCapabilitiesRequest>,
+    ) -> Reply<pb::Capabilities> {
+        self.on_entry("GetCapabilities", false, false).await?;
+        Ok(Response::new(pb::Capabilities {
+            kind: "simulator".into(),
+            max_control_nodes: 7,
+            min_control_nodes: 1,
+            max_worker_nodes: 1000,
+            task_types: vec!["repair".into(), "backup".into()],
+            ..Default::default()
+        }))
+    }
 }
 
 fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {
     pb::RunTaskResponse {
         status: status.to_string(),
         error,
+        report: String::new(),
     }
+}
+
+/// Replaces every node that is off or unhealthy by a working one, as a
+/// real provider would restart or rebuild it.
+fn repair(cluster: &mut SimCluster) -> Landed {
+    let mut repaired = Vec::new();
+    for node in &mut cluster.nodes {
+        if !crate::provider::node_ready(node) {
+            node.power_state = "on".to_string();
+            node.healthy = true;
+            repaired.push(node.id.clone());
+        }
+    }
+    Landed::Done(format!("repaired [{}]", repaired.join(", ")))
 }
 
 /// A token that names its cluster.
@@ -1214,6 +1262,7 @@ mod tests {
                 task_type: "backup".into(),
                 task_name: "nightly".into(),
                 run_id: run_id.into(),
+                spec: None,
             };
             tokio::spawn(async move { sim.run_task(Request::new(request)).await })
         };

@@ -458,6 +458,7 @@ impl TaskScheduler {
             task_type: record.task_type.name().to_string(),
             task_name: record.name.clone(),
             run_id: run.id.clone(),
+            spec: None,
         };
         tokio::spawn(async move {
             let _hold = hold;

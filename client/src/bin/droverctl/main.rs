@@ -21,10 +21,11 @@ macro_rules! outln {
 }
 
 mod cluster;
+mod docs;
 mod op;
 mod task;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError, ConnectOptions, Tls};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -33,6 +34,18 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "droverctl", version, about = "Command line for Drover")]
 struct Cli {
+    #[command(flatten)]
+    connection: Connection,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the replicas are and how to reach them.
+#[derive(clap::Args)]
+struct Connection {
     /// Replica gRPC endpoints, comma-separated; with several, calls go to
     /// whichever answers. https:// URLs use TLS.
     #[arg(
@@ -59,11 +72,6 @@ struct Cli {
     /// PEM private key of --cert.
     #[arg(long, global = true, env = "DROVER_KEY", requires = "cert")]
     key: Option<std::path::PathBuf>,
-    /// Output format.
-    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
-    output: Output,
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -74,6 +82,22 @@ pub enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Remote(Remote),
+    /// Print a shell completion script, e.g. `source <(droverctl completion
+    /// bash)`.
+    Completion { shell: clap_complete::Shell },
+    /// Write man pages (droverctl.1 and one per subcommand) into a
+    /// directory.
+    Man {
+        /// Directory to write into (created if missing).
+        dir: std::path::PathBuf,
+    },
+}
+
+/// The commands that talk to the replicas.
+#[derive(Subcommand)]
+enum Remote {
     /// Manage clusters.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -110,7 +134,16 @@ enum Failure {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    let done = match cli.command {
+        Command::Remote(command) => run(&cli.connection, cli.output, command).await,
+        Command::Completion { shell } => {
+            let script = docs::completion(&mut Cli::command(), shell);
+            outln!("{}", script.trim_end());
+            Ok(())
+        }
+        Command::Man { dir } => man_pages(&dir),
+    };
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             // Standard error may be gone too (`2>&1 | head`): nothing to do.
@@ -162,7 +195,7 @@ fn exit_code(error: &ClientError) -> u8 {
 
 /// TLS and token options from the flags; files that cannot be read are
 /// usage errors of their own.
-fn connect_options(cli: &Cli) -> Result<ConnectOptions, Failure> {
+fn connect_options(cli: &Connection) -> Result<ConnectOptions, Failure> {
     let read = |flag: &str, path: &std::path::Path| {
         std::fs::read(path)
             .map_err(|e| Failure::LocalFile(format!("{flag}: cannot read {}: {e}", path.display())))
@@ -195,16 +228,22 @@ fn connect_options(cli: &Cli) -> Result<ConnectOptions, Failure> {
     Ok(ConnectOptions { tls, token })
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
-    let options = connect_options(&cli)?;
-    let mut client = Client::connect_first_with(&cli.endpoint, &options).await?;
-    let output = cli.output;
-    let done = match cli.command {
-        Command::Cluster(command) => cluster::run(&mut client, output, command).await,
-        Command::Op(command) => op::run(&mut client, output, command).await,
-        Command::Task(command) => task::run(&mut client, output, command).await,
-        Command::Members => members(&mut client, output).await,
-        Command::Watch {
+fn man_pages(dir: &std::path::Path) -> Result<(), Failure> {
+    let pages = docs::man_pages(Cli::command(), dir)
+        .map_err(|e| Failure::LocalFile(format!("cannot write {}: {e}", dir.display())))?;
+    outln!("wrote {} man pages into {}", pages.len(), dir.display());
+    Ok(())
+}
+
+async fn run(connection: &Connection, output: Output, command: Remote) -> Result<(), Failure> {
+    let options = connect_options(connection)?;
+    let mut client = Client::connect_first_with(&connection.endpoint, &options).await?;
+    let done = match command {
+        Remote::Cluster(command) => cluster::run(&mut client, output, command).await,
+        Remote::Op(command) => op::run(&mut client, output, command).await,
+        Remote::Task(command) => task::run(&mut client, output, command).await,
+        Remote::Members => members(&mut client, output).await,
+        Remote::Watch {
             name,
             from_revision,
         } => cluster::watch(&mut client, output, name, from_revision).await,

@@ -9,6 +9,7 @@
 /// The public API, package `drover.v1`.
 pub mod v1 {
     tonic::include_proto!("drover.v1");
+    include!(concat!(env!("OUT_DIR"), "/drover.v1.serde.rs"));
 }
 
 /// The provider plugin API.
@@ -16,8 +17,13 @@ pub mod provider {
     /// Package `drover.provider.v1`.
     pub mod v1 {
         tonic::include_proto!("drover.provider.v1");
+        include!(concat!(env!("OUT_DIR"), "/drover.provider.v1.serde.rs"));
     }
 }
+
+/// `google.protobuf.Timestamp` as the messages carry it: prost's, plus
+/// serde to and from RFC 3339 text.
+pub use pbjson_types::Timestamp;
 
 /// Encoded `FileDescriptorSet` of all Drover protos, for reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("drover_descriptor");

@@ -191,7 +191,8 @@ async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes()
         String::from_utf8_lossy(&updated.stderr)
     );
     let cluster: serde_json::Value = serde_json::from_slice(&updated.stdout).expect("JSON output");
-    assert_eq!(cluster["generation"], 2);
+    // Whole messages, the proto3 JSON mapping: 64-bit integers as strings.
+    assert_eq!(cluster["generation"], "2");
     assert_eq!(cluster["spec"]["labels"]["env"], "prod");
     // Exit codes a script can rely on.
     assert_eq!(
@@ -248,7 +249,7 @@ async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes()
         for line in std::io::BufReader::new(stdout).lines() {
             let event: serde_json::Value =
                 serde_json::from_str(&line.expect("a line")).expect("a JSON line");
-            let done = event["generation"] == 2;
+            let done = event["cluster"]["generation"] == "2";
             seen.push(event);
             if done {
                 break;
@@ -262,7 +263,7 @@ async fn droverctl_creates_updates_and_watches_with_script_friendly_exit_codes()
         .unwrap();
     assert!(
         seen.iter()
-            .all(|e| e["name"] == "cli" && e["event"] == "PUT"),
+            .all(|e| e["cluster"]["name"] == "cli" && e["kind"] == "PUT"),
         "{seen:?}"
     );
     let _ = watch.kill();
@@ -299,9 +300,9 @@ async fn droverctl_puts_lists_and_deletes_tasks() {
         "--location",
         "dc1:s3:backups",
     ]);
-    assert_eq!(put["type"], "BACKUP");
-    assert_eq!(put["name"], "daily");
-    assert_eq!(put["schedule"]["start_date"], "now");
+    assert_eq!(put["spec"]["type"], "TASK_TYPE_BACKUP");
+    assert_eq!(put["spec"]["name"], "daily");
+    assert_eq!(put["spec"]["schedule"]["start_date"], "now");
 
     let refused = ctl(&["task", "put", "db", "backup", "nowhere"]);
     assert_eq!(refused.status.code(), Some(5));
@@ -310,7 +311,7 @@ async fn droverctl_puts_lists_and_deletes_tasks() {
 
     drover_tests::wait_until(Duration::from_secs(20), "the backup to run", || {
         let task = json(&["task", "get", "db", "backup", "daily"]);
-        std::future::ready(task["status"]["last_run"]["status"] == "DONE")
+        std::future::ready(task["status"]["last_run"]["status"] == "TASK_RUN_STATUS_DONE")
     })
     .await;
     let runs = json(&["task", "runs", "db", "backup", "daily"]);
@@ -352,7 +353,7 @@ async fn droverctl_runs_every_lifecycle_command_and_shows_its_operations() {
         serde_json::from_slice(&out.stdout).expect("JSON output")
     };
     let created = json(&["cluster", "create", "life", "--version", "1.29.0", "--wait"]);
-    assert_eq!(created["kind"], "START", "{created}");
+    assert_eq!(created["kind"], "OPERATION_KIND_START", "{created}");
     let commands: [(&[&str], &str); 7] = [
         (&["stop", "life", "--request-id", "stop-life-1"], "STOP"),
         (&["start", "life"], "START"),
@@ -367,7 +368,10 @@ async fn droverctl_runs_every_lifecycle_command_and_shows_its_operations() {
         let op = json(&[&["cluster"], args, &["--wait"]].concat());
         assert_eq!(
             (&op["kind"], &op["state"]),
-            (&kind.into(), &"SUCCEEDED".into())
+            (
+                &format!("OPERATION_KIND_{kind}").into(),
+                &"OPERATION_STATE_SUCCEEDED".into()
+            )
         );
         let id = op["id"].as_str().expect("an id").to_string();
         for shown in ["get", "wait", "cancel"] {

@@ -38,10 +38,10 @@ pub fn state_from_proto(state: v1::ClusterState) -> Option<ClusterState> {
 }
 
 /// A stored RFC 3339 time as a protobuf timestamp.
-pub fn timestamp(rfc3339: &str) -> Option<prost_types::Timestamp> {
-    humantime::parse_rfc3339(rfc3339)
-        .ok()
-        .map(|t: SystemTime| t.into())
+pub fn timestamp(rfc3339: &str) -> Option<drover_proto::Timestamp> {
+    let time: SystemTime = humantime::parse_rfc3339(rfc3339).ok()?;
+    let prost_types::Timestamp { seconds, nanos } = time.into();
+    Some(drover_proto::Timestamp { seconds, nanos })
 }
 
 /// A spec from the API, checked field by field under `field`.

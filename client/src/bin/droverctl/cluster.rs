@@ -3,10 +3,10 @@
 //! operation, sent and followed by one helper ([`Lifecycle::run`]); how
 //! clusters are printed.
 
-use crate::{op, send, Output};
+use crate::output::{age, Output, Table};
+use crate::{op, send};
 use clap::Subcommand;
 use drover_client::{v1, Client, ClientError};
-use serde_json::{json, Value};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -74,7 +74,10 @@ pub enum ClusterCommand {
     },
     /// Show one cluster.
     Get { name: String },
-    /// List clusters.
+    /// Everything about one cluster: spec, status, nodes, operations and
+    /// their steps, tasks, and its recent state changes.
+    Describe { name: String },
+    /// List clusters (Destroyed ones only with --all or --state).
     List(ListArgs),
 }
 
@@ -113,8 +116,17 @@ pub struct UpdateArgs {
 #[derive(clap::Args)]
 pub struct ListArgs {
     /// Only clusters carrying these labels ("k=v,k2=v2").
-    #[arg(long, default_value = "")]
+    #[arg(long, short = 'l', visible_alias = "label", default_value = "")]
     selector: String,
+    /// Only clusters in this state (e.g. running, alert, destroyed).
+    #[arg(long, value_parser = parse_state)]
+    state: Option<v1::ClusterState>,
+    /// Destroyed clusters too.
+    #[arg(long, short = 'A')]
+    all: bool,
+    /// After the list, stream changes (as `droverctl watch`).
+    #[arg(long, short = 'w')]
+    watch: bool,
     /// Clusters per page.
     #[arg(long, default_value_t = 100)]
     page_size: u32,
@@ -298,6 +310,7 @@ pub async fn run(
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Get { name } => get(client, output, name).await,
+        ClusterCommand::Describe { name } => crate::describe::cluster(client, output, name).await,
         ClusterCommand::List(args) => list(client, output, args).await,
     }
 }
@@ -374,78 +387,176 @@ async fn get(client: &mut Client, output: Output, name: String) -> Result<(), Cl
     Ok(())
 }
 
-/// `cluster list`: every cluster the selector matches, page after page.
+/// A state as typed (`running`, `Running`, `CLUSTER_STATE_RUNNING`).
+fn parse_state(text: &str) -> Result<v1::ClusterState, String> {
+    let upper = text.to_ascii_uppercase();
+    let name = upper.strip_prefix("CLUSTER_STATE_").unwrap_or(&upper);
+    v1::ClusterState::from_str_name(&format!("CLUSTER_STATE_{name}"))
+        .filter(|s| *s != v1::ClusterState::Unspecified)
+        .ok_or_else(|| format!("{text:?} is not a cluster state"))
+}
+
+/// `cluster list`: every cluster the selector matches, page after page;
+/// with `--watch`, then every change after the listing.
 async fn list(client: &mut Client, output: Output, args: ListArgs) -> Result<(), ClientError> {
-    let ListArgs {
-        selector,
-        page_size,
-        cached,
-    } = args;
+    let (clusters, revision) = list_all(client, &args).await?;
+    print_clusters(output, &clusters, true);
+    if args.watch {
+        stream_changes(client, output, String::new(), revision + 1).await?;
+    }
+    Ok(())
+}
+
+/// The clusters `args` select and the store revision they were read at.
+async fn list_all(
+    client: &mut Client,
+    args: &ListArgs,
+) -> Result<(Vec<v1::Cluster>, i64), ClientError> {
     let mut clusters = Vec::new();
     let mut page_token = String::new();
+    let mut revision = None;
     loop {
         let request = v1::ListClustersRequest {
-            page_size,
+            page_size: args.page_size,
             page_token,
-            label_selector: selector.clone(),
-            linearizable: !cached,
-            ..Default::default()
+            label_selector: args.selector.clone(),
+            linearizable: !args.cached,
+            state: args.state.map_or(0, |s| s as i32),
         };
         let page = send(client, request, |mut c, r| async move {
             c.list_clusters(r).await
         })
         .await?;
+        revision.get_or_insert(page.revision);
         clusters.extend(page.clusters);
         if page.next_page_token.is_empty() {
             break;
         }
         page_token = page.next_page_token;
     }
-    print_clusters(output, &clusters, true);
-    Ok(())
+    // Destroyed clusters stay listed by the API (their record is history);
+    // a person asking for "the clusters" means the ones that exist.
+    if !args.all && args.state.is_none() {
+        clusters.retain(|c| state_name(c) != "DESTROYED");
+    }
+    Ok((clusters, revision.unwrap_or_default()))
 }
 
-/// `droverctl watch`: one line per cluster change until interrupted (or the
-/// stream ends).
+/// `droverctl watch`: the current clusters, then one line per change until
+/// interrupted (or the stream ends). From an explicit revision, only the
+/// changes after it.
 pub async fn watch(
     client: &mut Client,
     output: Output,
     name: Option<String>,
     from_revision: i64,
 ) -> Result<(), ClientError> {
+    let name = name.unwrap_or_default();
+    let from_revision = if from_revision > 0 {
+        from_revision
+    } else {
+        let (current, revision) = current_clusters(client, &name).await?;
+        for cluster in current {
+            let kind = v1::cluster_event::Kind::Put as i32;
+            let revision = cluster.revision;
+            print_event(
+                output,
+                &v1::ClusterEvent {
+                    kind,
+                    cluster: Some(cluster),
+                    revision,
+                },
+            );
+        }
+        revision + 1
+    };
+    stream_changes(client, output, name, from_revision).await
+}
+
+/// The clusters `name` selects (all when empty) as they are now, and a
+/// store revision no later than the read: a watch from the next one misses
+/// no change after it (one may show twice, which a PUT survives).
+async fn current_clusters(
+    client: &mut Client,
+    name: &str,
+) -> Result<(Vec<v1::Cluster>, i64), ClientError> {
+    let args = ListArgs {
+        selector: String::new(),
+        state: None,
+        all: false,
+        watch: false,
+        page_size: 500,
+        cached: false,
+    };
+    if name.is_empty() {
+        return list_all(client, &args).await;
+    }
+    // One cluster: the revision from the cheapest list there is, then the
+    // cluster, which may not exist yet.
+    let probe = v1::ListClustersRequest {
+        page_size: 1,
+        linearizable: true,
+        ..Default::default()
+    };
+    let revision = send(
+        client,
+        probe,
+        |mut c, r| async move { c.list_clusters(r).await },
+    )
+    .await?
+    .revision;
+    match client
+        .retrying_unavailable(|mut c| async move { c.get_cluster(name).await })
+        .await
+    {
+        Ok(cluster) => Ok((vec![cluster], revision)),
+        Err(ClientError::Status(status)) if status.code() == tonic::Code::NotFound => {
+            Ok((Vec::new(), revision))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Streams the changes of `name` (all clusters when empty) after
+/// `from_revision` (0: from now on).
+async fn stream_changes(
+    client: &mut Client,
+    output: Output,
+    name: String,
+    from_revision: i64,
+) -> Result<(), ClientError> {
     let request = v1::WatchClustersRequest {
         from_revision,
-        name: name.unwrap_or_default(),
+        name,
     };
     let mut events = send(client, request, |mut c, r| async move {
         Ok(c.clusters().watch_clusters(r).await?.into_inner())
     })
     .await?;
     while let Some(event) = events.message().await? {
-        let cluster = event.cluster.unwrap_or_default();
-        let kind = if event.kind == v1::cluster_event::Kind::Delete as i32 {
-            "DELETE"
-        } else {
-            "PUT"
-        };
-        match output {
-            Output::Json => {
-                let mut line = cluster_json(&cluster);
-                line["event"] = json!(kind);
-                line["event_revision"] = json!(event.revision);
-                outln!("{line}");
-            }
-            Output::Table => outln!(
-                "{:<8} {:<8} {:<24} {:<24} gen {}",
-                event.revision,
-                kind,
-                cluster.name,
-                state_name(&cluster),
-                cluster.generation
-            ),
-        }
+        print_event(output, &event);
     }
     Ok(())
+}
+
+fn print_event(output: Output, event: &v1::ClusterEvent) {
+    if output.line(event) {
+        return;
+    }
+    let cluster = event.cluster.clone().unwrap_or_default();
+    if output == Output::Name {
+        outln!("{}", cluster.name);
+        return;
+    }
+    let kind = v1::cluster_event::Kind::try_from(event.kind).map_or("?", |k| k.as_str_name());
+    outln!(
+        "{:<8} {:<8} {:<24} {:<24} gen {}",
+        event.revision,
+        kind,
+        cluster.name,
+        state_name(&cluster),
+        cluster.generation
+    );
 }
 
 fn state_name(cluster: &v1::Cluster) -> String {
@@ -462,64 +573,68 @@ fn state_name(cluster: &v1::Cluster) -> String {
         .unwrap_or_default()
 }
 
-fn cluster_json(cluster: &v1::Cluster) -> Value {
-    let spec = cluster.spec.clone().unwrap_or_default();
-    let status = cluster.status.clone().unwrap_or_default();
-    json!({
-        "name": cluster.name,
-        "uid": cluster.uid,
-        "generation": cluster.generation,
-        "revision": cluster.revision,
-        "spec": {
-            "version": spec.version,
-            "control_nodes": spec.control_nodes,
-            "worker_nodes": spec.worker_nodes,
-            "node_offering": spec.node_offering,
-            "labels": spec.labels,
-        },
-        "status": {
-            "state": state_name(cluster),
-            "current_version": status.current_version,
-            "current_operation": status.current_operation,
-            "observed_generation": status.observed_generation,
-            "message": status.message,
-        },
-    })
+/// The version column: the one running, and the one asked for when they
+/// differ (an upgrade under way, cancelled or failed).
+pub fn version_shown(cluster: &v1::Cluster) -> String {
+    let desired = cluster
+        .spec
+        .as_ref()
+        .map(|s| s.version.as_str())
+        .unwrap_or_default();
+    let current = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_version.as_deref())
+        .unwrap_or_default();
+    match current {
+        "" => desired.to_string(),
+        current if current == desired => desired.to_string(),
+        current => format!("{current} -> {desired}"),
+    }
 }
 
-/// Clusters; with `-o json` a `list` is an array whatever its length, and
-/// a single cluster otherwise an object.
+/// Clusters: whole messages with `-o json|yaml` (a `list` as an array
+/// whatever its length, a single cluster as an object), names with
+/// `-o name`, otherwise a table (more columns with `-o wide`).
 fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
-    match output {
-        Output::Json => {
-            let value = if clusters.len() == 1 && !list {
-                cluster_json(&clusters[0])
-            } else {
-                Value::Array(clusters.iter().map(cluster_json).collect())
-            };
-            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
-        }
-        Output::Table => {
-            outln!(
-                "{:<24} {:<24} {:<10} {:>7} {:>7}  UID",
-                "NAME",
-                "STATE",
-                "VERSION",
-                "CONTROL",
-                "WORKERS"
-            );
-            for cluster in clusters {
-                let spec = cluster.spec.clone().unwrap_or_default();
-                outln!(
-                    "{:<24} {:<24} {:<10} {:>7} {:>7}  {}",
-                    cluster.name,
-                    state_name(cluster),
-                    spec.version,
-                    spec.control_nodes,
-                    spec.worker_nodes,
-                    cluster.uid
-                );
-            }
-        }
+    if output.messages(clusters, list) {
+        return;
     }
+    if output == Output::Name {
+        clusters.iter().for_each(|c| outln!("{}", c.name));
+        return;
+    }
+    let mut header = vec!["NAME", "STATE", "VERSION", "CONTROL", "WORKERS", "AGE"];
+    if output.is_wide() {
+        header.extend(["OFFERING", "OPERATION", "LABELS", "UID"]);
+    }
+    let mut table = Table::new(header);
+    for cluster in clusters {
+        let spec = cluster.spec.clone().unwrap_or_default();
+        let status = cluster.status.clone().unwrap_or_default();
+        let mut row = vec![
+            cluster.name.clone(),
+            state_name(cluster),
+            version_shown(cluster),
+            spec.control_nodes.to_string(),
+            spec.worker_nodes.to_string(),
+            age(cluster.created_at.as_ref()),
+        ];
+        if output.is_wide() {
+            let mut labels: Vec<String> = spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            labels.sort();
+            row.extend([
+                spec.node_offering,
+                status.current_operation.unwrap_or_else(|| "-".into()),
+                labels.join(","),
+                cluster.uid.clone(),
+            ]);
+        }
+        table.row(row);
+    }
+    table.print();
 }

@@ -21,13 +21,15 @@ macro_rules! outln {
 }
 
 mod cluster;
+mod describe;
 mod docs;
 mod op;
+mod output;
 mod task;
 
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand};
 use drover_client::{v1, Client, ClientError, ConnectOptions, Tls};
-use serde_json::{json, Value};
+use output::{Output, Table};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -72,12 +74,6 @@ struct Connection {
     /// PEM private key of --cert.
     #[arg(long, global = true, env = "DROVER_KEY", requires = "cert")]
     key: Option<std::path::PathBuf>,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -274,36 +270,25 @@ async fn members(client: &mut Client, output: Output) -> Result<(), ClientError>
         Ok(c.admin().list_members(r).await?.into_inner().members)
     })
     .await?;
-    match output {
-        Output::Json => {
-            let list: Vec<Value> = members
-                .iter()
-                .map(|m| json!({"id": m.id, "address": m.address, "version": m.version, "lease_ttl_left_seconds": m.lease_ttl_left_seconds, "clusters_owned": m.clusters_owned, "draining": m.draining}))
-                .collect();
-            outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
-        }
-        Output::Table => {
-            outln!(
-                "{:<20} {:<22} {:<8} {:>9} {:>8}  STATE",
-                "ID",
-                "ADDRESS",
-                "VERSION",
-                "LEASE(S)",
-                "CLUSTERS"
-            );
-            for m in &members {
-                outln!(
-                    "{:<20} {:<22} {:<8} {:>9} {:>8}  {}",
-                    m.id,
-                    m.address,
-                    m.version,
-                    m.lease_ttl_left_seconds,
-                    m.clusters_owned,
-                    if m.draining { "draining" } else { "serving" }
-                );
-            }
-        }
+    if output.messages(&members, true) {
+        return Ok(());
     }
+    if output == Output::Name {
+        members.iter().for_each(|m| outln!("{}", m.id));
+        return Ok(());
+    }
+    let mut table = Table::new(["ID", "ADDRESS", "VERSION", "LEASE", "CLUSTERS", "STATE"]);
+    for m in &members {
+        table.row([
+            m.id.clone(),
+            m.address.clone(),
+            m.version.clone(),
+            format!("{}s", m.lease_ttl_left_seconds),
+            m.clusters_owned.to_string(),
+            (if m.draining { "draining" } else { "serving" }).to_string(),
+        ]);
+    }
+    table.print();
     Ok(())
 }
 

@@ -2,10 +2,10 @@
 //! how a lifecycle command follows the operation it started (`--wait`);
 //! how operations are printed.
 
-use crate::{enum_name, send, Output};
+use crate::output::{age, Output, Table};
+use crate::{enum_name, send};
 use clap::Subcommand;
 use drover_client::{v1, Client, ClientError};
-use serde_json::{json, Value};
 use std::io::Write;
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ async fn get(
 }
 
 /// Every operation of a cluster, newest first, page after page.
-async fn list(client: &mut Client, cluster: String) -> Result<Vec<v1::Operation>, ClientError> {
+pub async fn list(client: &mut Client, cluster: String) -> Result<Vec<v1::Operation>, ClientError> {
     let mut operations = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -107,10 +107,7 @@ async fn wait(
     if op.state < v1::OperationState::Succeeded as i32 {
         return Err(ClientError::StillRunning {
             id: op.id.clone(),
-            state: operation_json(&op)["state"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
+            state: state_name(op.state),
             waited,
         });
     }
@@ -118,6 +115,8 @@ async fn wait(
 }
 
 /// Prints an accepted operation, or follows it to its end with `wait`.
+/// Ctrl-C stops the following, not the operation: droverctl says so and
+/// how to follow it again.
 pub async fn follow(
     client: &mut Client,
     output: Output,
@@ -128,12 +127,36 @@ pub async fn follow(
         print_operation(output, &op);
         return Ok(());
     }
+    let (cluster, id) = (op.cluster.clone(), op.id.clone());
     let mut progress = Progress::new();
+    let followed = follow_to_end(client, op, &mut progress);
+    let last = tokio::select! {
+        last = followed => last?,
+        _ = tokio::signal::ctrl_c() => {
+            progress.abandon();
+            let _ = writeln!(
+                std::io::stderr(),
+                "droverctl: stopped waiting; operation {id} goes on. Follow it with: droverctl op wait {cluster} {id}"
+            );
+            std::process::exit(130);
+        }
+    };
+    progress.finish(&last);
+    print_operation(output, &last);
+    operation_outcome(&last)
+}
+
+/// Polls `op` until it ends, showing each step as it starts.
+async fn follow_to_end(
+    client: &mut Client,
+    op: v1::Operation,
+    progress: &mut Progress,
+) -> Result<v1::Operation, ClientError> {
     let mut current = op;
     loop {
         progress.show(&current);
         if current.state >= v1::OperationState::Succeeded as i32 {
-            break;
+            return Ok(current);
         }
         // Short waits, so each new step is shown as it starts; a replica
         // that goes away meanwhile is retried (waiting is idempotent).
@@ -146,63 +169,70 @@ pub async fn follow(
             })
             .await?;
     }
-    progress.finish();
-    print_operation(output, &current);
-    operation_outcome(&current)
 }
 
-/// The progress of a followed operation on standard error: a bar redrawn in
-/// place on a terminal, one line per step otherwise (logs, CI).
+/// The progress of a followed operation on standard error: an indicatif
+/// bar with the elapsed time and the step name, redrawn in place on a
+/// terminal (it fits narrow ones); one line per step otherwise (logs, CI).
 struct Progress {
-    terminal: bool,
+    bar: Option<indicatif::ProgressBar>,
     last: String,
 }
 
 impl Progress {
-    const WIDTH: u32 = 24;
-
     fn new() -> Self {
         use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let style = indicatif::ProgressStyle::with_template(
+                "{elapsed:>4} [{bar:24}] {pos}/{len} {wide_msg}",
+            )
+            .expect("a valid template")
+            .progress_chars("#>.");
+            indicatif::ProgressBar::new(1).with_style(style)
+        });
         Self {
-            terminal: std::io::stderr().is_terminal(),
+            bar,
             last: String::new(),
         }
     }
 
     fn show(&mut self, op: &v1::Operation) {
         let Some(p) = &op.progress else { return };
-        let total = p.total_steps.max(1);
-        let line = if self.terminal {
-            let done = (p.step.saturating_sub(1)).min(total) * Self::WIDTH / total;
-            format!(
-                "[{}{}] {}/{} {}",
-                "#".repeat(done as usize),
-                ".".repeat((Self::WIDTH - done) as usize),
-                p.step,
-                p.total_steps,
-                p.step_name
-            )
-        } else {
-            format!("[{}/{}] {}", p.step, p.total_steps, p.step_name)
-        };
-        if line == self.last {
-            return;
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(u64::from(p.total_steps.max(1)));
+                // A step is done once the next one starts.
+                bar.set_position(u64::from(p.step.saturating_sub(1)));
+                bar.set_message(p.step_name.clone());
+            }
+            None => {
+                let line = format!("[{}/{}] {}", p.step, p.total_steps, p.step_name);
+                if line != self.last {
+                    // Progress is a courtesy: a standard error that was
+                    // closed (`2>&-`) does not stop the command.
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                    self.last = line;
+                }
+            }
         }
-        // Progress is a courtesy: a standard error that was closed
-        // (`2>&-`) does not stop the command.
-        let mut err = std::io::stderr();
-        let _ = if self.terminal {
-            // Clear the line, then redraw.
-            write!(err, "\r\x1b[2K{line}")
-        } else {
-            writeln!(err, "{line}")
-        };
-        self.last = line;
     }
 
-    fn finish(&self) {
-        if self.terminal && !self.last.is_empty() {
-            let _ = writeln!(std::io::stderr());
+    /// The last frame shows how the operation really ended: every step
+    /// done when it succeeded, where it stopped otherwise.
+    fn finish(&self, op: &v1::Operation) {
+        let Some(bar) = &self.bar else { return };
+        let state = state_name(op.state).to_ascii_lowercase();
+        if op.state == v1::OperationState::Succeeded as i32 {
+            bar.set_position(bar.length().unwrap_or(0));
+            bar.finish_with_message(state);
+        } else {
+            bar.abandon_with_message(state);
+        }
+    }
+
+    fn abandon(&self) {
+        if let Some(bar) = &self.bar {
+            bar.abandon_with_message("interrupted");
         }
     }
 }
@@ -214,10 +244,7 @@ fn operation_outcome(op: &v1::Operation) -> Result<(), ClientError> {
     }
     Err(ClientError::OperationFailed {
         id: op.id.clone(),
-        state: operation_json(op)["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        state: state_name(op.state),
         message: op
             .error
             .as_ref()
@@ -225,67 +252,74 @@ fn operation_outcome(op: &v1::Operation) -> Result<(), ClientError> {
     })
 }
 
-fn operation_json(op: &v1::Operation) -> Value {
-    json!({
-        "id": op.id,
-        "cluster": op.cluster,
-        "kind": enum_name(v1::OperationKind::try_from(op.kind).map(|k| k.as_str_name()), "OPERATION_KIND_"),
-        "state": enum_name(v1::OperationState::try_from(op.state).map(|s| s.as_str_name()), "OPERATION_STATE_"),
-        "progress": op.progress.as_ref().map(|p| json!({"step": p.step, "total_steps": p.total_steps, "step_name": p.step_name})),
-        "error": op.error.as_ref().map(|e| json!({"code": e.code, "message": e.message})),
-        "replica": op.replica,
-        "owner_epoch": op.owner_epoch,
-    })
+fn state_name(state: i32) -> String {
+    enum_name(
+        v1::OperationState::try_from(state).map(|s| s.as_str_name()),
+        "OPERATION_STATE_",
+    )
 }
 
-/// One operation: a JSON object with `-o json`.
-fn print_operation(output: Output, op: &v1::Operation) {
+fn kind_name(kind: i32) -> String {
+    enum_name(
+        v1::OperationKind::try_from(kind).map(|k| k.as_str_name()),
+        "OPERATION_KIND_",
+    )
+}
+
+/// One operation: an object with `-o json|yaml`.
+pub fn print_operation(output: Output, op: &v1::Operation) {
     print_operations(output, std::slice::from_ref(op), false);
 }
 
-/// A list of operations: a JSON array with `-o json`, whatever its length.
-fn print_operation_list(output: Output, ops: &[v1::Operation]) {
+/// A list of operations: an array with `-o json|yaml`, whatever its length.
+pub fn print_operation_list(output: Output, ops: &[v1::Operation]) {
     print_operations(output, ops, true);
 }
 
 fn print_operations(output: Output, ops: &[v1::Operation], list: bool) {
-    match output {
-        Output::Json => {
-            let value = match ops {
-                [one] if !list => operation_json(one),
-                many => Value::Array(many.iter().map(operation_json).collect()),
-            };
-            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
-        }
-        Output::Table => {
-            outln!(
-                "{:<38} {:<14} {:<10} {:<8}  DETAIL",
-                "ID",
-                "KIND",
-                "STATE",
-                "STEP"
-            );
-            for op in ops {
-                let json = operation_json(op);
-                let step = op
-                    .progress
-                    .as_ref()
-                    .map(|p| format!("{}/{}", p.step, p.total_steps))
-                    .unwrap_or_default();
-                let detail = op
-                    .error
-                    .as_ref()
-                    .map(|e| e.message.clone())
-                    .unwrap_or_default();
-                outln!(
-                    "{:<38} {:<14} {:<10} {:<8}  {}",
-                    op.id,
-                    json["kind"].as_str().unwrap_or_default(),
-                    json["state"].as_str().unwrap_or_default(),
-                    step,
-                    detail
-                );
-            }
-        }
+    if output.messages(ops, list) {
+        return;
     }
+    if output == Output::Name {
+        ops.iter().for_each(|op| outln!("{}", op.id));
+        return;
+    }
+    let mut header = vec!["ID", "KIND", "STATE", "STEP", "AGE"];
+    if output.is_wide() {
+        header.extend(["STEP NAME", "REPLICA", "EPOCH"]);
+    }
+    header.push("DETAIL");
+    let mut table = Table::new(header);
+    for op in ops {
+        let step = op
+            .progress
+            .as_ref()
+            .map(|p| format!("{}/{}", p.step, p.total_steps))
+            .unwrap_or_default();
+        let mut row = vec![
+            op.id.clone(),
+            kind_name(op.kind),
+            state_name(op.state),
+            step,
+            age(op.created_at.as_ref()),
+        ];
+        if output.is_wide() {
+            row.extend([
+                op.progress
+                    .as_ref()
+                    .map(|p| p.step_name.clone())
+                    .unwrap_or_default(),
+                op.replica.clone().unwrap_or_default(),
+                op.owner_epoch.map(|e| e.to_string()).unwrap_or_default(),
+            ]);
+        }
+        row.push(
+            op.error
+                .as_ref()
+                .map(|e| e.message.clone())
+                .unwrap_or_default(),
+        );
+        table.row(row);
+    }
+    table.print();
 }

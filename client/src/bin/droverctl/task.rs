@@ -1,9 +1,9 @@
 //! `droverctl task ...`: scheduled repair and backup tasks.
 
-use crate::{enum_name, send, Output};
+use crate::output::{Output, Table};
+use crate::{enum_name, send};
 use clap::{Subcommand, ValueEnum};
 use drover_client::{v1, Client, ClientError};
-use serde_json::{json, Value};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Kind {
@@ -229,133 +229,87 @@ fn run_status(value: i32) -> String {
     )
 }
 
-fn time(timestamp: &Option<prost_types::Timestamp>) -> Option<String> {
-    timestamp.as_ref().map(|t| t.to_string())
-}
-
-fn run_json(run: &v1::TaskRun) -> Value {
-    json!({
-        "id": run.id,
-        "status": run_status(run.status),
-        "slot": time(&run.slot),
-        "started_at": time(&run.started_at),
-        "finished_at": time(&run.finished_at),
-        "attempt": run.attempt,
-        "error": run.error,
+fn time(timestamp: &Option<drover_proto::Timestamp>) -> Option<String> {
+    timestamp.as_ref().map(|t| {
+        let (seconds, nanos) = (t.seconds, t.nanos);
+        prost_types::Timestamp { seconds, nanos }.to_string()
     })
 }
 
-fn task_json(task: &v1::Task) -> Value {
-    let spec = task.spec.clone().unwrap_or_default();
-    let schedule = spec.schedule.clone().unwrap_or_default();
-    // Status fields appear only when they exist.
-    let status = task.status.as_ref().map(|s| {
-        let mut status = serde_json::Map::new();
-        let mut set = |key: &str, value: Option<Value>| {
-            if let Some(value) = value {
-                status.insert(key.to_string(), value);
-            }
-        };
-        set("name", s.name.clone().map(Value::from));
-        set("id", s.id.clone().map(Value::from));
-        set(
-            "start",
-            s.schedule
-                .as_ref()
-                .map(|s| Value::from(s.start_date.clone())),
-        );
-        set("last_run", s.last_run.as_ref().map(run_json));
-        set("next_activation", time(&s.next_activation).map(Value::from));
-        set("success_count", s.success_count.map(Value::from));
-        set("error_count", s.error_count.map(Value::from));
-        set("error", s.error.clone().map(Value::from));
-        Value::Object(status)
-    });
-    json!({
-        "cluster": task.cluster,
-        "type": type_name(spec.r#type),
-        "name": spec.name,
-        "schedule": {
-            "start_date": schedule.start_date,
-            "cron": schedule.cron,
-            "timezone": schedule.timezone,
-            "interval": schedule.interval,
-            "num_retries": schedule.num_retries,
-            "retry_wait": schedule.retry_wait,
-        },
-        "status": status,
-    })
-}
-
-/// Tasks; with `-o json` a `list` is an array whatever its length, and a
-/// single task otherwise an object.
-fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
-    match output {
-        Output::Json => {
-            let value = match tasks {
-                [one] if !list => task_json(one),
-                many => Value::Array(many.iter().map(task_json).collect()),
-            };
-            outln!("{}", serde_json::to_string_pretty(&value).expect("json"));
-        }
-        Output::Table => {
-            outln!(
-                "{:<8} {:<20} {:<38} {:<9} {:<26} {:>4} {:>4}  MESSAGE",
-                "TYPE",
-                "NAME",
-                "ID",
-                "LAST RUN",
-                "NEXT",
-                "OK",
-                "ERR"
-            );
-            for task in tasks {
-                let spec = task.spec.clone().unwrap_or_default();
-                let status = task.status.clone().unwrap_or_default();
-                let count = |c: Option<u64>| c.map(|c| c.to_string()).unwrap_or_default();
-                outln!(
-                    "{:<8} {:<20} {:<38} {:<9} {:<26} {:>4} {:>4}  {}",
-                    type_name(spec.r#type),
-                    spec.name,
-                    status.id.unwrap_or_default(),
-                    status
-                        .last_run
-                        .map(|r| run_status(r.status))
-                        .unwrap_or_default(),
-                    time(&status.next_activation).unwrap_or_default(),
-                    count(status.success_count),
-                    count(status.error_count),
-                    status.error.unwrap_or_default(),
-                );
-            }
-        }
+/// Tasks: whole messages with `-o json|yaml` (a `list` as an array
+/// whatever its length, a single task as an object), `TYPE/NAME` with
+/// `-o name`, otherwise a table (the schedule too with `-o wide`).
+pub fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
+    if output.messages(tasks, list) {
+        return;
     }
+    let type_and_name = |task: &v1::Task| {
+        let spec = task.spec.clone().unwrap_or_default();
+        format!(
+            "{}/{}",
+            type_name(spec.r#type).to_ascii_lowercase(),
+            spec.name
+        )
+    };
+    if output == Output::Name {
+        tasks.iter().for_each(|t| outln!("{}", type_and_name(t)));
+        return;
+    }
+    let mut header = vec!["TASK", "LAST RUN", "NEXT", "OK", "ERR"];
+    if output.is_wide() {
+        header.extend(["SCHEDULE", "ID"]);
+    }
+    header.push("MESSAGE");
+    let mut table = Table::new(header);
+    for task in tasks {
+        let spec = task.spec.clone().unwrap_or_default();
+        let status = task.status.clone().unwrap_or_default();
+        let count = |c: Option<u64>| c.map(|c| c.to_string()).unwrap_or_default();
+        let mut row = vec![
+            type_and_name(task),
+            status
+                .last_run
+                .as_ref()
+                .map(|r| run_status(r.status))
+                .unwrap_or_default(),
+            time(&status.next_activation).unwrap_or_default(),
+            count(status.success_count),
+            count(status.error_count),
+        ];
+        if output.is_wide() {
+            let schedule = spec.schedule.unwrap_or_default();
+            let when = match (schedule.cron.as_str(), schedule.interval.as_str()) {
+                ("", "") => schedule.start_date,
+                ("", interval) => format!("every {interval}"),
+                (cron, _) => format!("{cron} {}", schedule.timezone)
+                    .trim_end()
+                    .to_string(),
+            };
+            row.extend([when, status.id.unwrap_or_default()]);
+        }
+        row.push(status.error.unwrap_or_default());
+        table.row(row);
+    }
+    table.print();
 }
 
 fn print_runs(output: Output, runs: &[v1::TaskRun]) {
-    match output {
-        Output::Json => {
-            let list: Vec<Value> = runs.iter().map(run_json).collect();
-            outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
-        }
-        Output::Table => {
-            outln!(
-                "{:<52} {:<8} {:<26} {:>7}  ERROR",
-                "ID",
-                "STATUS",
-                "STARTED",
-                "ATTEMPT"
-            );
-            for run in runs {
-                outln!(
-                    "{:<52} {:<8} {:<26} {:>7}  {}",
-                    run.id,
-                    run_status(run.status),
-                    time(&run.started_at).unwrap_or_default(),
-                    run.attempt,
-                    run.error.clone().unwrap_or_default(),
-                );
-            }
-        }
+    if output.messages(runs, true) {
+        return;
     }
+    if output == Output::Name {
+        runs.iter().for_each(|r| outln!("{}", r.id));
+        return;
+    }
+    let mut table = Table::new(["ID", "STATUS", "STARTED", "ATTEMPT", "ERROR"]);
+    for run in runs {
+        table.row([
+            run.id.clone(),
+            run_status(run.status),
+            time(&run.started_at).unwrap_or_default(),
+            run.attempt.to_string(),
+            run.error.clone().unwrap_or_default(),
+        ]);
+    }
+    table.print();
 }

@@ -781,3 +781,83 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Every field in every format: whole messages as JSON and YAML, names,
+/// wide tables, describe; `cluster list` hides Destroyed clusters unless
+/// asked and filters by state and label; a watch starts with the clusters
+/// as they are.
+#[tokio::test]
+async fn droverctl_shows_every_field_in_every_format() {
+    let replica = ReplicaProcess::dev().await;
+    let endpoint = replica.endpoint();
+    let ctl = |args: &[&str]| {
+        let out = droverctl(&endpoint, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let create = ["cluster", "create", "shown", "--version", "1.29.0"];
+    ctl(&[&create[..], &["--label", "team=a", "--wait"]].concat());
+    ctl(&["cluster", "create", "gone", "--version", "1.29.0", "--wait"]);
+    ctl(&["cluster", "delete", "gone", "--wait"]);
+
+    let listed = ctl(&["-o", "name", "cluster", "list"]);
+    assert_eq!(listed, "shown\n", "Destroyed hidden");
+    let all = ctl(&["-o", "name", "cluster", "list", "--all"]);
+    assert_eq!(all, "gone\nshown\n");
+    let destroyed = ctl(&["-o", "name", "cluster", "list", "--state", "destroyed"]);
+    assert_eq!(destroyed, "gone\n");
+    assert_eq!(ctl(&["-o", "name", "cluster", "list", "-l", "team=b"]), "");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ctl(&["-o", "json", "cluster", "get", "shown"])).unwrap();
+    assert_eq!(json["status"]["state"], "CLUSTER_STATE_RUNNING", "{json}");
+    assert_eq!(json["status"]["nodes"][0]["ready"], true, "{json}");
+    assert!(json["created_at"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("20")));
+    let yaml = ctl(&["-o", "yaml", "cluster", "get", "shown"]);
+    for field in ["name: shown", "node_offering: medium", "power_state: on"] {
+        assert!(yaml.contains(field), "{field} in\n{yaml}");
+    }
+    let wide = ctl(&["-o", "wide", "cluster", "list"]);
+    assert!(wide.lines().next().unwrap().contains("LABELS"), "{wide}");
+    assert!(wide.contains("team=a"), "{wide}");
+
+    let described = ctl(&["cluster", "describe", "shown"]);
+    for part in [
+        "Spec:",
+        "Nodes:",
+        "control-0",
+        "Operations:",
+        "START",
+        "CREATED -> STARTING",
+    ] {
+        assert!(described.contains(part), "{part} in\n{described}");
+    }
+
+    // A watch begins with the cluster as it is, then goes on.
+    let mut watch = Command::new(workspace_binary("droverctl"))
+        .args(["--endpoint", &endpoint, "-o", "json", "watch", "shown"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run droverctl watch");
+    let stdout = watch.stdout.take().expect("piped");
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    });
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("a first line at once")
+        .unwrap()
+        .unwrap();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let event: serde_json::Value = serde_json::from_str(&first).expect("a JSON line");
+    assert_eq!(event["cluster"]["name"], "shown", "{event}");
+    assert_eq!(event["cluster"]["status"]["state"], "CLUSTER_STATE_RUNNING");
+}

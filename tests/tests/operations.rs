@@ -594,6 +594,18 @@ async fn cancel_stops_at_the_next_step_boundary() {
     assert!(requested.cancel_requested);
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
+    // Once ended, there is nothing to cancel: said, not silently echoed.
+    let again = v1::CancelOperationRequest {
+        cluster: "slow".into(),
+        id: done.id.clone(),
+    };
+    let refused = ops.operations().cancel_operation(again).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("already ended"), "{refused:?}");
     let upgrades = f
         .sim
         .audit(&cluster.uid)

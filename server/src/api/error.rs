@@ -44,6 +44,7 @@ impl From<ApiError> for Status {
                 }
                 LifecycleError::Busy { .. } | LifecycleError::Raced(_) => Status::aborted(message),
                 LifecycleError::NoTransition { .. }
+                | LifecycleError::Ended { .. }
                 | LifecycleError::StoppedClusterScale(_)
                 | LifecycleError::NoProvider
                 | LifecycleError::NewerSchema { .. } => Status::failed_precondition(message),

@@ -60,6 +60,8 @@ pub enum LifecycleError {
     },
     #[error("cluster {0:?} changed while the request was being accepted; retry")]
     Raced(String),
+    #[error("operation {id} already ended {state:?}: there is nothing to cancel")]
+    Ended { id: String, state: OperationState },
     #[error("cluster {cluster:?} is {state}: {kind} is not possible from this state")]
     NoTransition {
         cluster: String,
@@ -463,7 +465,13 @@ impl Operations {
                 revision,
                 ..
             } = self.get(cluster, id).await?;
-            if record.state.is_terminal() || record.cancel_requested {
+            if record.state.is_terminal() {
+                return Err(LifecycleError::Ended {
+                    id: id.to_string(),
+                    state: record.state,
+                });
+            }
+            if record.cancel_requested {
                 return Ok(record);
             }
             record.cancel_requested = true;

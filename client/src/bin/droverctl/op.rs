@@ -54,6 +54,12 @@ pub async fn run(
                 .await?
                 .into_inner();
             print_operation(output, &op);
+            // Standard error, so that -o json stays one document.
+            let _ = writeln!(
+                std::io::stderr(),
+                "cancel recorded: operation {} ends CANCELLED at its next step boundary (follow it: droverctl op wait {} {})",
+                op.id, op.cluster, op.id
+            );
         }
     }
     Ok(())

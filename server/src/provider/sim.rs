@@ -336,6 +336,14 @@ impl SimProvider {
         let draw = self
             .on_entry(method, MULTI_NODE.contains(&method), true)
             .await?;
+        // Applies nothing after its deadline: a caller past it may no
+        // longer own the cluster.
+        if due_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            return Err(Status::deadline_exceeded(format!(
+                "{method}: the call's deadline (grpc-timeout or {}) passed before it applied",
+                crate::provider::APPLY_BY
+            )));
+        }
         let Some(delay) = draw.late else {
             let mut state = self.lock();
             Self::fence(&mut state, &token)?;
@@ -753,13 +761,15 @@ impl Provider for SimProvider {
             .map(Response::new)
     }
 
-    /// The simulator builds any shape Drover's own validation lets through.
+    /// Refuses a shape outside [`capabilities`]; any version and offering.
     async fn validate_spec(
         &self,
-        _request: Request<pb::ValidateSpecRequest>,
+        request: Request<pb::ValidateSpecRequest>,
     ) -> Reply<pb::ValidateSpecResponse> {
         self.on_entry("ValidateSpec", false, false).await?;
-        Ok(Response::new(pb::ValidateSpecResponse::default()))
+        let shape = request.into_inner().shape.unwrap_or_default();
+        let violations = violations(&capabilities(), &shape);
+        Ok(Response::new(pb::ValidateSpecResponse { violations }))
     }
 
     async fn get_capabilities(
@@ -767,15 +777,38 @@ impl Provider for SimProvider {
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Reply<pb::Capabilities> {
         self.on_entry("GetCapabilities", false, false).await?;
-        Ok(Response::new(pb::Capabilities {
-            kind: "simulator".into(),
-            max_control_nodes: 7,
-            min_control_nodes: 1,
-            max_worker_nodes: 1000,
-            task_types: vec!["repair".into(), "backup".into()],
-            ..Default::default()
-        }))
+        Ok(Response::new(capabilities()))
     }
+}
+
+/// What the simulator builds: the node counts Drover's own validation
+/// allows, any version and offering, both task types.
+fn capabilities() -> pb::Capabilities {
+    pb::Capabilities {
+        kind: "simulator".into(),
+        max_control_nodes: 7,
+        min_control_nodes: 1,
+        max_worker_nodes: 1000,
+        task_types: vec!["repair".into(), "backup".into()],
+        ..Default::default()
+    }
+}
+
+/// Why `shape` is outside the node counts `caps` allows (a max of 0 is no
+/// limit).
+fn violations(caps: &pb::Capabilities, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
+    let counts = [
+        ("control_nodes", shape.control_nodes, caps.min_control_nodes, caps.max_control_nodes),
+        ("worker_nodes", shape.worker_nodes, caps.min_worker_nodes, caps.max_worker_nodes),
+    ];
+    counts
+        .into_iter()
+        .filter(|(_, n, min, max)| n < min || (*max > 0 && n > max))
+        .map(|(field, n, min, max)| pb::SpecViolation {
+            field: field.to_string(),
+            reason: format!("{n} is outside {min}..={max}"),
+        })
+        .collect()
 }
 
 fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {

@@ -33,7 +33,11 @@ async fn reports(config: Config) -> Vec<Report> {
 }
 
 fn failed(reports: &[Report]) -> Vec<&'static str> {
-    reports.iter().filter(|r| r.failed()).map(|r| r.check).collect()
+    reports
+        .iter()
+        .filter(|r| r.failed())
+        .map(|r| r.check)
+        .collect()
 }
 
 #[tokio::test]
@@ -92,11 +96,15 @@ impl Flawed {
     fn pass_on<T>(&self, mut request: Request<T>, token: Option<&pb::FencingToken>) -> Request<T> {
         if let Some(token) = token {
             let mut newest = self.newest.lock().unwrap();
-            let epoch = newest.entry(token.cluster_uid.clone()).or_insert(token.epoch);
+            let epoch = newest
+                .entry(token.cluster_uid.clone())
+                .or_insert(token.epoch);
             *epoch = (*epoch).max(token.epoch);
         }
         if matches!(self.flaw, Flaw::IgnoresApplyBy) {
-            request.metadata_mut().remove(drover_provider_check::APPLY_BY);
+            request
+                .metadata_mut()
+                .remove(drover_provider_check::APPLY_BY);
         }
         request
     }
@@ -110,10 +118,21 @@ impl Provider for Flawed {
         if !matches!(self.flaw, Flaw::CreateNotIdempotent) {
             return self.inner.create_nodes(r).await;
         }
-        let uid = token.as_ref().map(|t| t.cluster_uid.clone()).unwrap_or_default();
-        let describe = pb::DescribeClusterRequest { cluster_uid: uid, token: None };
+        let uid = token
+            .as_ref()
+            .map(|t| t.cluster_uid.clone())
+            .unwrap_or_default();
+        let describe = pb::DescribeClusterRequest {
+            cluster_uid: uid,
+            token: None,
+        };
         let nodes = self.inner.describe_cluster(Request::new(describe)).await?;
-        let workers = nodes.get_ref().nodes.iter().filter(|n| n.role == "worker").count() as u32;
+        let workers = nodes
+            .get_ref()
+            .nodes
+            .iter()
+            .filter(|n| n.role == "worker")
+            .count() as u32;
         if workers == 0 {
             return self.inner.create_nodes(r).await;
         }
@@ -127,7 +146,9 @@ impl Provider for Flawed {
 
     async fn start_nodes(&self, r: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.start_nodes(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .start_nodes(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn stop_nodes(&self, r: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
@@ -141,17 +162,23 @@ impl Provider for Flawed {
 
     async fn delete_nodes(&self, r: Request<pb::DeleteNodesRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.delete_nodes(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .delete_nodes(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn resize_nodes(&self, r: Request<pb::ResizeNodesRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.resize_nodes(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .resize_nodes(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn upgrade_node(&self, r: Request<pb::UpgradeNodeRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.upgrade_node(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .upgrade_node(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn describe_cluster(
@@ -159,7 +186,9 @@ impl Provider for Flawed {
         r: Request<pb::DescribeClusterRequest>,
     ) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.describe_cluster(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .describe_cluster(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn run_task(&self, r: Request<pb::RunTaskRequest>) -> Reply<pb::RunTaskResponse> {
@@ -174,7 +203,9 @@ impl Provider for Flawed {
 
     async fn repair_nodes(&self, r: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
-        self.inner.repair_nodes(self.pass_on(r, token.as_ref())).await
+        self.inner
+            .repair_nodes(self.pass_on(r, token.as_ref()))
+            .await
     }
 
     async fn validate_spec(
@@ -275,7 +306,12 @@ async fn the_python_example_provider_passes_the_kit_binary() {
     })
     .await;
     let output = Command::new(workspace_binary("drover-provider-check"))
-        .args(["--provider", &format!("http://{address}"), "--timeout-secs", "10"])
+        .args([
+            "--provider",
+            &format!("http://{address}"),
+            "--timeout-secs",
+            "10",
+        ])
         .output()
         .expect("run drover-provider-check");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -286,6 +322,9 @@ async fn the_python_example_provider_passes_the_kit_binary() {
         String::from_utf8_lossy(&output.stderr)
     );
     let checks = drover_provider_check::checks::NAMES.len();
-    assert!(stdout.contains(&format!("{checks} checks, 0 failed")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{checks} checks, 0 failed")),
+        "{stdout}"
+    );
     assert!(!stdout.lines().any(|l| l.starts_with("FAIL ")), "{stdout}");
 }

@@ -46,7 +46,9 @@ pub struct Bearer(Option<AsciiMetadataValue>);
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(value) = &self.0 {
-            request.metadata_mut().insert("authorization", value.clone());
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
         }
         Ok(request)
     }
@@ -80,7 +82,9 @@ impl Link {
         if let Some(path) = ca_cert {
             let pem = read(path)?;
             let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
-            endpoint = endpoint.tls_config(tls).map_err(|e| bad_url(e.to_string()))?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| bad_url(e.to_string()))?;
         }
         let bearer = match token_file {
             Some(path) => {

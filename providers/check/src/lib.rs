@@ -119,7 +119,11 @@ pub async fn run(
     config: &Config,
     mut each: impl FnMut(&Report),
 ) -> Result<Vec<Report>, SetupError> {
-    if let Some(unknown) = config.only.iter().find(|n| !checks::NAMES.contains(&n.as_str())) {
+    if let Some(unknown) = config
+        .only
+        .iter()
+        .find(|n| !checks::NAMES.contains(&n.as_str()))
+    {
         return Err(SetupError::UnknownCheck(unknown.clone()));
     }
     let link = Link::connect(

@@ -16,6 +16,10 @@
 //!   provider had accepted by then: the history a checker replays.
 //! - Every call is idempotent: creating finds the nodes already there (and
 //!   makes those still missing), deleting a node already gone succeeds.
+//! - A mutating call whose deadline (gRPC or `drover-apply-by`) has passed
+//!   by the time it would be admitted applies nothing (DEADLINE_EXCEEDED).
+//! - ValidateSpec refuses node counts outside its capabilities, naming the
+//!   field.
 //! - A newer epoch drains older ones: the call that raises a cluster's
 //!   newest epoch ends, before it goes on, every call admitted under an
 //!   older epoch that has not landed yet (ABORTED, "superseded by epoch N";
@@ -798,8 +802,18 @@ fn capabilities() -> pb::Capabilities {
 /// limit).
 fn violations(caps: &pb::Capabilities, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
     let counts = [
-        ("control_nodes", shape.control_nodes, caps.min_control_nodes, caps.max_control_nodes),
-        ("worker_nodes", shape.worker_nodes, caps.min_worker_nodes, caps.max_worker_nodes),
+        (
+            "control_nodes",
+            shape.control_nodes,
+            caps.min_control_nodes,
+            caps.max_control_nodes,
+        ),
+        (
+            "worker_nodes",
+            shape.worker_nodes,
+            caps.min_worker_nodes,
+            caps.max_worker_nodes,
+        ),
     ];
     counts
         .into_iter()
@@ -1067,6 +1081,42 @@ mod tests {
             .await
             .unwrap()
             .into_inner()
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_apply_by_applies_nothing() {
+        let sim = SimProvider::new();
+        created(&sim, 1).await;
+        let mut request = Request::new(pb::PowerRequest { token: token(5) });
+        let past = (now_ms() - 1_000).to_string().parse().unwrap();
+        request
+            .metadata_mut()
+            .insert(crate::provider::APPLY_BY, past);
+        let refused = sim.stop_nodes(request).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::DeadlineExceeded, "{refused:?}");
+        let nodes = nodes_of(&sim, "u1").await;
+        assert!(nodes.iter().all(|n| n.power_state == "on"), "{nodes:?}");
+    }
+
+    #[tokio::test]
+    async fn validate_spec_refuses_node_counts_outside_the_capabilities() {
+        let sim = SimProvider::new();
+        let validate = |control_nodes, worker_nodes| {
+            let shape = pb::ClusterShape {
+                control_nodes,
+                worker_nodes,
+                ..Default::default()
+            };
+            sim.validate_spec(Request::new(pb::ValidateSpecRequest {
+                cluster_uid: String::new(),
+                shape: Some(shape),
+            }))
+        };
+        let fine = validate(3, 2).await.unwrap().into_inner();
+        assert!(fine.violations.is_empty(), "{fine:?}");
+        let bad = validate(8, 1001).await.unwrap().into_inner().violations;
+        let fields: Vec<&str> = bad.iter().map(|v| v.field.as_str()).collect();
+        assert_eq!(fields, ["control_nodes", "worker_nodes"]);
     }
 
     #[tokio::test]

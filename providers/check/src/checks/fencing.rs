@@ -62,7 +62,10 @@ pub(super) async fn missing_token(s: &mut Scope<'_>) -> Outcome {
         }),
         ..s.create_request(&cluster, EPOCH)
     };
-    invalid_token("CreateNodes (empty cluster_uid)", p.create_nodes(l.due(no_uid)).await)?;
+    invalid_token(
+        "CreateNodes (empty cluster_uid)",
+        p.create_nodes(l.due(no_uid)).await,
+    )?;
     let nodes = s.describe(&cluster).await?;
     if !nodes.is_empty() {
         return Err(Failure::Broken(format!(
@@ -79,14 +82,26 @@ pub(super) async fn unknown_cluster(s: &mut Scope<'_>) -> Outcome {
     let power = pb::PowerRequest {
         token: unknown.token(EPOCH),
     };
-    refused("StartNodes", p.start_nodes(l.due(power.clone())).await, Code::NotFound)?;
-    refused("StopNodes", p.stop_nodes(l.due(power)).await, Code::NotFound)?;
+    refused(
+        "StartNodes",
+        p.start_nodes(l.due(power.clone())).await,
+        Code::NotFound,
+    )?;
+    refused(
+        "StopNodes",
+        p.stop_nodes(l.due(power)).await,
+        Code::NotFound,
+    )?;
     let resize = pb::ResizeNodesRequest {
         token: unknown.token(EPOCH),
         worker_nodes: Some(s.plan().worker_nodes),
         offering: None,
     };
-    refused("ResizeNodes", p.resize_nodes(l.due(resize)).await, Code::NotFound)?;
+    refused(
+        "ResizeNodes",
+        p.resize_nodes(l.due(resize)).await,
+        Code::NotFound,
+    )?;
     let cluster = s.cluster();
     let (mut p, l) = (s.provider(), s.link());
     let created = s.create(&cluster).await?;
@@ -120,7 +135,11 @@ pub(super) async fn stale_token_refused(s: &mut Scope<'_>) -> Outcome {
     let newer = s.link().due(pb::PowerRequest {
         token: cluster.token(EPOCH + 1),
     });
-    let nodes = ok("StartNodes (epoch e+1)", s.provider().start_nodes(newer).await)?.nodes;
+    let nodes = ok(
+        "StartNodes (epoch e+1)",
+        s.provider().start_nodes(newer).await,
+    )?
+    .nodes;
     let older = s.link().due(pb::PowerRequest {
         token: cluster.token(EPOCH),
     });
@@ -153,7 +172,14 @@ pub(super) async fn fenced_describe(s: &mut Scope<'_>) -> Outcome {
         offering: None,
     });
     let answer = s.provider().resize_nodes(older).await;
-    stale(s, &cluster, "ResizeNodes (epoch e after a fenced describe)", answer, &created).await?;
+    stale(
+        s,
+        &cluster,
+        "ResizeNodes (epoch e after a fenced describe)",
+        answer,
+        &created,
+    )
+    .await?;
     pass("after a fenced describe under e+1, ResizeNodes under e: FAILED_PRECONDITION")
 }
 
@@ -255,7 +281,11 @@ pub(super) async fn deadline(s: &mut Scope<'_>) -> Outcome {
         token: cluster.token(EPOCH),
     });
     let call = "StopNodes (drover-apply-by a second ago)";
-    refused(call, s.provider().stop_nodes(request).await, Code::DeadlineExceeded)?;
+    refused(
+        call,
+        s.provider().stop_nodes(request).await,
+        Code::DeadlineExceeded,
+    )?;
     s.agrees(call, &cluster, &created).await?;
     pass("a call past its drover-apply-by: DEADLINE_EXCEEDED, nothing changed")
 }

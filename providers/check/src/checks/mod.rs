@@ -74,11 +74,13 @@ pub(crate) type Outcome = Result<Verdict, Failure>;
 
 /// The answer of `call`, or the failure naming it.
 pub(crate) fn ok<T>(call: &str, answer: Result<Response<T>, Status>) -> Result<T, Failure> {
-    answer.map(Response::into_inner).map_err(|status| Failure::Rpc {
-        call: call.to_string(),
-        code: status.code(),
-        message: status.message().to_string(),
-    })
+    answer
+        .map(Response::into_inner)
+        .map_err(|status| Failure::Rpc {
+            call: call.to_string(),
+            code: status.code(),
+            message: status.message().to_string(),
+        })
 }
 
 /// The refusal of `call` with `want`, or the failure saying what came.
@@ -239,7 +241,10 @@ impl Scope<'_> {
             cluster_uid: cluster.uid.clone(),
             token: None,
         };
-        let answer = self.provider().describe_cluster(self.link().due(request)).await;
+        let answer = self
+            .provider()
+            .describe_cluster(self.link().due(request))
+            .await;
         Ok(ok("DescribeCluster", answer)?.nodes)
     }
 
@@ -315,7 +320,10 @@ impl Scope<'_> {
             return Ok(());
         }
         let request = self.link().due(config);
-        ok("Simulator.Configure", self.link().simulator().configure(request).await)?;
+        ok(
+            "Simulator.Configure",
+            self.link().simulator().configure(request).await,
+        )?;
         Ok(())
     }
 

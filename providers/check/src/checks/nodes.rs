@@ -31,11 +31,19 @@ pub(super) async fn capabilities(s: &mut Scope<'_>) -> Outcome {
     ];
     for (role, min, max) in limits {
         if max > 0 && min > max {
-            wrong.push(format!("min_{role}_nodes {min} is above max_{role}_nodes {max}"));
+            wrong.push(format!(
+                "min_{role}_nodes {min} is above max_{role}_nodes {max}"
+            ));
         }
     }
-    for task_type in caps.task_types.iter().filter(|t| !TASK_TYPES.contains(&t.as_str())) {
-        wrong.push(format!("task type {task_type:?} is not one of {TASK_TYPES:?}"));
+    for task_type in caps
+        .task_types
+        .iter()
+        .filter(|t| !TASK_TYPES.contains(&t.as_str()))
+    {
+        wrong.push(format!(
+            "task type {task_type:?} is not one of {TASK_TYPES:?}"
+        ));
     }
     for (field, names) in [("versions", &caps.versions), ("offerings", &caps.offerings)] {
         let mut sorted = names.clone();
@@ -70,23 +78,50 @@ pub(super) async fn capabilities(s: &mut Scope<'_>) -> Outcome {
 
 /// Shapes outside the capabilities, one bound crossed each, with the
 /// field a refusal must name.
-fn outside(caps: &pb::Capabilities, valid: &pb::ClusterShape) -> Vec<(&'static str, pb::ClusterShape)> {
+fn outside(
+    caps: &pb::Capabilities,
+    valid: &pb::ClusterShape,
+) -> Vec<(&'static str, pb::ClusterShape)> {
     let mut shapes = Vec::new();
     if caps.max_control_nodes > 0 {
         let control_nodes = caps.max_control_nodes + 1;
-        shapes.push(("control_nodes", pb::ClusterShape { control_nodes, ..valid.clone() }));
+        shapes.push((
+            "control_nodes",
+            pb::ClusterShape {
+                control_nodes,
+                ..valid.clone()
+            },
+        ));
     }
     if caps.max_worker_nodes > 0 {
         let worker_nodes = caps.max_worker_nodes + 1;
-        shapes.push(("worker_nodes", pb::ClusterShape { worker_nodes, ..valid.clone() }));
+        shapes.push((
+            "worker_nodes",
+            pb::ClusterShape {
+                worker_nodes,
+                ..valid.clone()
+            },
+        ));
     }
     if !caps.versions.is_empty() {
         let version = "no-such-version".to_string();
-        shapes.push(("version", pb::ClusterShape { version, ..valid.clone() }));
+        shapes.push((
+            "version",
+            pb::ClusterShape {
+                version,
+                ..valid.clone()
+            },
+        ));
     }
     if !caps.offerings.is_empty() {
         let offering = "no-such-offering".to_string();
-        shapes.push(("node_offering", pb::ClusterShape { offering, ..valid.clone() }));
+        shapes.push((
+            "node_offering",
+            pb::ClusterShape {
+                offering,
+                ..valid.clone()
+            },
+        ));
     }
     shapes
 }
@@ -118,7 +153,10 @@ pub(super) async fn validate_spec(s: &mut Scope<'_>) -> Outcome {
     let mut refused = Vec::new();
     for (field, shape) in outside(caps, &valid) {
         let violations = ok("ValidateSpec", validate(shape.clone()).await)?.violations;
-        if !violations.iter().any(|v| v.field == field && !v.reason.is_empty()) {
+        if !violations
+            .iter()
+            .any(|v| v.field == field && !v.reason.is_empty())
+        {
             return Err(Failure::Broken(format!(
                 "ValidateSpec of {shape:?} (outside the capabilities) answered {violations:?}, \
                  no violation of {field} with a reason"
@@ -126,7 +164,9 @@ pub(super) async fn validate_spec(s: &mut Scope<'_>) -> Outcome {
         }
         refused.push(field);
     }
-    pass(format!("accepts the planned shape, refuses a bad {refused:?}"))
+    pass(format!(
+        "accepts the planned shape, refuses a bad {refused:?}"
+    ))
 }
 
 pub(super) async fn create_describe(s: &mut Scope<'_>) -> Outcome {
@@ -246,7 +286,9 @@ pub(super) async fn resize_idempotent(s: &mut Scope<'_>) -> Outcome {
     .await?;
     let workers = nodes.iter().filter(|n| n.role == "worker").count() as u32;
     let offering = plan.resize_offering.as_deref();
-    let wrong_offering = nodes.iter().any(|n| offering.is_some_and(|o| n.offering != o));
+    let wrong_offering = nodes
+        .iter()
+        .any(|n| offering.is_some_and(|o| n.offering != o));
     if plan.resize_workers.is_some_and(|want| want != workers) || wrong_offering {
         return Err(Failure::Broken(format!(
             "ResizeNodes to {:?} workers, offering {offering:?} answered {:?}",
@@ -312,7 +354,13 @@ pub(super) async fn delete_idempotent(s: &mut Scope<'_>) -> Outcome {
             async move { provider.delete_nodes(request).await }
         }
     };
-    let left = twice(s, &cluster, "DeleteNodes (one node)", delete(vec![node.clone()])).await?;
+    let left = twice(
+        s,
+        &cluster,
+        "DeleteNodes (one node)",
+        delete(vec![node.clone()]),
+    )
+    .await?;
     let kept: Vec<_> = created.iter().filter(|n| n.id != node).cloned().collect();
     if idents(&left) != idents(&kept) {
         return Err(Failure::Broken(format!(
@@ -328,7 +376,9 @@ pub(super) async fn delete_idempotent(s: &mut Scope<'_>) -> Outcome {
             idents(&none)
         )));
     }
-    pass(format!("{node}, then all: each repeat (nodes already gone) succeeded"))
+    pass(format!(
+        "{node}, then all: each repeat (nodes already gone) succeeded"
+    ))
 }
 
 pub(super) async fn repair_healthy(s: &mut Scope<'_>) -> Outcome {

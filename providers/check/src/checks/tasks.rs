@@ -27,7 +27,8 @@ fn run_request(cluster: &Cluster, epoch: i64, run_id: &str) -> pb::RunTaskReques
     }
 }
 
-const NO_REPAIR: &str = "the provider offers no repair task (a backup needs a location the kit cannot know)";
+const NO_REPAIR: &str =
+    "the provider offers no repair task (a backup needs a location the kit cannot know)";
 
 pub(super) async fn task_run(s: &mut Scope<'_>) -> Outcome {
     if !s.plan().repair {
@@ -64,7 +65,11 @@ pub(super) async fn task_stop_unknown(s: &mut Scope<'_>) -> Outcome {
     let answer = s.provider().stop_task(s.link().due(stop(EPOCH + 1))).await;
     refused("StopTask (unknown run, epoch e+1)", answer, Code::NotFound)?;
     let answer = s.provider().stop_task(s.link().due(stop(EPOCH))).await;
-    refused("StopTask (epoch e after e+1)", answer, Code::FailedPrecondition)?;
+    refused(
+        "StopTask (epoch e after e+1)",
+        answer,
+        Code::FailedPrecondition,
+    )?;
     pass("NOT_FOUND, and it fenced: epoch e refused after it")
 }
 
@@ -108,7 +113,10 @@ async fn stopped_by_newer_epoch(s: &Scope<'_>, cluster: &Cluster) -> Outcome {
         cluster_uid: cluster.uid.clone(),
         token: cluster.token(EPOCH + 1),
     });
-    ok("DescribeCluster (token, epoch e+1)", s.provider().describe_cluster(fence).await)?;
+    ok(
+        "DescribeCluster (token, epoch e+1)",
+        s.provider().describe_cluster(fence).await,
+    )?;
     let ended = tokio::time::timeout(s.link().call_timeout, run)
         .await
         .map_err(|_| Failure::Broken("the older run went on after epoch e+1".into()))?

@@ -323,7 +323,7 @@ pub(super) async fn upgrade_idempotent(s: &mut Scope<'_>) -> Outcome {
     })
     .await?;
     let upgraded = nodes.iter().find(|n| n.id == node);
-    if !upgraded.is_some_and(|n| n.version == version) || nodes.len() != created.len() {
+    if upgraded.is_none_or(|n| n.version != version) || nodes.len() != created.len() {
         return Err(Failure::Broken(format!(
             "UpgradeNode of {node} to {version} answered {:?}",
             idents(&nodes)

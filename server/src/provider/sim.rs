@@ -16,6 +16,10 @@
 //!   provider had accepted by then: the history a checker replays.
 //! - Every call is idempotent: creating finds the nodes already there (and
 //!   makes those still missing), deleting a node already gone succeeds.
+//! - A mutating call whose deadline (gRPC or `drover-apply-by`) has passed
+//!   by the time it would be admitted applies nothing (DEADLINE_EXCEEDED).
+//! - ValidateSpec refuses node counts outside its capabilities, naming the
+//!   field.
 //! - A newer epoch drains older ones: the call that raises a cluster's
 //!   newest epoch ends, before it goes on, every call admitted under an
 //!   older epoch that has not landed yet (ABORTED, "superseded by epoch N";
@@ -336,6 +340,14 @@ impl SimProvider {
         let draw = self
             .on_entry(method, MULTI_NODE.contains(&method), true)
             .await?;
+        // Applies nothing after its deadline: a caller past it may no
+        // longer own the cluster.
+        if due_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            return Err(Status::deadline_exceeded(format!(
+                "{method}: the call's deadline (grpc-timeout or {}) passed before it applied",
+                crate::provider::APPLY_BY
+            )));
+        }
         let Some(delay) = draw.late else {
             let mut state = self.lock();
             Self::fence(&mut state, &token)?;
@@ -753,13 +765,15 @@ impl Provider for SimProvider {
             .map(Response::new)
     }
 
-    /// The simulator builds any shape Drover's own validation lets through.
+    /// Refuses a shape outside [`capabilities`]; any version and offering.
     async fn validate_spec(
         &self,
-        _request: Request<pb::ValidateSpecRequest>,
+        request: Request<pb::ValidateSpecRequest>,
     ) -> Reply<pb::ValidateSpecResponse> {
         self.on_entry("ValidateSpec", false, false).await?;
-        Ok(Response::new(pb::ValidateSpecResponse::default()))
+        let shape = request.into_inner().shape.unwrap_or_default();
+        let violations = violations(&capabilities(), &shape);
+        Ok(Response::new(pb::ValidateSpecResponse { violations }))
     }
 
     async fn get_capabilities(
@@ -767,15 +781,48 @@ impl Provider for SimProvider {
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Reply<pb::Capabilities> {
         self.on_entry("GetCapabilities", false, false).await?;
-        Ok(Response::new(pb::Capabilities {
-            kind: "simulator".into(),
-            max_control_nodes: 7,
-            min_control_nodes: 1,
-            max_worker_nodes: 1000,
-            task_types: vec!["repair".into(), "backup".into()],
-            ..Default::default()
-        }))
+        Ok(Response::new(capabilities()))
     }
+}
+
+/// What the simulator builds: the node counts Drover's own validation
+/// allows, any version and offering, both task types.
+fn capabilities() -> pb::Capabilities {
+    pb::Capabilities {
+        kind: "simulator".into(),
+        max_control_nodes: 7,
+        min_control_nodes: 1,
+        max_worker_nodes: 1000,
+        task_types: vec!["repair".into(), "backup".into()],
+        ..Default::default()
+    }
+}
+
+/// Why `shape` is outside the node counts `caps` allows (a max of 0 is no
+/// limit).
+fn violations(caps: &pb::Capabilities, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
+    let counts = [
+        (
+            "control_nodes",
+            shape.control_nodes,
+            caps.min_control_nodes,
+            caps.max_control_nodes,
+        ),
+        (
+            "worker_nodes",
+            shape.worker_nodes,
+            caps.min_worker_nodes,
+            caps.max_worker_nodes,
+        ),
+    ];
+    counts
+        .into_iter()
+        .filter(|(_, n, min, max)| n < min || (*max > 0 && n > max))
+        .map(|(field, n, min, max)| pb::SpecViolation {
+            field: field.to_string(),
+            reason: format!("{n} is outside {min}..={max}"),
+        })
+        .collect()
 }
 
 fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {
@@ -1034,6 +1081,42 @@ mod tests {
             .await
             .unwrap()
             .into_inner()
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_apply_by_applies_nothing() {
+        let sim = SimProvider::new();
+        created(&sim, 1).await;
+        let mut request = Request::new(pb::PowerRequest { token: token(5) });
+        let past = (now_ms() - 1_000).to_string().parse().unwrap();
+        request
+            .metadata_mut()
+            .insert(crate::provider::APPLY_BY, past);
+        let refused = sim.stop_nodes(request).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::DeadlineExceeded, "{refused:?}");
+        let nodes = nodes_of(&sim, "u1").await;
+        assert!(nodes.iter().all(|n| n.power_state == "on"), "{nodes:?}");
+    }
+
+    #[tokio::test]
+    async fn validate_spec_refuses_node_counts_outside_the_capabilities() {
+        let sim = SimProvider::new();
+        let validate = |control_nodes, worker_nodes| {
+            let shape = pb::ClusterShape {
+                control_nodes,
+                worker_nodes,
+                ..Default::default()
+            };
+            sim.validate_spec(Request::new(pb::ValidateSpecRequest {
+                cluster_uid: String::new(),
+                shape: Some(shape),
+            }))
+        };
+        let fine = validate(3, 2).await.unwrap().into_inner();
+        assert!(fine.violations.is_empty(), "{fine:?}");
+        let bad = validate(8, 1001).await.unwrap().into_inner().violations;
+        let fields: Vec<&str> = bad.iter().map(|v| v.field.as_str()).collect();
+        assert_eq!(fields, ["control_nodes", "worker_nodes"]);
     }
 
     #[tokio::test]

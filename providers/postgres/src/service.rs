@@ -178,7 +178,7 @@ async fn apply(ctx: &mut Ctx<'_>, exists: bool, op: Op) -> Result<(), Status> {
             lifecycle::add_nodes(ctx, r.worker_nodes)?;
             lifecycle::converge(ctx).await
         }
-        Op::Start | Op::Repair if matches!(op, Op::Start) => lifecycle::converge(ctx).await,
+        Op::Start => lifecycle::converge(ctx).await,
         Op::Repair => lifecycle::repair(ctx).await,
         Op::Stop => lifecycle::stop_all(ctx).await,
         Op::Delete(ids) if ids.is_empty() => match exists {
@@ -188,7 +188,7 @@ async fn apply(ctx: &mut Ctx<'_>, exists: bool, op: Op) -> Result<(), Status> {
         Op::Delete(ids) => delete_named(ctx, &ids).await,
         Op::Resize(workers, offering) => lifecycle::resize(ctx, workers, offering).await,
         Op::Upgrade(id, version) => lifecycle::upgrade(ctx, &id, &version).await,
-        Op::Describe | Op::Start => Ok(()),
+        Op::Describe => Ok(()),
     }
 }
 

@@ -13,33 +13,78 @@ async fn stale_tokens_are_refused_also_after_a_restart_and_a_repeated_create_con
     let first = create(&mut env, uid, 5, 1).await;
     assert!(all_healthy(&first), "{first:#?}");
     let again = create(&mut env, uid, 5, 1).await;
-    let ids = |ns: &[pb::ProviderNode]| ns.iter().map(|n| (n.id.clone(), address(n))).collect::<Vec<_>>();
-    assert_eq!(ids(&again), ids(&first), "a repeated create makes nothing new");
+    let ids = |ns: &[pb::ProviderNode]| {
+        ns.iter()
+            .map(|n| (n.id.clone(), address(n)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&again),
+        ids(&first),
+        "a repeated create makes nothing new"
+    );
     assert!(all_healthy(&again));
 
-    let stale = pb::PowerRequest { token: token(uid, 4) };
+    let stale = pb::PowerRequest {
+        token: token(uid, 4),
+    };
     let refused = env.client.stop_nodes(stale.clone()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
-    assert!(refused.message().contains("stale fencing token"), "{refused:?}");
+    assert!(
+        refused.message().contains("stale fencing token"),
+        "{refused:?}"
+    );
 
     env.restart().await;
     let refused = env.client.stop_nodes(stale).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     // The databases went on while the provider restarted, and it knows them.
     let nodes = describe(&mut env, uid).await;
     assert_eq!(ids(&nodes), ids(&first));
     assert!(all_healthy(&nodes), "{nodes:#?}");
     // A newer epoch is accepted; the one before it is stale from then on.
-    let stop = env.client.stop_nodes(pb::PowerRequest { token: token(uid, 6) }).await.unwrap();
+    let stop = env
+        .client
+        .stop_nodes(pb::PowerRequest {
+            token: token(uid, 6),
+        })
+        .await
+        .unwrap();
     assert!(stop.get_ref().nodes.iter().all(|n| n.power_state == "off"));
-    let refused = env.client.start_nodes(pb::PowerRequest { token: token(uid, 5) }).await.unwrap_err();
+    let refused = env
+        .client
+        .start_nodes(pb::PowerRequest {
+            token: token(uid, 5),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
 
-    let unknown = env.client.start_nodes(pb::PowerRequest { token: token("c-none", 1) }).await.unwrap_err();
+    let unknown = env
+        .client
+        .start_nodes(pb::PowerRequest {
+            token: token("c-none", 1),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 
-    let delete = pb::DeleteNodesRequest { token: token(uid, 6), node_ids: vec![] };
-    assert!(env.client.delete_nodes(delete).await.unwrap().into_inner().nodes.is_empty());
+    let delete = pb::DeleteNodesRequest {
+        token: token(uid, 6),
+        node_ids: vec![],
+    };
+    assert!(env
+        .client
+        .delete_nodes(delete)
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+        .is_empty());
 }
 
 #[tokio::test]
@@ -54,12 +99,32 @@ async fn unsupported_shapes_are_refused_naming_the_field() {
             version: version.into(),
         }),
     };
-    let fields = |r: pb::ValidateSpecResponse| r.violations.into_iter().map(|v| v.field).collect::<Vec<_>>();
-    let ok = env.client.validate_spec(shape(1, V1, "small")).await.unwrap().into_inner();
+    let fields = |r: pb::ValidateSpecResponse| {
+        r.violations
+            .into_iter()
+            .map(|v| v.field)
+            .collect::<Vec<_>>()
+    };
+    let ok = env
+        .client
+        .validate_spec(shape(1, V1, "small"))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ok.violations.is_empty(), "{ok:?}");
-    let two = env.client.validate_spec(shape(2, V1, "small")).await.unwrap().into_inner();
+    let two = env
+        .client
+        .validate_spec(shape(2, V1, "small"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(fields(two), ["control_nodes"]);
-    let bad = env.client.validate_spec(shape(1, "14.0.0", "huge")).await.unwrap().into_inner();
+    let bad = env
+        .client
+        .validate_spec(shape(1, "14.0.0", "huge"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(fields(bad), ["node_offering", "version"]);
 
     let create = pb::CreateNodesRequest {
@@ -71,10 +136,21 @@ async fn unsupported_shapes_are_refused_naming_the_field() {
     };
     let refused = env.client.create_nodes(create).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-    assert!(refused.message().starts_with("control_nodes"), "{refused:?}");
-    assert!(describe(&mut env, "c-bad").await.is_empty(), "nothing was made");
+    assert!(
+        refused.message().starts_with("control_nodes"),
+        "{refused:?}"
+    );
+    assert!(
+        describe(&mut env, "c-bad").await.is_empty(),
+        "nothing was made"
+    );
 
-    let caps = env.client.get_capabilities(pb::GetCapabilitiesRequest {}).await.unwrap().into_inner();
+    let caps = env
+        .client
+        .get_capabilities(pb::GetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(caps.kind, "postgres");
     assert_eq!(caps.versions, [V1, V2]);
     assert_eq!((caps.min_control_nodes, caps.max_control_nodes), (1, 1));

@@ -18,7 +18,10 @@ pub const V2: &str = "15.1.0";
 pub struct Env {
     pub root: PathBuf,
     ports: (u16, u16),
-    server: Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    server: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
     pub client: ProviderClient<Channel>,
 }
 
@@ -29,7 +32,9 @@ fn free_range(n: u16) -> (u16, u16) {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let from = probe.local_addr().unwrap().port();
         drop(probe);
-        let Some(to) = from.checked_add(n) else { continue };
+        let Some(to) = from.checked_add(n) else {
+            continue;
+        };
         if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return (from, to);
         }
@@ -63,7 +68,12 @@ impl Env {
         let _ = std::fs::remove_dir_all(&root);
         let ports = free_range(40);
         let (server, client) = start(&root, ports).await;
-        Env { root, ports, server: Some(server), client }
+        Env {
+            root,
+            ports,
+            server: Some(server),
+            client,
+        }
     }
 
     /// Stops the provider (the databases go on) and starts it again over
@@ -81,7 +91,13 @@ impl Env {
 async fn start(
     root: &Path,
     ports: (u16, u16),
-) -> ((tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>), ProviderClient<Channel>) {
+) -> (
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    ProviderClient<Channel>,
+) {
     let provider = PostgresProvider::open(config(root, ports)).expect("provider opens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -93,14 +109,18 @@ async fn start(
         .await
         .unwrap();
     });
-    let client = ProviderClient::connect(format!("http://{addr}")).await.unwrap();
+    let client = ProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
     ((stop, handle), client)
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
         for pid in postgres_pids(&self.root) {
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
@@ -112,10 +132,14 @@ pub fn postgres_pids(root: &Path) -> Vec<u32> {
     let needle = root.display().to_string();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
         if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
             pids.push(pid);
         }
@@ -124,14 +148,29 @@ pub fn postgres_pids(root: &Path) -> Vec<u32> {
 }
 
 pub fn token(uid: &str, epoch: i64) -> Option<pb::FencingToken> {
-    Some(pb::FencingToken { cluster_uid: uid.into(), epoch, operation_id: format!("op-{epoch}") })
+    Some(pb::FencingToken {
+        cluster_uid: uid.into(),
+        epoch,
+        operation_id: format!("op-{epoch}"),
+    })
 }
 
 /// Runs `sql` through psql against `address` (host:port).
 pub fn psql(address: &str, sql: &str) -> Result<String, String> {
     let (host, port) = address.split_once(':').unwrap();
     let out = std::process::Command::new(Path::new(BIN).join("psql"))
-        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres"])
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
         .args(["-h", host, "-p", port, "-c", sql])
         .env("PGCONNECT_TIMEOUT", "5")
         .output()
@@ -155,8 +194,16 @@ pub async fn eventually<T>(within: Duration, what: &str, mut f: impl FnMut() -> 
 }
 
 pub async fn describe(env: &mut Env, uid: &str) -> Vec<pb::ProviderNode> {
-    let request = pb::DescribeClusterRequest { cluster_uid: uid.into(), token: None };
-    env.client.describe_cluster(request).await.unwrap().into_inner().nodes
+    let request = pb::DescribeClusterRequest {
+        cluster_uid: uid.into(),
+        token: None,
+    };
+    env.client
+        .describe_cluster(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
 }
 
 /// Polls describe until `pred` holds of the nodes.
@@ -172,7 +219,10 @@ pub async fn describe_until(
         if pred(&nodes) {
             return nodes;
         }
-        assert!(Instant::now() < until, "timed out waiting for {what}: {nodes:#?}");
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {nodes:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -196,7 +246,11 @@ pub fn kill9(node: &pb::ProviderNode) {
     let pid_file = Path::new(&node.facts["data_dir"]).join("postmaster.pid");
     let text = std::fs::read_to_string(pid_file).unwrap();
     let pid = text.lines().next().unwrap().trim();
-    assert!(std::process::Command::new("kill").args(["-9", pid]).status().unwrap().success());
+    assert!(std::process::Command::new("kill")
+        .args(["-9", pid])
+        .status()
+        .unwrap()
+        .success());
 }
 
 pub async fn create(env: &mut Env, uid: &str, epoch: i64, workers: u32) -> Vec<pb::ProviderNode> {
@@ -207,7 +261,12 @@ pub async fn create(env: &mut Env, uid: &str, epoch: i64, workers: u32) -> Vec<p
         offering: "small".into(),
         version: V1.into(),
     };
-    env.client.create_nodes(request).await.unwrap().into_inner().nodes
+    env.client
+        .create_nodes(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
 }
 
 /// Creates a table of `n` rows through the primary and waits until every

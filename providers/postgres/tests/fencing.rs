@@ -155,3 +155,30 @@ async fn unsupported_shapes_are_refused_naming_the_field() {
     assert_eq!(caps.versions, [V1, V2]);
     assert_eq!((caps.min_control_nodes, caps.max_control_nodes), (1, 1));
 }
+
+#[tokio::test]
+async fn a_call_past_its_apply_by_deadline_applies_nothing() {
+    let mut env = Env::new("deadline").await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut request = tonic::Request::new(pb::CreateNodesRequest {
+        token: token("c-late", 1),
+        control_nodes: 1,
+        worker_nodes: 0,
+        offering: "small".into(),
+        version: V1.into(),
+    });
+    let past = (now_ms - 1).to_string();
+    request
+        .metadata_mut()
+        .insert("drover-apply-by", past.parse().unwrap());
+    let late = env.client.create_nodes(request).await.unwrap_err();
+    assert_eq!(late.code(), tonic::Code::DeadlineExceeded, "{late:?}");
+    assert!(
+        describe(&mut env, "c-late").await.is_empty(),
+        "nothing was made"
+    );
+    assert!(postgres_pids(&env.root).is_empty());
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Drover's build and tests need and a fresh Debian machine
 # lacks: etcd (server and etcdctl), protoc, make and a C compiler (the
-# replicas' allocator, jemalloc, is built from source), and, for the Python
+# replicas' allocator, jemalloc, is built from source), PostgreSQL 15 for
+# the PostgreSQL provider, and, for the Python
 # client test, grpcio + grpcio-tools in the workspace's own virtual
 # environment (.venv; never the system Python). Does nothing when present.
 set -euo pipefail
@@ -12,6 +13,8 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v make >/dev/null 2>&1 || missing+=(make)
+# The PostgreSQL provider drives real PostgreSQL 15 (its tests too).
+[ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)

@@ -1,0 +1,121 @@
+//! A Drover provider that runs real PostgreSQL clusters on loopback.
+//!
+//! A cluster is one primary (Drover's control node) and streaming hot
+//! standbys (its workers), each a `postgres` process with its own data
+//! directory under the provider's root and its own 127.0.0.1 port. Node
+//! ids ("pg-0", "pg-1", ...) are stable and never reused; roles move on a
+//! switchover or a promotion. Version labels map to binary directories by
+//! configuration, offerings to `shared_buffers` and `max_connections`.
+//!
+//! # Guarantees
+//! - Fencing: the newest epoch per cluster uid is kept in a redb file
+//!   under the root, written before the call goes on, so a stale token is
+//!   refused (FAILED_PRECONDITION, "stale fencing token") after a restart
+//!   of the provider too. Calls in flight are recorded there as well.
+//! - Draining: every fenced call of a cluster runs under that cluster's
+//!   lock. A call bringing a newer epoch records it, stops the older
+//!   epochs' task runs, then waits for the lock: an older call in flight
+//!   ends at its next step (ABORTED, "superseded by epoch N"), and an
+//!   older call still waiting for the lock is refused the same way.
+//! - Deadlines: the earlier of grpc-timeout and `drover-apply-by` is
+//!   checked before each physical step (initdb, start, stop, basebackup,
+//!   promote, re-point, delete); no step starts after it.
+//! - Idempotency: the topology (nodes, ports, roles, versions, offering)
+//!   is in the store, each step is skipped when already done, so every
+//!   call sent again converges, and work longer than one deadline goes on
+//!   across the repeated calls. Task runs are idempotent per run id.
+//! - Describe reports what the processes show, not what was asked.
+//!
+//! # Assumptions
+//! - Nodes of one major version only per data directory: an upgrade is a
+//!   restart on another label's binaries, which must read the same data
+//!   format (minor versions; a major upgrade would need pg_upgrade).
+//! - The loopback is trusted: nodes accept any local TCP connection.
+//! - When the provider runs as root, PostgreSQL runs as `--run-as`, which
+//!   must be able to reach the root directory (it is chowned to it).
+//!
+//! # Caveats
+//! - A step that started before a deadline or a newer epoch finishes
+//!   (e.g. a pg_basebackup in progress); the call then answers with an
+//!   error and the step's effect stays, for the repeated call to build on.
+//! - Replication is asynchronous: a primary killed before its last
+//!   commits reached a standby loses them when repair promotes the standby.
+//! - PostgreSQL processes outlive the provider (by design: a restart of
+//!   the provider must not take the databases down).
+
+pub mod config;
+mod describe;
+mod lifecycle;
+mod ops;
+pub mod pg;
+mod service;
+mod store;
+mod tasks;
+
+pub use service::PostgresProvider;
+
+use config::{Config, Offering};
+use std::path::PathBuf;
+use store::Store;
+use tonic::Status;
+
+/// What every call shares: configuration, the program runner, the store.
+pub struct Inner {
+    cfg: Config,
+    pg: pg::Pg,
+    store: Store,
+}
+
+impl Inner {
+    fn cluster_dir(&self, uid: &str) -> PathBuf {
+        self.cfg.root.join("clusters").join(uid)
+    }
+
+    fn node_dir(&self, uid: &str, id: &str) -> PathBuf {
+        self.cluster_dir(uid).join(id)
+    }
+
+    fn log_path(&self, uid: &str, id: &str) -> PathBuf {
+        self.cfg.root.join("logs").join(format!("{uid}-{id}.log"))
+    }
+
+    fn offering(&self, name: &str) -> Result<&Offering, Status> {
+        self.cfg.offerings.get(name).ok_or_else(|| {
+            Status::failed_precondition(format!("offering {name} is no longer configured"))
+        })
+    }
+
+    /// A port of the range no cluster holds and nothing listens on.
+    fn free_port(&self) -> Result<u16, Status> {
+        let taken: Vec<u16> = self
+            .store
+            .clusters()?
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(|n| n.port))
+            .collect();
+        let (from, to) = self.cfg.ports;
+        (from..=to)
+            .filter(|p| !taken.contains(p))
+            .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .ok_or_else(|| Status::unavailable(format!("no free port in {from}-{to}")))
+    }
+}
+
+/// Serves the provider (Provider + health) on `listener` until `shutdown`.
+pub async fn serve(
+    provider: PostgresProvider,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    use drover_proto::provider::v1::provider_server::ProviderServer;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(ProviderServer::new(provider))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

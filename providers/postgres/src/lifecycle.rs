@@ -1,0 +1,252 @@
+//! The calls, as sequences of the steps in [`crate::ops`]: each converges
+//! on the same end state when repeated, from wherever it was cut short.
+
+use crate::ops::{remove_dir, unavailable, Ctx};
+use crate::pg;
+use crate::store::{NodeRecord, Role};
+use tonic::Status;
+
+/// Adds node records (no processes yet) until the cluster has `workers`
+/// standbys, each with a free port; a primary first if it has none.
+pub fn add_nodes(ctx: &mut Ctx<'_>, workers: u32) -> Result<(), Status> {
+    let want_primary = ctx.cluster.primary().is_none();
+    let have = ctx.standbys().len() as u32;
+    let roles = want_primary
+        .then_some(Role::Primary)
+        .into_iter()
+        .chain((have..workers).map(|_| Role::Standby));
+    for role in roles.collect::<Vec<_>>() {
+        let port = ctx.inner.free_port()?;
+        let id = format!("pg-{}", ctx.cluster.next_index);
+        ctx.cluster.next_index += 1;
+        ctx.cluster.nodes.push(NodeRecord {
+            id,
+            port,
+            role,
+            version: ctx.cluster.version.clone(),
+            offering: ctx.cluster.offering.clone(),
+            built: false,
+        });
+        // Saved one by one, so the port is taken before anything else.
+        ctx.save()?;
+    }
+    Ok(())
+}
+
+/// Every node built and running, the standbys streaming.
+pub async fn converge(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    ctx.cluster.stopped = false;
+    ctx.save()?;
+    ctx.build_primary().await?;
+    let primary = ctx.primary()?.id;
+    ctx.start(&primary).await?;
+    for node in ctx.standbys() {
+        ctx.ensure_standby(&node.id).await?;
+    }
+    ctx.settle().await
+}
+
+/// Stops every node cleanly, the primary first (its shutdown checkpoint
+/// then reaches the standbys before they stop).
+pub async fn stop_all(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    ctx.cluster.stopped = true;
+    ctx.save()?;
+    let primary = ctx.primary()?.id;
+    ctx.stop(&primary).await?;
+    for node in ctx.standbys() {
+        ctx.stop(&node.id).await?;
+    }
+    Ok(())
+}
+
+/// Removes a standby: stopped, its slot dropped, its directory deleted,
+/// its port free (it leaves the record last, so a repeat finishes it).
+pub async fn remove_standby(ctx: &mut Ctx<'_>, id: &str) -> Result<(), Status> {
+    ctx.stop(id).await?;
+    ctx.check(&format!("removing {id}"))?;
+    let primary = ctx.primary()?;
+    if pg::running(&ctx.dir(&primary)) {
+        ctx.drop_slot(id).await?;
+    }
+    let node = ctx.node(id).cloned().expect("known node");
+    remove_dir(&ctx.dir(&node))?;
+    ctx.cluster.nodes.retain(|n| n.id != id);
+    ctx.save()
+}
+
+/// Destroys the cluster: no process, no directory, no record left. A node
+/// that does not stop cleanly is killed.
+pub async fn destroy(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    for node in ctx.cluster.nodes.clone() {
+        if ctx.stop(&node.id).await.is_err() {
+            if let Some(pid) = pg::pid(&ctx.dir(&node)) {
+                kill9(pid);
+            }
+        }
+    }
+    ctx.check("removing the cluster's directories")?;
+    remove_dir(&ctx.inner.cluster_dir(&ctx.cluster.uid))?;
+    for node in &ctx.cluster.nodes {
+        let _ = std::fs::remove_file(ctx.inner.log_path(&ctx.cluster.uid, &node.id));
+    }
+    ctx.inner.store.remove_cluster(&ctx.cluster.uid)?;
+    ctx.cluster.nodes.clear();
+    Ok(())
+}
+
+fn kill9(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
+/// Scales to `workers` standbys and/or applies a new offering (a restart
+/// per node whose settings change; standbys first when max_connections
+/// grows, the primary first when it shrinks: a hot standby needs at least
+/// the primary's).
+pub async fn resize(
+    ctx: &mut Ctx<'_>,
+    workers: Option<u32>,
+    offering: Option<String>,
+) -> Result<(), Status> {
+    if let Some(workers) = workers {
+        let mut standbys = ctx.standbys();
+        standbys.sort_by_key(|n| node_index(&n.id));
+        for node in standbys.iter().skip(workers as usize).rev() {
+            remove_standby(ctx, &node.id).await?;
+        }
+        add_nodes(ctx, workers)?;
+    }
+    if let Some(offering) = offering {
+        ctx.cluster.offering = offering;
+        ctx.save()?;
+    }
+    converge(ctx).await?;
+    let new = ctx.inner.offering(&ctx.cluster.offering)?;
+    let mut stale: Vec<NodeRecord> = ctx.cluster.nodes.clone();
+    stale.retain(|n| n.offering != ctx.cluster.offering);
+    let primary_first = stale.iter().any(|n| {
+        ctx.inner
+            .offering(&n.offering)
+            .is_ok_and(|old| old.max_connections > new.max_connections)
+    });
+    stale.sort_by_key(|n| (n.role == Role::Primary) != primary_first);
+    for node in stale {
+        ctx.stop(&node.id).await?;
+        ctx.start(&node.id).await?;
+    }
+    ctx.settle().await
+}
+
+fn node_index(id: &str) -> u32 {
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Upgrades one node to `version`: a standby restarts on its binaries; the
+/// primary switches over to a caught-up standby first and then rejoins as
+/// a standby on them.
+pub async fn upgrade(ctx: &mut Ctx<'_>, id: &str, version: &str) -> Result<(), Status> {
+    let node = ctx.node(id).cloned().ok_or_else(|| {
+        Status::invalid_argument(format!("node_id: node {id} is not in the cluster"))
+    })?;
+    converge_if_down(ctx).await?;
+    if node.version == version {
+        return Ok(());
+    }
+    if node.role == Role::Primary && !ctx.standbys().is_empty() {
+        switchover(ctx, version).await?;
+    }
+    ctx.stop(id).await?;
+    ctx.check(&format!("upgrading {id}"))?;
+    ctx.cluster
+        .nodes
+        .iter_mut()
+        .filter(|n| n.id == id)
+        .for_each(|n| n.version = version.to_string());
+    ctx.save()?;
+    converge(ctx).await
+}
+
+/// Brings a stopped or broken cluster up before an upgrade acts on it.
+async fn converge_if_down(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    let all_up = ctx
+        .cluster
+        .nodes
+        .iter()
+        .all(|n| n.built && pg::running(&ctx.dir(n)));
+    if all_up {
+        return Ok(());
+    }
+    converge(ctx).await
+}
+
+/// Moves the primary role to a caught-up standby (one already at `version`
+/// preferred): the primary stops cleanly, the candidate receives all of
+/// its WAL, is promoted, and the others follow it. The old primary stays
+/// stopped, a standby now, for the caller to restart.
+async fn switchover(ctx: &mut Ctx<'_>, version: &str) -> Result<(), Status> {
+    let old = ctx.primary()?;
+    let streaming = ctx.streaming().await?;
+    let mut candidates = ctx.standbys();
+    candidates.retain(|n| streaming.contains(&n.id));
+    candidates.sort_by_key(|n| (n.version != version, node_index(&n.id)));
+    let candidate = candidates
+        .into_iter()
+        .next()
+        .ok_or_else(|| Status::unavailable("no streaming standby to switch over to"))?;
+    ctx.stop(&old.id).await?;
+    let lsn = ctx
+        .inner
+        .pg
+        .checkpoint_lsn(&ctx.bin(&old.version)?, &ctx.dir(&old))
+        .await
+        .map_err(unavailable)?;
+    ctx.wait_caught_up(&candidate, lsn).await?;
+    ctx.promote(&candidate.id, false).await?;
+    ctx.repoint().await
+}
+
+/// Restarts what is down; when the primary is down and a standby runs,
+/// promotes the most caught-up standby and rebuilds the old primary as a
+/// standby (it may hold WAL the others never got, so it cannot follow).
+pub async fn repair(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    let primary = ctx.primary()?;
+    let primary_down = primary.built && !pg::running(&ctx.dir(&primary));
+    if primary_down {
+        let mut best: Option<(u64, String)> = None;
+        for node in ctx.standbys() {
+            if !node.built || !pg::running(&ctx.dir(&node)) {
+                continue;
+            }
+            if let Ok(lsn) = ctx.lsn(&node).await {
+                if best.as_ref().is_none_or(|(b, _)| lsn > *b) {
+                    best = Some((lsn, node.id.clone()));
+                }
+            }
+        }
+        if let Some((_, id)) = best {
+            tracing::warn!(
+                old = primary.id,
+                new = id,
+                "primary down: promoting a standby"
+            );
+            ctx.promote(&id, true).await?;
+            ctx.repoint().await?;
+        }
+    }
+    converge(ctx).await
+}
+
+/// The cluster's nodes as they are: process, role, replication.
+pub async fn describe(
+    inner: &crate::Inner,
+    uid: &str,
+) -> Result<Vec<drover_proto::provider::v1::ProviderNode>, Status> {
+    let Some(cluster) = inner.store.cluster(uid)? else {
+        return Ok(Vec::new());
+    };
+    crate::describe::nodes(inner, &cluster).await
+}

@@ -1,0 +1,352 @@
+//! What each call does to a cluster's nodes, step by step. Every step is
+//! idempotent and checks the call's deadline and fence before it starts,
+//! so a call cut short is finished by the same call sent again.
+
+use crate::pg::{self, NodeConf};
+use crate::store::{ClusterRecord, NodeRecord, Role};
+use crate::Inner;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tonic::Status;
+
+/// How long a call waits for a standby to stream before it rebuilds it.
+const STREAM_WAIT: Duration = Duration::from_secs(20);
+/// How long a switchover waits for the candidate to catch up.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(200);
+
+/// One fenced call's view of its cluster; the caller holds the cluster's
+/// lock for as long as it lives.
+pub struct Ctx<'a> {
+    pub inner: &'a Inner,
+    pub epoch: i64,
+    pub deadline: Option<Instant>,
+    pub cluster: ClusterRecord,
+}
+
+pub fn unavailable(e: impl std::fmt::Display) -> Status {
+    Status::unavailable(e.to_string())
+}
+
+impl Ctx<'_> {
+    /// Called before each physical step: nothing starts after the call's
+    /// deadline or once a newer epoch was accepted for the cluster.
+    pub fn check(&self, step: &str) -> Result<(), Status> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Status::deadline_exceeded(format!(
+                "deadline reached before {step}; the work done so far stays and a repeated call goes on"
+            )));
+        }
+        let newest = self.inner.store.epoch(&self.cluster.uid)?;
+        if let Some(newest) = newest.filter(|n| *n > self.epoch) {
+            return Err(Status::aborted(format!(
+                "superseded by epoch {newest} for cluster {}: stopped before {step}",
+                self.cluster.uid
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn save(&self) -> Result<(), Status> {
+        Ok(self.inner.store.put_cluster(&self.cluster)?)
+    }
+
+    pub fn dir(&self, node: &NodeRecord) -> PathBuf {
+        self.inner.node_dir(&self.cluster.uid, &node.id)
+    }
+
+    fn log(&self, node: &NodeRecord) -> PathBuf {
+        self.inner.log_path(&self.cluster.uid, &node.id)
+    }
+
+    pub fn bin(&self, version: &str) -> Result<PathBuf, Status> {
+        self.inner
+            .cfg
+            .versions
+            .get(version)
+            .cloned()
+            .ok_or_else(|| {
+                Status::failed_precondition(format!("version {version} is no longer configured"))
+            })
+    }
+
+    pub fn node(&self, id: &str) -> Option<&NodeRecord> {
+        self.cluster.nodes.iter().find(|n| n.id == id)
+    }
+
+    fn node_mut(&mut self, id: &str) -> &mut NodeRecord {
+        let node = self.cluster.nodes.iter_mut().find(|n| n.id == id);
+        node.expect("a node named by the cluster record")
+    }
+
+    pub fn primary(&self) -> Result<NodeRecord, Status> {
+        self.cluster
+            .primary()
+            .cloned()
+            .ok_or_else(|| Status::internal("cluster record has no primary"))
+    }
+
+    pub fn standbys(&self) -> Vec<NodeRecord> {
+        let all = self.cluster.nodes.iter();
+        all.filter(|n| n.role == Role::Standby).cloned().collect()
+    }
+
+    /// Writes the node's settings for its role and the cluster's offering,
+    /// and starts it (on its version's binaries) if it is not running.
+    pub async fn start(&mut self, id: &str) -> Result<(), Status> {
+        let node = self.node(id).cloned().expect("known node");
+        let dir = self.dir(&node);
+        if pg::running(&dir) {
+            return Ok(());
+        }
+        self.check(&format!("starting {id}"))?;
+        let offering = self.inner.offering(&self.cluster.offering)?;
+        let primary = self.primary()?;
+        let slot = slot_name(id);
+        let conf = NodeConf {
+            port: node.port,
+            shared_buffers: &offering.shared_buffers,
+            max_connections: offering.max_connections,
+            follow: (node.role == Role::Standby).then_some((primary.port, slot.as_str())),
+            application_name: id,
+            fsync: !self.inner.cfg.unsafe_no_fsync,
+        };
+        let pg = &self.inner.pg;
+        pg.write_conf(&dir, &conf).map_err(unavailable)?;
+        let bin = self.bin(&node.version)?;
+        pg.start(&bin, &dir, &self.log(&node))
+            .await
+            .map_err(unavailable)?;
+        let offering = self.cluster.offering.clone();
+        self.node_mut(id).offering = offering;
+        self.save()
+    }
+
+    pub async fn stop(&self, id: &str) -> Result<(), Status> {
+        let node = self.node(id).cloned().expect("known node");
+        let dir = self.dir(&node);
+        if !pg::running(&dir) {
+            return Ok(());
+        }
+        self.check(&format!("stopping {id}"))?;
+        let bin = self.bin(&node.version)?;
+        self.inner.pg.stop(&bin, &dir).await.map_err(unavailable)
+    }
+
+    /// Makes the primary's data directory (initdb) if it is not complete.
+    pub async fn build_primary(&mut self) -> Result<(), Status> {
+        let node = self.primary()?;
+        if node.built {
+            return Ok(());
+        }
+        self.check("initdb")?;
+        let dir = self.dir(&node);
+        remove_dir(&dir)?;
+        let bin = self.bin(&node.version)?;
+        self.inner
+            .pg
+            .initdb(&bin, &dir)
+            .await
+            .map_err(unavailable)?;
+        self.node_mut(&node.id).built = true;
+        self.save()
+    }
+
+    /// Creates the standby's replication slot on the primary if missing.
+    pub async fn ensure_slot(&self, id: &str) -> Result<(), Status> {
+        let primary = self.primary()?;
+        let slot = slot_name(id);
+        let sql = format!(
+            "SELECT pg_create_physical_replication_slot('{slot}', true) \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}')"
+        );
+        self.query(&primary, &sql).await.map(drop)
+    }
+
+    pub async fn drop_slot(&self, id: &str) -> Result<(), Status> {
+        let primary = self.primary()?;
+        let slot = slot_name(id);
+        let sql = format!(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = '{slot}' AND NOT active"
+        );
+        self.query(&primary, &sql).await.map(drop)
+    }
+
+    pub async fn query(&self, node: &NodeRecord, sql: &str) -> Result<String, Status> {
+        let bin = self.bin(&node.version)?;
+        let pg = &self.inner.pg;
+        pg.query(&bin, node.port, "postgres", sql)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Makes the standby's data directory anew from the primary
+    /// (pg_basebackup through its slot) and starts it.
+    pub async fn rebuild_standby(&mut self, id: &str) -> Result<(), Status> {
+        self.stop(id).await?;
+        self.check(&format!("rebuilding {id}"))?;
+        self.node_mut(id).built = false;
+        self.save()?;
+        self.ensure_slot(id).await?;
+        let node = self.node(id).cloned().expect("known node");
+        let primary = self.primary()?;
+        let dir = self.dir(&node);
+        remove_dir(&dir)?;
+        let bin = self.bin(&primary.version)?;
+        let slot = slot_name(id);
+        let pg = &self.inner.pg;
+        pg.basebackup(&bin, primary.port, &dir, Some(&slot))
+            .await
+            .map_err(unavailable)?;
+        self.node_mut(id).built = true;
+        self.save()?;
+        self.start(id).await
+    }
+
+    /// Brings a standby to streaming from the primary: built, configured
+    /// for the current primary, running; rebuilt when it cannot start.
+    pub async fn ensure_standby(&mut self, id: &str) -> Result<(), Status> {
+        let built = self.node(id).is_some_and(|n| n.built);
+        if !built {
+            return self.rebuild_standby(id).await;
+        }
+        self.ensure_slot(id).await?;
+        if let Err(e) = self.start(id).await {
+            if matches!(
+                e.code(),
+                tonic::Code::Aborted | tonic::Code::DeadlineExceeded
+            ) {
+                return Err(e);
+            }
+            tracing::warn!(node = id, error = %e, "standby did not start; rebuilding it");
+            return self.rebuild_standby(id).await;
+        }
+        Ok(())
+    }
+
+    /// Names of the standbys the primary streams to.
+    pub async fn streaming(&self) -> Result<Vec<String>, Status> {
+        let primary = self.primary()?;
+        let sql = "SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'";
+        let out = self.query(&primary, sql).await?;
+        Ok(out.lines().map(str::to_string).collect())
+    }
+
+    /// Waits (bounded) until every standby streams; rebuilds, once, those
+    /// that do not (e.g. a node whose history left the primary's).
+    pub async fn settle(&mut self) -> Result<(), Status> {
+        for rebuild in [true, false] {
+            let until = Instant::now() + STREAM_WAIT;
+            let mut lagging: Vec<String>;
+            loop {
+                let streaming = self.streaming().await?;
+                lagging = self.standbys().into_iter().map(|n| n.id).collect();
+                lagging.retain(|id| !streaming.contains(id));
+                if lagging.is_empty() {
+                    return Ok(());
+                }
+                if Instant::now() >= until || self.deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            if !rebuild {
+                return Err(Status::unavailable(format!(
+                    "standbys not streaming: {lagging:?}"
+                )));
+            }
+            for id in lagging {
+                tracing::warn!(node = id, "standby does not stream; rebuilding it");
+                self.rebuild_standby(&id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The node's WAL position: received (standby) or written (primary).
+    pub async fn lsn(&self, node: &NodeRecord) -> Result<u64, Status> {
+        let sql = "SELECT CASE WHEN pg_is_in_recovery() \
+                   THEN COALESCE(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
+                   ELSE pg_current_wal_lsn() END";
+        let out = self.query(node, sql).await?;
+        pg::parse_lsn(&out).ok_or_else(|| Status::unavailable(format!("bad WAL position {out:?}")))
+    }
+
+    /// Promotes the standby `id` to primary and records the roles: the old
+    /// primary becomes a standby (rebuilt later if `rebuild_old`).
+    pub async fn promote(&mut self, id: &str, rebuild_old: bool) -> Result<(), Status> {
+        self.check(&format!("promoting {id}"))?;
+        let node = self.node(id).cloned().expect("known node");
+        let bin = self.bin(&node.version)?;
+        self.inner
+            .pg
+            .promote(&bin, &self.dir(&node))
+            .await
+            .map_err(unavailable)?;
+        let old = self.primary()?.id;
+        self.node_mut(&old).role = Role::Standby;
+        if rebuild_old {
+            self.node_mut(&old).built = false;
+        }
+        self.node_mut(id).role = Role::Primary;
+        self.save()
+    }
+
+    /// Points every running standby at the current primary (settings
+    /// rewritten, then reloaded: primary_conninfo takes effect live).
+    pub async fn repoint(&mut self) -> Result<(), Status> {
+        let primary = self.primary()?;
+        for node in self.standbys() {
+            let dir = self.dir(&node);
+            if !node.built || !pg::running(&dir) {
+                continue;
+            }
+            self.check(&format!("re-pointing {}", node.id))?;
+            self.ensure_slot(&node.id).await?;
+            let offering = self.inner.offering(&self.cluster.offering)?;
+            let slot = slot_name(&node.id);
+            let conf = NodeConf {
+                port: node.port,
+                shared_buffers: &offering.shared_buffers,
+                max_connections: offering.max_connections,
+                follow: Some((primary.port, &slot)),
+                application_name: &node.id,
+                fsync: !self.inner.cfg.unsafe_no_fsync,
+            };
+            let pg = &self.inner.pg;
+            pg.write_conf(&dir, &conf).map_err(unavailable)?;
+            let bin = self.bin(&node.version)?;
+            pg.reload(&bin, &dir).await.map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until `node` has received WAL up to `lsn`.
+    pub async fn wait_caught_up(&self, node: &NodeRecord, lsn: u64) -> Result<(), Status> {
+        let until = Instant::now() + CATCH_UP_WAIT;
+        loop {
+            if self.lsn(node).await? >= lsn {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(Status::unavailable(format!("{} did not catch up", node.id)));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// The replication slot of a standby (slot names allow [a-z0-9_]).
+pub fn slot_name(id: &str) -> String {
+    id.replace('-', "_")
+}
+
+pub fn remove_dir(dir: &std::path::Path) -> Result<(), Status> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(unavailable(format!("removing {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,608 @@
+//! The gRPC service: fencing, draining and deadlines around the calls of
+//! [`crate::lifecycle`], validation, capabilities and task runs.
+
+use crate::config::Config;
+use crate::lifecycle;
+use crate::ops::Ctx;
+use crate::store::{ClusterRecord, RunRecord, Store};
+use crate::{pg, tasks, Inner};
+use drover_proto::provider::v1::{self as pb, provider_server::Provider};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// Metadata key of Drover's wall-clock deadline (ms since the Unix epoch).
+const APPLY_BY: &str = "drover-apply-by";
+
+type Reply<T> = Result<Response<T>, Status>;
+
+/// A task run in progress: its stop signal and, once ended, its outcome.
+struct Run {
+    uid: String,
+    epoch: i64,
+    stop: watch::Sender<bool>,
+    outcome: watch::Receiver<Option<pb::RunTaskResponse>>,
+}
+
+/// The provider; clones share everything.
+#[derive(Clone)]
+pub struct PostgresProvider {
+    inner: Arc<Inner>,
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    runs: Arc<Mutex<HashMap<String, Run>>>,
+    calls: Arc<AtomicU64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Pg(#[from] crate::pg::PgError),
+}
+
+/// A fenced call's work on its cluster, under the cluster's lock.
+enum Op {
+    Create(pb::CreateNodesRequest),
+    Start,
+    Stop,
+    Delete(Vec<String>),
+    Resize(Option<u32>, Option<String>),
+    Upgrade(String, String),
+    Repair,
+    Describe,
+}
+
+impl PostgresProvider {
+    /// Opens (or creates) the root: its directories and the state store.
+    pub fn open(cfg: Config) -> Result<Self, OpenError> {
+        let pg = pg::Pg::new(&cfg.run_as)?;
+        for dir in [
+            cfg.root.clone(),
+            cfg.root.join("clusters"),
+            cfg.root.join("logs"),
+        ] {
+            pg.make_dir(&dir)?;
+        }
+        let store = Store::open(&cfg.root.join("state.redb"))?;
+        for (call, what) in store.calls_in_flight()? {
+            tracing::warn!(call, what, "a call was in flight when the provider stopped");
+            store.end_call(&call)?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner { cfg, pg, store }),
+            locks: Arc::default(),
+            runs: Arc::default(),
+            calls: Arc::default(),
+        })
+    }
+
+    /// Checks `token` against the newest epoch of its cluster and records
+    /// it; a newer epoch stops the older epochs' task runs at once.
+    fn fence(&self, token: &pb::FencingToken) -> Result<(), Status> {
+        let old = self
+            .inner
+            .store
+            .raise_epoch(&token.cluster_uid, token.epoch)?;
+        if let Some(newest) = old.filter(|o| *o > token.epoch) {
+            return Err(Status::failed_precondition(format!(
+                "stale fencing token: epoch {} is older than {newest} for cluster {}",
+                token.epoch, token.cluster_uid
+            )));
+        }
+        if old.is_none_or(|o| o < token.epoch) {
+            let runs = self.runs.lock().expect("runs lock");
+            let older = runs
+                .values()
+                .filter(|r| r.uid == token.cluster_uid && r.epoch < token.epoch);
+            older.for_each(|r| {
+                let _ = r.stop.send(true);
+            });
+        }
+        Ok(())
+    }
+
+    fn cluster_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().expect("locks lock");
+        locks.entry(uid.to_string()).or_default().clone()
+    }
+
+    /// Runs a fenced call: fence, then the cluster's lock (the drain), the
+    /// fence again (a newer epoch may have come while it waited), then the
+    /// work, in a task of its own so a caller that goes away does not cut
+    /// a step in half. Answers with every node as the call left them.
+    async fn fenced(
+        &self,
+        method: &str,
+        token: Option<pb::FencingToken>,
+        due: Option<Instant>,
+        op: Op,
+    ) -> Reply<pb::NodesResponse> {
+        let token = checked_token(token)?;
+        self.fence(&token)?;
+        let this = self.clone();
+        let key = format!(
+            "{}/{}/{}/{method}#{}",
+            token.cluster_uid,
+            token.epoch,
+            token.operation_id,
+            self.calls.fetch_add(1, Ordering::Relaxed)
+        );
+        let work = async move {
+            let lock = this.cluster_lock(&token.cluster_uid);
+            let _held = lock.lock().await;
+            let inner = &this.inner;
+            let cluster = inner.store.cluster(&token.cluster_uid)?;
+            let exists = cluster.is_some();
+            let cluster = cluster.unwrap_or_else(|| ClusterRecord {
+                uid: token.cluster_uid.clone(),
+                ..Default::default()
+            });
+            let mut ctx = Ctx {
+                inner,
+                epoch: token.epoch,
+                deadline: due,
+                cluster,
+            };
+            ctx.check("anything")?;
+            inner.store.begin_call(&key, "running")?;
+            let result = apply(&mut ctx, exists, op).await;
+            inner.store.end_call(&key)?;
+            result?;
+            let nodes = lifecycle::describe(inner, &token.cluster_uid).await?;
+            Ok(Response::new(pb::NodesResponse { nodes }))
+        };
+        tokio::spawn(work)
+            .await
+            .map_err(|e| Status::internal(format!("call failed: {e}")))?
+    }
+}
+
+async fn apply(ctx: &mut Ctx<'_>, exists: bool, op: Op) -> Result<(), Status> {
+    let needs_cluster = !matches!(op, Op::Create(_) | Op::Delete(_) | Op::Describe);
+    if needs_cluster && !exists {
+        return Err(Status::not_found(format!(
+            "cluster {} is unknown",
+            ctx.cluster.uid
+        )));
+    }
+    match op {
+        Op::Create(r) => {
+            if !exists {
+                ctx.cluster.version = r.version;
+                ctx.cluster.offering = r.offering;
+            }
+            lifecycle::add_nodes(ctx, r.worker_nodes)?;
+            lifecycle::converge(ctx).await
+        }
+        Op::Start => lifecycle::converge(ctx).await,
+        Op::Repair => lifecycle::repair(ctx).await,
+        Op::Stop => lifecycle::stop_all(ctx).await,
+        Op::Delete(ids) if ids.is_empty() => match exists {
+            true => lifecycle::destroy(ctx).await,
+            false => Ok(()),
+        },
+        Op::Delete(ids) => delete_named(ctx, &ids).await,
+        Op::Resize(workers, offering) => lifecycle::resize(ctx, workers, offering).await,
+        Op::Upgrade(id, version) => lifecycle::upgrade(ctx, &id, &version).await,
+        Op::Describe => Ok(()),
+    }
+}
+
+async fn delete_named(ctx: &mut Ctx<'_>, ids: &[String]) -> Result<(), Status> {
+    for id in ids {
+        match ctx.node(id).map(|n| n.role) {
+            // Already gone: deleting it again succeeds.
+            None => continue,
+            Some(crate::store::Role::Primary) => {
+                return Err(Status::invalid_argument(format!(
+                    "node_ids: {id} is the primary; only standbys can be deleted by name"
+                )))
+            }
+            Some(crate::store::Role::Standby) => lifecycle::remove_standby(ctx, id).await?,
+        }
+    }
+    Ok(())
+}
+
+fn checked_token(token: Option<pb::FencingToken>) -> Result<pb::FencingToken, Status> {
+    let token = token.ok_or_else(|| Status::invalid_argument("token: is required"))?;
+    if token.cluster_uid.is_empty() {
+        return Err(Status::invalid_argument("token.cluster_uid: is required"));
+    }
+    Ok(token)
+}
+
+/// The end of a request's deadline: the earlier of its gRPC deadline and
+/// Drover's wall-clock one, if it has either.
+fn deadline<T>(request: &Request<T>) -> Option<Instant> {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let apply_by = request
+        .metadata()
+        .get(APPLY_BY)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map(|at| Duration::from_millis(at.saturating_sub(now_ms)));
+    let left = match (grpc_timeout(request), apply_by) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    left.map(|left| Instant::now() + left)
+}
+
+/// A request's `grpc-timeout` header (digits and a unit, H M S m u n).
+fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+impl PostgresProvider {
+    /// Why `shape` cannot be built, field by field (empty: it can).
+    fn violations(&self, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
+        let cfg = &self.inner.cfg;
+        let mut out = Vec::new();
+        let mut refuse = |field: &str, reason: String| {
+            out.push(pb::SpecViolation {
+                field: field.into(),
+                reason,
+            })
+        };
+        if shape.control_nodes != 1 {
+            refuse(
+                "control_nodes",
+                format!(
+                    "a PostgreSQL cluster has exactly 1 primary, not {}",
+                    shape.control_nodes
+                ),
+            );
+        }
+        if shape.worker_nodes > cfg.max_workers {
+            refuse(
+                "worker_nodes",
+                format!(
+                    "at most {} standbys, not {}",
+                    cfg.max_workers, shape.worker_nodes
+                ),
+            );
+        }
+        if !cfg.offerings.contains_key(&shape.offering) {
+            let known: Vec<&String> = cfg.offerings.keys().collect();
+            refuse(
+                "node_offering",
+                format!("offering {:?} is unknown; known: {known:?}", shape.offering),
+            );
+        }
+        if !cfg.versions.contains_key(&shape.version) {
+            let known: Vec<&String> = cfg.versions.keys().collect();
+            refuse(
+                "version",
+                format!(
+                    "version {:?} is not configured; known: {known:?}",
+                    shape.version
+                ),
+            );
+        }
+        out
+    }
+
+    fn refuse_invalid(&self, shape: pb::ClusterShape) -> Result<(), Status> {
+        match self.violations(&shape).first() {
+            Some(v) => Err(Status::invalid_argument(format!(
+                "{}: {}",
+                v.field, v.reason
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn shape_of(&self, uid: &str) -> Result<Option<pb::ClusterShape>, Status> {
+        Ok(self.inner.store.cluster(uid)?.map(|c| pb::ClusterShape {
+            control_nodes: 1,
+            worker_nodes: c
+                .nodes
+                .iter()
+                .filter(|n| n.role == crate::store::Role::Standby)
+                .count() as u32,
+            offering: c.offering.clone(),
+            version: c.version.clone(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Provider for PostgresProvider {
+    async fn create_nodes(
+        &self,
+        request: Request<pb::CreateNodesRequest>,
+    ) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        let r = request.into_inner();
+        self.refuse_invalid(pb::ClusterShape {
+            control_nodes: r.control_nodes,
+            worker_nodes: r.worker_nodes,
+            offering: r.offering.clone(),
+            version: r.version.clone(),
+        })?;
+        self.fenced("CreateNodes", r.token.clone(), due, Op::Create(r))
+            .await
+    }
+
+    async fn start_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        self.fenced("StartNodes", request.into_inner().token, due, Op::Start)
+            .await
+    }
+
+    async fn stop_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        self.fenced("StopNodes", request.into_inner().token, due, Op::Stop)
+            .await
+    }
+
+    async fn delete_nodes(
+        &self,
+        request: Request<pb::DeleteNodesRequest>,
+    ) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        let r = request.into_inner();
+        self.fenced("DeleteNodes", r.token, due, Op::Delete(r.node_ids))
+            .await
+    }
+
+    async fn resize_nodes(
+        &self,
+        request: Request<pb::ResizeNodesRequest>,
+    ) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        let r = request.into_inner();
+        let uid = checked_token(r.token.clone())?.cluster_uid;
+        if let Some(mut shape) = self.shape_of(&uid)? {
+            shape.worker_nodes = r.worker_nodes.unwrap_or(shape.worker_nodes);
+            shape.offering = r.offering.clone().unwrap_or(shape.offering);
+            self.refuse_invalid(shape)?;
+        }
+        self.fenced(
+            "ResizeNodes",
+            r.token,
+            due,
+            Op::Resize(r.worker_nodes, r.offering),
+        )
+        .await
+    }
+
+    async fn upgrade_node(
+        &self,
+        request: Request<pb::UpgradeNodeRequest>,
+    ) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        let r = request.into_inner();
+        if !self.inner.cfg.versions.contains_key(&r.version) {
+            return Err(Status::invalid_argument(format!(
+                "version: {:?} is not configured",
+                r.version
+            )));
+        }
+        self.fenced(
+            "UpgradeNode",
+            r.token,
+            due,
+            Op::Upgrade(r.node_id, r.version),
+        )
+        .await
+    }
+
+    async fn describe_cluster(
+        &self,
+        request: Request<pb::DescribeClusterRequest>,
+    ) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        let r = request.into_inner();
+        if r.token.is_some() {
+            return self
+                .fenced("DescribeCluster", r.token, due, Op::Describe)
+                .await;
+        }
+        let nodes = lifecycle::describe(&self.inner, &r.cluster_uid).await?;
+        Ok(Response::new(pb::NodesResponse { nodes }))
+    }
+
+    async fn run_task(&self, request: Request<pb::RunTaskRequest>) -> Reply<pb::RunTaskResponse> {
+        let r = request.into_inner();
+        let token = checked_token(r.token.clone())?;
+        if r.run_id.is_empty() {
+            return Err(Status::invalid_argument("run_id: is required"));
+        }
+        self.fence(&token)?;
+        let mut outcome = self.start_run(&token, &r)?;
+        let ended = outcome
+            .wait_for(|o| o.is_some())
+            .await
+            .map_err(|_| Status::internal("run lost"))?;
+        Ok(Response::new(ended.clone().expect("waited for an outcome")))
+    }
+
+    async fn stop_task(
+        &self,
+        request: Request<pb::StopTaskRequest>,
+    ) -> Reply<pb::StopTaskResponse> {
+        let r = request.into_inner();
+        let token = checked_token(r.token)?;
+        self.fence(&token)?;
+        if let Some(run) = self.runs.lock().expect("runs lock").get(&r.run_id) {
+            let _ = run.stop.send(true);
+            return Ok(Response::new(pb::StopTaskResponse {}));
+        }
+        match self.inner.store.run(&r.run_id)? {
+            Some(_) => Ok(Response::new(pb::StopTaskResponse {})),
+            None => Err(Status::not_found(format!("run {} is unknown", r.run_id))),
+        }
+    }
+
+    async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
+        let due = deadline(&request);
+        self.fenced("RepairNodes", request.into_inner().token, due, Op::Repair)
+            .await
+    }
+
+    async fn validate_spec(
+        &self,
+        request: Request<pb::ValidateSpecRequest>,
+    ) -> Reply<pb::ValidateSpecResponse> {
+        let shape = request.into_inner().shape.unwrap_or_default();
+        Ok(Response::new(pb::ValidateSpecResponse {
+            violations: self.violations(&shape),
+        }))
+    }
+
+    async fn get_capabilities(
+        &self,
+        _request: Request<pb::GetCapabilitiesRequest>,
+    ) -> Reply<pb::Capabilities> {
+        let cfg = &self.inner.cfg;
+        Ok(Response::new(pb::Capabilities {
+            kind: "postgres".into(),
+            versions: cfg.versions.keys().cloned().collect(),
+            offerings: cfg.offerings.keys().cloned().collect(),
+            min_control_nodes: 1,
+            max_control_nodes: 1,
+            min_worker_nodes: 0,
+            max_worker_nodes: cfg.max_workers,
+            task_types: vec!["repair".into(), "backup".into()],
+            upgrade_order: pb::UpgradeOrder::WorkersFirst as i32,
+        }))
+    }
+}
+
+fn outcome(status: &str, error: String, report: String) -> pb::RunTaskResponse {
+    pb::RunTaskResponse {
+        status: status.into(),
+        error,
+        report,
+    }
+}
+
+impl PostgresProvider {
+    /// The outcome watch of run `r.run_id`: a run already ended or in
+    /// progress is joined, a new one is started (and recorded first).
+    fn start_run(
+        &self,
+        token: &pb::FencingToken,
+        r: &pb::RunTaskRequest,
+    ) -> Result<watch::Receiver<Option<pb::RunTaskResponse>>, Status> {
+        let mut runs = self.runs.lock().expect("runs lock");
+        if let Some(run) = runs.get(&r.run_id) {
+            return Ok(run.outcome.clone());
+        }
+        let store = &self.inner.store;
+        if let Some(record) = store.run(&r.run_id)? {
+            // Ended, or cut short by a restart of the provider: never run twice.
+            let (status, error, report) = record.outcome.unwrap_or_else(|| {
+                (
+                    "ERROR".into(),
+                    "the provider restarted during the run".into(),
+                    String::new(),
+                )
+            });
+            let ended = outcome(&status, error, report);
+            store.put_run(
+                &r.run_id,
+                &RunRecord {
+                    outcome: Some((
+                        ended.status.clone(),
+                        ended.error.clone(),
+                        ended.report.clone(),
+                    )),
+                    ..record
+                },
+            )?;
+            return Ok(watch::channel(Some(ended)).1);
+        }
+        let dir = match r.task_type.as_str() {
+            "backup" => Some(tasks::backup_dir(r.spec.as_ref())?),
+            "repair" => None,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "task_type: {other:?} is not repair or backup"
+                )))
+            }
+        };
+        let record = RunRecord {
+            cluster_uid: token.cluster_uid.clone(),
+            epoch: token.epoch,
+            outcome: None,
+        };
+        store.put_run(&r.run_id, &record)?;
+        let (stop, mut stopped) = watch::channel(false);
+        let (done, outcome_rx) = watch::channel(None);
+        runs.insert(
+            r.run_id.clone(),
+            Run {
+                uid: token.cluster_uid.clone(),
+                epoch: token.epoch,
+                stop,
+                outcome: outcome_rx.clone(),
+            },
+        );
+        let this = self.clone();
+        let run_id = r.run_id.clone();
+        tokio::spawn(async move {
+            let work = this.task(&record.cluster_uid, dir, &run_id);
+            let ended = tokio::select! {
+                result = work => match result {
+                    Ok(report) => outcome("DONE", String::new(), report),
+                    Err(e) => outcome("ERROR", e.message().to_string(), String::new()),
+                },
+                _ = stopped.wait_for(|s| *s) => outcome("STOPPED", String::new(), String::new()),
+            };
+            let saved = (
+                ended.status.clone(),
+                ended.error.clone(),
+                ended.report.clone(),
+            );
+            if let Err(e) = this.inner.store.put_run(
+                &run_id,
+                &RunRecord {
+                    outcome: Some(saved),
+                    ..record
+                },
+            ) {
+                tracing::error!(run_id, error = %e, "could not record a run's outcome");
+            }
+            this.runs.lock().expect("runs lock").remove(&run_id);
+            let _ = done.send(Some(ended));
+        });
+        Ok(outcome_rx)
+    }
+
+    async fn task(
+        &self,
+        uid: &str,
+        backup_to: Option<std::path::PathBuf>,
+        run_id: &str,
+    ) -> Result<String, Status> {
+        let cluster = self
+            .inner
+            .store
+            .cluster(uid)?
+            .ok_or_else(|| Status::not_found(format!("cluster {uid} is unknown")))?;
+        match backup_to {
+            Some(dir) => tasks::backup(&self.inner, &cluster, dir, run_id).await,
+            None => tasks::repair(&self.inner, &cluster).await,
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The durable state: the newest fencing epoch per cluster, the calls in
+//! flight, each cluster's topology and each task run's outcome, in one
+//! embedded redb file, so a restarted provider forgets nothing.
+//!
+//! # Guarantees
+//! - Every write is committed (durably) before the method that made it
+//!   returns: an epoch recorded here is refused-below after any restart.
+//!
+//! # Caveats
+//! - One process at a time: redb locks the file, so a second provider on
+//!   the same root fails to open it.
+
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+const EPOCHS: TableDefinition<&str, i64> = TableDefinition::new("epochs");
+const CLUSTERS: TableDefinition<&str, &str> = TableDefinition::new("clusters");
+const IN_FLIGHT: TableDefinition<&str, &str> = TableDefinition::new("in_flight");
+const RUNS: TableDefinition<&str, &str> = TableDefinition::new("runs");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state store: {0}")]
+    Db(String),
+    #[error("state store record: {0}")]
+    Record(#[from] serde_json::Error),
+}
+
+macro_rules! db_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Db(e.to_string()) }
+        }
+    )*};
+}
+db_err!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+impl From<StoreError> for tonic::Status {
+    fn from(e: StoreError) -> Self {
+        tonic::Status::unavailable(e.to_string())
+    }
+}
+
+/// The role of a node: the primary is Drover's control node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Primary,
+    Standby,
+}
+
+/// One node as the provider built it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    pub port: u16,
+    pub role: Role,
+    /// Version label it runs (or last ran) on.
+    pub version: String,
+    /// Offering its settings were last applied for.
+    pub offering: String,
+    /// Its data directory is complete (initdb or pg_basebackup finished).
+    pub built: bool,
+}
+
+/// One cluster: its nodes and what it should look like.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub uid: String,
+    pub offering: String,
+    pub version: String,
+    pub nodes: Vec<NodeRecord>,
+    /// Index of the next node id ("pg-N"): ids are never reused.
+    pub next_index: u32,
+    /// The nodes should be off (StopNodes), until StartNodes or a repair.
+    pub stopped: bool,
+}
+
+impl ClusterRecord {
+    pub fn primary(&self) -> Option<&NodeRecord> {
+        self.nodes.iter().find(|n| n.role == Role::Primary)
+    }
+}
+
+/// A task run as recorded: `outcome` is empty while it runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub cluster_uid: String,
+    pub epoch: i64,
+    pub outcome: Option<(String, String, String)>,
+}
+
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path)?;
+        let tx = db.begin_write()?;
+        tx.open_table(EPOCHS)?;
+        tx.open_table(CLUSTERS)?;
+        tx.open_table(IN_FLIGHT)?;
+        tx.open_table(RUNS)?;
+        tx.commit()?;
+        Ok(Self { db })
+    }
+
+    pub fn epoch(&self, uid: &str) -> Result<Option<i64>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(EPOCHS)?;
+        Ok(table.get(uid)?.map(|v| v.value()))
+    }
+
+    /// Raises the newest epoch of `uid` to `epoch` if that is newer and
+    /// returns the one it had, atomically with the check.
+    pub fn raise_epoch(&self, uid: &str, epoch: i64) -> Result<Option<i64>, StoreError> {
+        let tx = self.db.begin_write()?;
+        let old = {
+            let mut table = tx.open_table(EPOCHS)?;
+            let old = table.get(uid)?.map(|v| v.value());
+            if old.is_none_or(|old| epoch > old) {
+                table.insert(uid, epoch)?;
+            }
+            old
+        };
+        tx.commit()?;
+        Ok(old)
+    }
+
+    pub fn cluster(&self, uid: &str) -> Result<Option<ClusterRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(CLUSTERS)?;
+        let value = table.get(uid)?;
+        Ok(match value {
+            Some(v) => Some(serde_json::from_str(v.value())?),
+            None => None,
+        })
+    }
+
+    pub fn clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(CLUSTERS)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (_, v) = entry?;
+            out.push(serde_json::from_str(v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn put_cluster(&self, cluster: &ClusterRecord) -> Result<(), StoreError> {
+        let json = serde_json::to_string(cluster)?;
+        self.put(CLUSTERS, &cluster.uid, &json)
+    }
+
+    pub fn remove_cluster(&self, uid: &str) -> Result<(), StoreError> {
+        self.remove(CLUSTERS, uid)
+    }
+
+    /// Records a call in flight under `key` (method, cluster, epoch,
+    /// operation); an entry left after a crash shows what was cut short.
+    pub fn begin_call(&self, key: &str, what: &str) -> Result<(), StoreError> {
+        self.put(IN_FLIGHT, key, what)
+    }
+
+    pub fn end_call(&self, key: &str) -> Result<(), StoreError> {
+        self.remove(IN_FLIGHT, key)
+    }
+
+    /// Calls recorded in flight, e.g. those a crash cut short.
+    pub fn calls_in_flight(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(IN_FLIGHT)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (k, v) = entry?;
+            out.push((k.value().to_string(), v.value().to_string()));
+        }
+        Ok(out)
+    }
+
+    pub fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(RUNS)?;
+        let value = table.get(run_id)?;
+        Ok(match value {
+            Some(v) => Some(serde_json::from_str(v.value())?),
+            None => None,
+        })
+    }
+
+    pub fn put_run(&self, run_id: &str, run: &RunRecord) -> Result<(), StoreError> {
+        self.put(RUNS, run_id, &serde_json::to_string(run)?)
+    }
+
+    fn put(&self, def: TableDefinition<&str, &str>, k: &str, v: &str) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(def)?.insert(k, v)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn remove(&self, def: TableDefinition<&str, &str>, k: &str) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(def)?.remove(k)?;
+        tx.commit()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,291 @@
+//! Test harness: a provider served in-process over a root of its own,
+//! real PostgreSQL under it, and a guard that kills every postgres process
+//! under the root and removes it when the test ends, failed or not.
+
+#![allow(dead_code)]
+
+use drover_postgres_provider::config::{self, Config};
+use drover_postgres_provider::{serve, PostgresProvider};
+use drover_proto::provider::v1::{self as pb, provider_client::ProviderClient};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+pub const BIN: &str = "/usr/lib/postgresql/15/bin";
+pub const V1: &str = "15.0.0";
+pub const V2: &str = "15.1.0";
+
+pub struct Env {
+    pub root: PathBuf,
+    ports: (u16, u16),
+    server: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+    pub client: ProviderClient<Channel>,
+}
+
+/// A port range of `n` ports nothing listens on, starting at a port the
+/// kernel handed out (so parallel tests rarely meet).
+fn free_range(n: u16) -> (u16, u16) {
+    for _ in 0..50 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let from = probe.local_addr().unwrap().port();
+        drop(probe);
+        let Some(to) = from.checked_add(n) else {
+            continue;
+        };
+        if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return (from, to);
+        }
+    }
+    panic!("no free port range of {n}");
+}
+
+pub fn config(root: &Path, ports: (u16, u16)) -> Config {
+    assert!(
+        Path::new(BIN).join("postgres").exists(),
+        "PostgreSQL 15 is not installed (scripts/install-deps.sh installs it)"
+    );
+    Config {
+        root: root.to_path_buf(),
+        versions: [(V1.to_string(), BIN.into()), (V2.to_string(), BIN.into())].into(),
+        offerings: [
+            config::parse_offering("small=8MB:30").unwrap(),
+            config::parse_offering("medium=16MB:40").unwrap(),
+        ]
+        .into(),
+        ports,
+        run_as: "postgres".into(),
+        max_workers: 4,
+        unsafe_no_fsync: true,
+    }
+}
+
+impl Env {
+    pub async fn new(name: &str) -> Env {
+        let root = std::env::temp_dir().join(format!("drover-pg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let ports = free_range(40);
+        let (server, client) = start(&root, ports).await;
+        Env {
+            root,
+            ports,
+            server: Some(server),
+            client,
+        }
+    }
+
+    /// Stops the provider (the databases go on) and starts it again over
+    /// the same root.
+    pub async fn restart(&mut self) {
+        let (stop, handle) = self.server.take().expect("running");
+        let _ = stop.send(());
+        handle.await.unwrap();
+        let (server, client) = start(&self.root, self.ports).await;
+        self.server = Some(server);
+        self.client = client;
+    }
+}
+
+async fn start(
+    root: &Path,
+    ports: (u16, u16),
+) -> (
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    ProviderClient<Channel>,
+) {
+    let provider = PostgresProvider::open(config(root, ports)).expect("provider opens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        serve(provider, listener, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    let client = ProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    ((stop, handle), client)
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for pid in postgres_pids(&self.root) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Processes whose command line names a path under `root` (postgres runs
+/// as `postgres -D <data dir>`).
+pub fn postgres_pids(root: &Path) -> Vec<u32> {
+    let needle = root.display().to_string();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+pub fn token(uid: &str, epoch: i64) -> Option<pb::FencingToken> {
+    Some(pb::FencingToken {
+        cluster_uid: uid.into(),
+        epoch,
+        operation_id: format!("op-{epoch}"),
+    })
+}
+
+/// Runs `sql` through psql against `address` (host:port).
+pub fn psql(address: &str, sql: &str) -> Result<String, String> {
+    let (host, port) = address.split_once(':').unwrap();
+    let out = std::process::Command::new(Path::new(BIN).join("psql"))
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .args(["-h", host, "-p", port, "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+        false => Err(String::from_utf8_lossy(&out.stderr).to_string()),
+    }
+}
+
+/// Polls `f` every 200 ms until it yields, for at most `within`.
+pub async fn eventually<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub async fn describe(env: &mut Env, uid: &str) -> Vec<pb::ProviderNode> {
+    let request = pb::DescribeClusterRequest {
+        cluster_uid: uid.into(),
+        token: None,
+    };
+    env.client
+        .describe_cluster(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+}
+
+/// Polls describe until `pred` holds of the nodes.
+pub async fn describe_until(
+    env: &mut Env,
+    uid: &str,
+    what: &str,
+    pred: impl Fn(&[pb::ProviderNode]) -> bool,
+) -> Vec<pb::ProviderNode> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = describe(env, uid).await;
+        if pred(&nodes) {
+            return nodes;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {nodes:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn all_healthy(nodes: &[pb::ProviderNode]) -> bool {
+    !nodes.is_empty() && nodes.iter().all(|n| n.healthy && n.power_state == "on")
+}
+
+pub fn primary(nodes: &[pb::ProviderNode]) -> &pb::ProviderNode {
+    let controls: Vec<_> = nodes.iter().filter(|n| n.role == "control").collect();
+    assert_eq!(controls.len(), 1, "exactly one primary: {nodes:#?}");
+    controls[0]
+}
+
+pub fn address(node: &pb::ProviderNode) -> String {
+    node.facts["address"].clone()
+}
+
+/// Kills the node's postmaster with SIGKILL.
+pub fn kill9(node: &pb::ProviderNode) {
+    let pid_file = Path::new(&node.facts["data_dir"]).join("postmaster.pid");
+    let text = std::fs::read_to_string(pid_file).unwrap();
+    let pid = text.lines().next().unwrap().trim();
+    assert!(std::process::Command::new("kill")
+        .args(["-9", pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+pub async fn create(env: &mut Env, uid: &str, epoch: i64, workers: u32) -> Vec<pb::ProviderNode> {
+    let request = pb::CreateNodesRequest {
+        token: token(uid, epoch),
+        control_nodes: 1,
+        worker_nodes: workers,
+        offering: "small".into(),
+        version: V1.into(),
+    };
+    env.client
+        .create_nodes(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+}
+
+/// Creates a table of `n` rows through the primary and waits until every
+/// node can read them.
+pub async fn write_rows(nodes: &[pb::ProviderNode], n: u32) {
+    let sql = format!(
+        "CREATE TABLE items (id int PRIMARY KEY, name text); \
+         INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, {n}) g"
+    );
+    psql(&address(primary(nodes)), &sql).unwrap();
+    for node in nodes {
+        let addr = address(node);
+        eventually(Duration::from_secs(20), "rows replicated", || {
+            (psql(&addr, "SELECT count(*) FROM items").ok()? == n.to_string()).then_some(())
+        })
+        .await;
+    }
+}
+
+pub fn count_rows(node: &pb::ProviderNode) -> String {
+    psql(&address(node), "SELECT count(*) FROM items").unwrap_or_else(|e| e)
+}

@@ -23,6 +23,8 @@ pub struct Env {
         tokio::task::JoinHandle<()>,
     )>,
     pub client: ProviderClient<Channel>,
+    /// The provider's gRPC URL.
+    pub endpoint: String,
 }
 
 /// A port range of `n` ports nothing listens on, starting at a port the
@@ -67,12 +69,13 @@ impl Env {
         let root = std::env::temp_dir().join(format!("drover-pg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let ports = free_range(40);
-        let (server, client) = start(&root, ports).await;
+        let (server, client, endpoint) = start(&root, ports).await;
         Env {
             root,
             ports,
             server: Some(server),
             client,
+            endpoint,
         }
     }
 
@@ -82,9 +85,10 @@ impl Env {
         let (stop, handle) = self.server.take().expect("running");
         let _ = stop.send(());
         handle.await.unwrap();
-        let (server, client) = start(&self.root, self.ports).await;
+        let (server, client, endpoint) = start(&self.root, self.ports).await;
         self.server = Some(server);
         self.client = client;
+        self.endpoint = endpoint;
     }
 }
 
@@ -97,6 +101,7 @@ async fn start(
         tokio::task::JoinHandle<()>,
     ),
     ProviderClient<Channel>,
+    String,
 ) {
     let provider = PostgresProvider::open(config(root, ports)).expect("provider opens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -109,10 +114,9 @@ async fn start(
         .await
         .unwrap();
     });
-    let client = ProviderClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    ((stop, handle), client)
+    let endpoint = format!("http://{addr}");
+    let client = ProviderClient::connect(endpoint.clone()).await.unwrap();
+    ((stop, handle), client, endpoint)
 }
 
 impl Drop for Env {

@@ -53,7 +53,15 @@ impl Holding<'_> {
         };
         self.executor
             .observe_provider(step.provider_call(), started);
-        self.nodes = response?.into_inner().nodes;
+        let response = match response {
+            // A provider older than RepairNodes cannot repair: nothing to do
+            // here, and the health check that follows decides.
+            Err(status) if *step == Step::RepairNodes && status.code() == Code::Unimplemented => {
+                return Ok(());
+            }
+            other => other?,
+        };
+        self.nodes = response.into_inner().nodes;
         self.nodes_fresh = true;
         Ok(())
     }
@@ -124,6 +132,10 @@ impl Holding<'_> {
                         },
                     ))
                     .await
+            }
+            Step::RepairNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.repair_nodes(request).await
             }
             Step::HealthCheck => unreachable!("the health check describes"),
         }

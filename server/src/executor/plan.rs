@@ -22,6 +22,9 @@ pub enum Step {
     },
     /// Deletes these nodes, or every node when empty.
     DeleteNodes(Vec<String>),
+    /// Restarts or rebuilds the nodes that are down (a provider without
+    /// RepairNodes has nothing to do here: the health check decides).
+    RepairNodes,
     /// Every node must be on and healthy.
     HealthCheck,
 }
@@ -43,6 +46,7 @@ impl Step {
             }
             Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
             Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
+            Step::RepairNodes => "repair nodes".into(),
             Step::HealthCheck => "health check".into(),
         }
     }
@@ -56,6 +60,7 @@ impl Step {
             Step::Resize { .. } => "ResizeNodes",
             Step::UpgradeNode { .. } => "UpgradeNode",
             Step::DeleteNodes(_) => "DeleteNodes",
+            Step::RepairNodes => "RepairNodes",
             Step::HealthCheck => "DescribeCluster",
         }
     }
@@ -174,7 +179,9 @@ pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) ->
         }],
         OperationKind::RemoveNodes => vec![Step::DeleteNodes(params.node_ids.clone())],
         OperationKind::Destroy => vec![Step::DeleteNodes(Vec::new())],
-        OperationKind::Recover => vec![Step::HealthCheck],
+        // The provider restarts or rebuilds what is down; then, as for any
+        // operation that ends with the cluster up, every node must be ready.
+        OperationKind::Recover => vec![Step::RepairNodes, Step::HealthCheck],
     }
 }
 

@@ -9,10 +9,11 @@
 //! epoch, so no watch event starts it again and no read follows.
 
 use super::start::Origin;
-use super::{needs_nodes, plan, Executor};
+use super::{needs_nodes, plan, shape, Asked, Executor};
 use crate::cluster::{ClusterRecord, Spec};
 use crate::operation::{
-    AcceptPlan, LifecycleError, LifecycleRequest, OperationRecord, OperationState, Progress,
+    AcceptPlan, LifecycleError, LifecycleRequest, OperationKind, OperationRecord, OperationState,
+    Progress,
 };
 use crate::owner_work::InFlight;
 use crate::replication::Claim;
@@ -44,6 +45,9 @@ impl Executor {
                 // Schemas only grow: etcd holds one at least as new (and the
                 // refusal is logged and counted once).
                 Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
+                // Asking a provider that could not be asked again would only
+                // double the caller's wait.
+                Err(error @ LifecycleError::ProviderUnavailable(_)) => return Err(error),
                 Ok(None) | Err(_) => {}
             }
         }
@@ -62,6 +66,7 @@ impl Executor {
         request: &LifecycleRequest,
     ) -> Result<Option<OperationRecord>, LifecycleError> {
         let mut plan = self.operations.plan_accept(view, request)?;
+        self.check_shape_change(&plan, request.kind).await?;
         let Some((claim, mark)) = self.claim_at_accept(&mut plan) else {
             let accepted = self.operations.commit_accept(plan).await?;
             return Ok(accepted.map(|accepted| accepted.operation));
@@ -91,6 +96,26 @@ impl Executor {
         })
         .await
         .expect("the accept task does not panic")
+    }
+
+    /// Asks the provider about the shape `plan` leaves the cluster in, when
+    /// it is another than the cluster's now (a request that keeps the shape,
+    /// such as a stop, never asks).
+    async fn check_shape_change(
+        &self,
+        plan: &AcceptPlan,
+        kind: OperationKind,
+    ) -> Result<(), LifecycleError> {
+        let before = shape(&plan.view().spec.spec);
+        let after = shape(plan.spec_after());
+        if before == after {
+            return Ok(());
+        }
+        let asked = Asked::Change {
+            kind,
+            before: &before,
+        };
+        self.check_shape(&plan.view().spec.uid, asked, after).await
     }
 
     /// Folds this replica's claim into the accept, when it owns the cluster

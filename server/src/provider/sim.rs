@@ -148,6 +148,43 @@ struct State {
     /// The seeded random faults.
     faults: Faults,
     audit: Vec<pb::AuditEntry>,
+    /// What ValidateSpec accepts (and GetCapabilities reports).
+    known: Known,
+}
+
+/// The versions and node offerings the simulator says it builds; an empty
+/// list means any, so a simulator told nothing accepts every shape.
+#[derive(Default, Clone)]
+pub struct Known {
+    pub versions: Vec<String>,
+    pub offerings: Vec<String>,
+}
+
+impl Known {
+    /// What is wrong with `shape` for a provider that builds only these.
+    fn violations(&self, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
+        let unknown = |field: &str, what: &str, value: &str, known: &[String]| {
+            (!known.is_empty() && !known.iter().any(|k| k == value)).then(|| pb::SpecViolation {
+                field: field.into(),
+                reason: format!(
+                    "{what} {value:?} is not one this provider builds ({})",
+                    known.join(", ")
+                ),
+            })
+        };
+        [
+            unknown("version", "version", &shape.version, &self.versions),
+            unknown(
+                "node_offering",
+                "node offering",
+                &shape.offering,
+                &self.offerings,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// The simulator; clones share one state. Serve it as both services.
@@ -174,6 +211,12 @@ impl SimProvider {
             .faults
             .configure(Some(plan), Some(seed), Some(max_delay));
         sim
+    }
+
+    /// Makes ValidateSpec refuse versions and offerings not in `known`.
+    pub fn knowing(self, known: Known) -> Self {
+        self.lock().known = known;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -753,13 +796,16 @@ impl Provider for SimProvider {
             .map(Response::new)
     }
 
-    /// The simulator builds any shape Drover's own validation lets through.
+    /// The simulator builds any shape Drover's own validation lets through,
+    /// of the versions and offerings it was told (any, when told none).
     async fn validate_spec(
         &self,
-        _request: Request<pb::ValidateSpecRequest>,
+        request: Request<pb::ValidateSpecRequest>,
     ) -> Reply<pb::ValidateSpecResponse> {
         self.on_entry("ValidateSpec", false, false).await?;
-        Ok(Response::new(pb::ValidateSpecResponse::default()))
+        let shape = request.into_inner().shape.unwrap_or_default();
+        let violations = self.lock().known.violations(&shape);
+        Ok(Response::new(pb::ValidateSpecResponse { violations }))
     }
 
     async fn get_capabilities(
@@ -767,8 +813,11 @@ impl Provider for SimProvider {
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Reply<pb::Capabilities> {
         self.on_entry("GetCapabilities", false, false).await?;
+        let known = self.lock().known.clone();
         Ok(Response::new(pb::Capabilities {
             kind: "simulator".into(),
+            versions: known.versions,
+            offerings: known.offerings,
             max_control_nodes: 7,
             min_control_nodes: 1,
             max_worker_nodes: 1000,
@@ -829,6 +878,12 @@ impl Simulator for SimProvider {
         }
         if let Some(task_latency) = config.task_latency_ms {
             state.task_latency = Duration::from_millis(task_latency);
+        }
+        if let Some(versions) = config.versions {
+            state.known.versions = versions.names;
+        }
+        if let Some(offerings) = config.offerings {
+            state.known.offerings = offerings.names;
         }
         Ok(Response::new(pb::SimulatorReply {}))
     }

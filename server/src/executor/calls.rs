@@ -262,6 +262,67 @@ impl Holding<'_> {
     }
 }
 
+impl Holding<'_> {
+    /// The order the provider upgrades roles in, by `deadline`: asked once
+    /// (then cached); a provider without GetCapabilities upgrades control
+    /// nodes first. A provider that cannot be asked fails the upgrade
+    /// rather than have it go in an order that may harm it (a primary
+    /// before its replicas).
+    pub(super) async fn upgrade_order(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<pb::UpgradeOrder, Option<OperationError>> {
+        let bound = deadline.min(tokio::time::Instant::now() + DESCRIBE_TIMEOUT);
+        match tokio::time::timeout_at(bound, self.executor.capabilities()).await {
+            Ok(Ok(capabilities)) => Ok(capabilities.upgrade_order()),
+            Ok(Err(status)) => {
+                let message = format!(
+                    "asking the provider's capabilities before the upgrade failed: {}",
+                    status.message()
+                );
+                Err(error(status.code(), message))
+            }
+            Err(_) => {
+                let message = "timed out asking the provider's capabilities before the upgrade";
+                Err(error(Code::DeadlineExceeded, message))
+            }
+        }
+    }
+}
+
+impl super::Executor {
+    /// What the provider supports, asked once and kept (it says callers may
+    /// cache it); a provider without GetCapabilities has the defaults.
+    pub(super) async fn capabilities(&self) -> Result<pb::Capabilities, tonic::Status> {
+        if let Some(known) = self.capabilities_known() {
+            return Ok(known);
+        }
+        let mut provider = self.provider.clone();
+        let started = Instant::now();
+        let answer = provider
+            .get_capabilities(pb::GetCapabilitiesRequest {})
+            .await;
+        self.observe_provider("GetCapabilities", started);
+        let capabilities = match answer {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == Code::Unimplemented => pb::Capabilities::default(),
+            Err(status) => return Err(status),
+        };
+        *self.capabilities_cache() = Some(capabilities.clone());
+        Ok(capabilities)
+    }
+
+    fn capabilities_known(&self) -> Option<pb::Capabilities> {
+        self.capabilities_cache().clone()
+    }
+
+    fn capabilities_cache(&self) -> std::sync::MutexGuard<'_, Option<pb::Capabilities>> {
+        self.capabilities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Whether `status` ended a call at the end of the claim it was made
 /// under (see [`due_by`]), rather than being the provider's answer. Such a
 /// call is asked again once the claim is renewed: provider calls are

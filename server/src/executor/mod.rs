@@ -41,7 +41,7 @@ mod start;
 mod submit;
 
 pub use plan::{check_plan_input, needs_nodes, plan, resume_index, Step};
-pub use shape::{shape, Asked};
+pub use shape::{shape, Answered, Asked};
 
 use crate::cluster::ClusterCache;
 use crate::config::{OrphanPolicy, Timeouts};
@@ -69,6 +69,9 @@ pub struct Executor {
     /// the records only when this says a batch is due (or the cluster was
     /// just adopted).
     history: Mutex<HashMap<String, usize>>,
+    /// The provider's capabilities once asked (GetCapabilities may be
+    /// cached): the upgrade order.
+    capabilities: Mutex<Option<drover_proto::provider::v1::Capabilities>>,
 }
 
 impl Executor {
@@ -88,6 +91,7 @@ impl Executor {
             timeouts,
             orphans,
             history: Mutex::new(HashMap::new()),
+            capabilities: Mutex::new(None),
         })
     }
 

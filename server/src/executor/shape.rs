@@ -90,6 +90,11 @@ pub fn refusal(
     Some(FieldError::new(asked.field(&first.field, after), reason))
 }
 
+/// The provider's last answer within one request: an accept decided again
+/// on a fresh read (the cached view lost) asks again only for another shape.
+#[derive(Debug, Default)]
+pub struct Answered(Option<(pb::ClusterShape, Vec<pb::SpecViolation>)>);
+
 impl Executor {
     /// Refuses `after` (the shape the request leaves the cluster
     /// `cluster_uid` in; empty for a create) when the provider would, or
@@ -99,15 +104,23 @@ impl Executor {
         cluster_uid: &str,
         asked: Asked<'_>,
         after: pb::ClusterShape,
+        answered: &mut Answered,
     ) -> Result<(), LifecycleError> {
-        let request = pb::ValidateSpecRequest {
-            cluster_uid: cluster_uid.to_string(),
-            shape: Some(after.clone()),
+        let violations = match &answered.0 {
+            Some((shape, violations)) if *shape == after => violations.clone(),
+            _ => {
+                let request = pb::ValidateSpecRequest {
+                    cluster_uid: cluster_uid.to_string(),
+                    shape: Some(after.clone()),
+                };
+                let Some(answer) = self.validate_spec(request).await? else {
+                    return Ok(());
+                };
+                answered.0 = Some((after.clone(), answer.violations.clone()));
+                answer.violations
+            }
         };
-        let Some(answer) = self.validate_spec(request).await? else {
-            return Ok(());
-        };
-        match refusal(asked, &after, &answer.violations) {
+        match refusal(asked, &after, &violations) {
             Some(refused) => Err(refused.into()),
             None => Ok(()),
         }

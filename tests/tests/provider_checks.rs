@@ -116,10 +116,7 @@ async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
     let nodes = f.sim.nodes(&cluster.uid).await;
     assert!(nodes.iter().all(|n| n.healthy), "{nodes:?}");
     let audit = f.sim.audit(&cluster.uid).await;
-    assert!(
-        audit.iter().any(|e| e.method == "RepairNodes"),
-        "{audit:?}"
-    );
+    assert!(audit.iter().any(|e| e.method == "RepairNodes"), "{audit:?}");
     assert_transitions_are_edges(&f.etcd.store().await, "/drover/v1/").await;
 }
 
@@ -244,4 +241,33 @@ async fn a_provider_that_cannot_be_asked_makes_the_create_unavailable() {
     );
     assert!(started.elapsed() < Duration::from_secs(15), "bounded");
     assert_eq!(f.keys_of("later"), Vec::<String>::new());
+}
+
+/// The provider's facts about each node reach the status, and droverctl
+/// shows them in `cluster get -o json`.
+#[tokio::test]
+async fn node_facts_reach_the_status_and_droverctl() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = create_running(&mut f.client, "facts", 1).await;
+    let nodes = cluster.status.unwrap().nodes;
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for node in &nodes {
+        let address = node.facts.get("address").map(String::as_str);
+        let expected = format!("{}.simulated:5432", node.id);
+        assert_eq!(address, Some(expected.as_str()), "{node:?}");
+    }
+    let shown = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
+        .args(["--endpoint", &f.replica.endpoint()])
+        .args(["cluster", "get", "facts", "-o", "json"])
+        .output()
+        .expect("run droverctl");
+    assert!(shown.status.success(), "{shown:?}");
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    let node = &json["status"]["nodes"][0];
+    let id = node["id"].as_str().unwrap();
+    assert_eq!(
+        node["facts"]["address"],
+        format!("{id}.simulated:5432"),
+        "{json}"
+    );
 }

@@ -160,7 +160,12 @@ impl ClustersService {
         if let Some(executor) = &self.executor {
             let after = crate::executor::shape(&spec);
             executor
-                .check_shape("", crate::executor::Asked::Create, after, &mut Default::default())
+                .check_shape(
+                    "",
+                    crate::executor::Asked::Create,
+                    after,
+                    &mut Default::default(),
+                )
                 .await?;
         }
         let (cluster, operation) = self

@@ -317,9 +317,7 @@ impl super::Executor {
     }
 
     fn capabilities_cache(&self) -> std::sync::MutexGuard<'_, Option<pb::Capabilities>> {
-        self.capabilities
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.capabilities.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -255,7 +255,10 @@ mod tests {
         let created = vec![Step::CreateNodes, Step::HealthCheck];
         let stopped = start_from(ClusterState::Stopped);
         assert!(!needs_nodes(&stopped));
-        assert_eq!(plan(&stopped, &Spec::default(), &[], CONTROL_FIRST), powered_on);
+        assert_eq!(
+            plan(&stopped, &Spec::default(), &[], CONTROL_FIRST),
+            powered_on
+        );
         let fresh = start_from(ClusterState::Created);
         assert!(!needs_nodes(&fresh));
         assert_eq!(plan(&fresh, &Spec::default(), &[], CONTROL_FIRST), created);
@@ -263,7 +266,10 @@ mod tests {
         assert!(needs_nodes(&failed));
         assert_eq!(plan(&failed, &Spec::default(), &[], CONTROL_FIRST), created);
         let nodes = [node("control-0", "control", "1.29.0")];
-        assert_eq!(plan(&failed, &Spec::default(), &nodes, CONTROL_FIRST), powered_on);
+        assert_eq!(
+            plan(&failed, &Spec::default(), &nodes, CONTROL_FIRST),
+            powered_on
+        );
     }
 
     #[test]

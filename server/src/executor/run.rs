@@ -163,7 +163,12 @@ impl Holding<'_> {
         } else {
             UpgradeOrder::ControlFirst
         };
-        Ok(plan(&self.operation, &self.cluster.spec.spec, &nodes, order))
+        Ok(plan(
+            &self.operation,
+            &self.cluster.spec.spec,
+            &nodes,
+            order,
+        ))
     }
 
     /// Runs step `index` of `steps`, first persisting the progress when

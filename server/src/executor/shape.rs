@@ -192,13 +192,19 @@ mod tests {
         };
         let workers = [violation("worker_nodes", "at most 4")];
         assert_eq!(refusal(add, &added, &workers).unwrap().field, "count");
-        assert!(refusal(add, &added, &[]).is_none(), "no violation: accepted");
+        assert!(
+            refusal(add, &added, &[]).is_none(),
+            "no violation: accepted"
+        );
     }
 
     #[test]
     fn every_violation_is_in_the_refusal() {
         let after = shape_of(2, "xl", "9.9.9");
-        let both = [violation("node_offering", "unknown"), violation("version", "unknown")];
+        let both = [
+            violation("node_offering", "unknown"),
+            violation("version", "unknown"),
+        ];
         let refused = refusal(Asked::Create, &after, &both).unwrap();
         assert_eq!(refused.field, "spec.node_offering");
         assert!(refused.reason.contains("also spec.version"), "{refused}");

@@ -479,14 +479,16 @@ fn share(n: usize, partial: bool) -> usize {
 }
 
 fn node(role: &str, index: u32, version: &str, offering: &str) -> pb::ProviderNode {
+    let id = format!("{role}-{index}");
     pb::ProviderNode {
-        id: format!("{role}-{index}"),
+        // As a real provider's: where to reach the node.
+        facts: [("address".to_string(), format!("{id}.simulated:5432"))].into(),
+        id,
         role: role.to_string(),
         power_state: "on".to_string(),
         version: version.to_string(),
         healthy: true,
         offering: offering.to_string(),
-        facts: Default::default(),
     }
 }
 
@@ -757,7 +759,10 @@ impl Provider for SimProvider {
                 run_outcome("STOPPED", String::new())
             }
             None => tokio::select! {
-                _ = tokio::time::sleep(latency) => run_outcome("DONE", String::new()),
+                _ = tokio::time::sleep(latency) => pb::RunTaskResponse {
+                    report: done_report(&r.task_type, r.spec.as_ref()),
+                    ..run_outcome("DONE", String::new())
+                },
                 _ = stopped.wait_for(|stop| *stop) => run_outcome("STOPPED", String::new()),
             },
         };
@@ -832,6 +837,19 @@ fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {
         status: status.to_string(),
         error,
         report: String::new(),
+    }
+}
+
+/// What a simulated run that ended DONE reports: where a backup went (its
+/// declared locations), what a repair looked at.
+fn done_report(task_type: &str, spec: Option<&drover_proto::v1::TaskSpec>) -> String {
+    use drover_proto::v1::task_spec::Properties;
+    match spec.and_then(|s| s.properties.as_ref()) {
+        Some(Properties::Backup(backup)) => {
+            format!("simulated backup to {}", backup.location.join(", "))
+        }
+        Some(Properties::Repair(_)) => "simulated repair: nothing to fix".into(),
+        None => format!("simulated {task_type} run (no spec sent)"),
     }
 }
 

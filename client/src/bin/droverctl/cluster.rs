@@ -483,7 +483,22 @@ fn cluster_json(cluster: &v1::Cluster) -> Value {
             "current_operation": status.current_operation,
             "observed_generation": status.observed_generation,
             "message": status.message,
+            "nodes": status.nodes.iter().map(node_json).collect::<Vec<_>>(),
         },
+    })
+}
+
+/// A node as last observed, with the provider's facts about it (as of the
+/// last status write).
+fn node_json(node: &v1::Node) -> Value {
+    let facts: std::collections::BTreeMap<&String, &String> = node.facts.iter().collect();
+    json!({
+        "id": node.id,
+        "role": node.role,
+        "power_state": node.power_state,
+        "version": node.version,
+        "ready": node.ready,
+        "facts": facts,
     })
 }
 

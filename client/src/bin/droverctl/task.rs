@@ -242,6 +242,7 @@ fn run_json(run: &v1::TaskRun) -> Value {
         "finished_at": time(&run.finished_at),
         "attempt": run.attempt,
         "error": run.error,
+        "report": run.report,
     })
 }
 
@@ -340,7 +341,7 @@ fn print_runs(output: Output, runs: &[v1::TaskRun]) {
         }
         Output::Table => {
             outln!(
-                "{:<52} {:<8} {:<26} {:>7}  ERROR",
+                "{:<52} {:<8} {:<26} {:>7}  ERROR OR REPORT",
                 "ID",
                 "STATUS",
                 "STARTED",
@@ -353,7 +354,7 @@ fn print_runs(output: Output, runs: &[v1::TaskRun]) {
                     run_status(run.status),
                     time(&run.started_at).unwrap_or_default(),
                     run.attempt,
-                    run.error.clone().unwrap_or_default(),
+                    run.error.clone().or(run.report.clone()).unwrap_or_default(),
                 );
             }
         }

@@ -946,3 +946,37 @@ async fn a_run_that_outlasts_the_timeout_is_stopped_and_counted_an_error() {
         "the hung run was stopped: {audit:#?}"
     );
 }
+
+/// A run carries its task's spec to the provider, and the provider's report
+/// is kept on the run: the simulator reports where a backup went, from the
+/// spec's locations (here a `file:` directory). A relative directory is
+/// refused naming the field.
+#[tokio::test]
+async fn a_run_carries_its_spec_and_keeps_the_providers_report() {
+    let mut f = Fixture::new(1).await;
+    create_running(&mut f.client, "db", 1).await;
+    let mut relative = backup("local");
+    if let Some(v1::task_spec::Properties::Backup(b)) = relative.properties.as_mut() {
+        b.location = vec!["file:var/backups".into()];
+    }
+    let refused = f.put("db", relative).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().starts_with("task.backup.location[0]: "),
+        "{}",
+        refused.message()
+    );
+    let mut local = backup("local");
+    if let Some(v1::task_spec::Properties::Backup(b)) = local.properties.as_mut() {
+        b.location = vec!["dc1:file:/var/backups/drover".into()];
+    }
+    f.put("db", local).await.expect("a file: location");
+    let status = wait_status(&f.client, "db", T::Backup, "local", "the backup", is_done).await;
+    let report = status.last_run.unwrap().report;
+    assert_eq!(
+        report.as_deref(),
+        Some("simulated backup to dc1:file:/var/backups/drover")
+    );
+    let runs = f.runs("db", T::Backup, "local").await;
+    assert_eq!(runs[0].report, report, "kept on the run record too");
+}

@@ -155,6 +155,19 @@ impl ClustersService {
         if start && self.executor.is_none() {
             return Err(LifecycleError::NoProvider.into());
         }
+        // Before anything is written: a shape the provider would refuse is
+        // refused here, not by a start that fails later.
+        if let Some(executor) = &self.executor {
+            let after = crate::executor::shape(&spec);
+            executor
+                .check_shape(
+                    "",
+                    crate::executor::Asked::Create,
+                    after,
+                    &mut Default::default(),
+                )
+                .await?;
+        }
         let (cluster, operation) = self
             .operations
             .create_cluster(&request.name, spec, &request.request_id, start)

@@ -112,6 +112,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                     power_state: node.power_state,
                     version: node.version,
                     ready: node.ready,
+                    facts: node.facts.into_iter().collect(),
                 })
                 .collect(),
             current_version: status.current_version,
@@ -353,6 +354,7 @@ pub fn task_run_to_proto(run: TaskRun) -> v1::TaskRun {
         finished_at: run.finished_at.as_deref().and_then(timestamp),
         error: run.error,
         attempt: run.attempt,
+        report: run.report,
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod admin;
 mod clusters;
-mod convert;
+pub(crate) mod convert;
 mod error;
 mod operations;
 mod tasks;

@@ -30,6 +30,14 @@ struct Args {
     /// milliseconds.
     #[arg(long, env = "DROVER_SIM_FAULT_DELAY_MS", default_value_t = 200)]
     fault_delay_ms: u64,
+    /// Versions it builds, comma-separated; ValidateSpec refuses others.
+    /// Empty (the default): any.
+    #[arg(long, env = "DROVER_SIM_VERSIONS", value_delimiter = ',')]
+    versions: Vec<String>,
+    /// Node offerings it builds, comma-separated; ValidateSpec refuses
+    /// others. Empty (the default): any.
+    #[arg(long, env = "DROVER_SIM_OFFERINGS", value_delimiter = ',')]
+    offerings: Vec<String>,
 }
 
 #[tokio::main]
@@ -71,7 +79,11 @@ async fn main() -> ExitCode {
         }
     };
     let delay = Duration::from_millis(args.fault_delay_ms);
-    let provider = SimProvider::with_faults(args.faults, args.fault_seed, delay);
+    let known = sim::Known {
+        versions: args.versions,
+        offerings: args.offerings,
+    };
+    let provider = SimProvider::with_faults(args.faults, args.fault_seed, delay).knowing(known);
     match sim::serve(provider, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

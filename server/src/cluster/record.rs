@@ -108,6 +108,11 @@ pub struct NodeStatus {
     pub power_state: String,
     pub version: String,
     pub ready: bool,
+    /// The provider's facts about the node as of this write. They change on
+    /// their own (a replication lag), so they are refreshed whenever the
+    /// status is written and are never a reason to write it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: BTreeMap<String, String>,
 }
 
 /// Every record of one cluster, read together.

@@ -53,7 +53,15 @@ impl Holding<'_> {
         };
         self.executor
             .observe_provider(step.provider_call(), started);
-        self.nodes = response?.into_inner().nodes;
+        let response = match response {
+            // A provider older than RepairNodes cannot repair: nothing to do
+            // here, and the health check that follows decides.
+            Err(status) if *step == Step::RepairNodes && status.code() == Code::Unimplemented => {
+                return Ok(());
+            }
+            other => other?,
+        };
+        self.nodes = response.into_inner().nodes;
         self.nodes_fresh = true;
         Ok(())
     }
@@ -124,6 +132,10 @@ impl Holding<'_> {
                         },
                     ))
                     .await
+            }
+            Step::RepairNodes => {
+                let request = due_by(deadline, pb::PowerRequest { token });
+                provider.repair_nodes(request).await
             }
             Step::HealthCheck => unreachable!("the health check describes"),
         }
@@ -247,6 +259,65 @@ impl Holding<'_> {
             Ok(answer) => answer.map_err(Some),
             Err(_) => Err(None),
         }
+    }
+}
+
+impl Holding<'_> {
+    /// The order the provider upgrades roles in, by `deadline`: asked once
+    /// (then cached); a provider without GetCapabilities upgrades control
+    /// nodes first. A provider that cannot be asked fails the upgrade
+    /// rather than have it go in an order that may harm it (a primary
+    /// before its replicas).
+    pub(super) async fn upgrade_order(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<pb::UpgradeOrder, Option<OperationError>> {
+        let bound = deadline.min(tokio::time::Instant::now() + DESCRIBE_TIMEOUT);
+        match tokio::time::timeout_at(bound, self.executor.capabilities()).await {
+            Ok(Ok(capabilities)) => Ok(capabilities.upgrade_order()),
+            Ok(Err(status)) => {
+                let message = format!(
+                    "asking the provider's capabilities before the upgrade failed: {}",
+                    status.message()
+                );
+                Err(error(status.code(), message))
+            }
+            Err(_) => {
+                let message = "timed out asking the provider's capabilities before the upgrade";
+                Err(error(Code::DeadlineExceeded, message))
+            }
+        }
+    }
+}
+
+impl super::Executor {
+    /// What the provider supports, asked once and kept (it says callers may
+    /// cache it); a provider without GetCapabilities has the defaults.
+    pub(super) async fn capabilities(&self) -> Result<pb::Capabilities, tonic::Status> {
+        if let Some(known) = self.capabilities_known() {
+            return Ok(known);
+        }
+        let mut provider = self.provider.clone();
+        let started = Instant::now();
+        let answer = provider
+            .get_capabilities(pb::GetCapabilitiesRequest {})
+            .await;
+        self.observe_provider("GetCapabilities", started);
+        let capabilities = match answer {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == Code::Unimplemented => pb::Capabilities::default(),
+            Err(status) => return Err(status),
+        };
+        *self.capabilities_cache() = Some(capabilities.clone());
+        Ok(capabilities)
+    }
+
+    fn capabilities_known(&self) -> Option<pb::Capabilities> {
+        self.capabilities_cache().clone()
+    }
+
+    fn capabilities_cache(&self) -> std::sync::MutexGuard<'_, Option<pb::Capabilities>> {
+        self.capabilities.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -226,5 +226,6 @@ fn node_status(node: &pb::ProviderNode) -> NodeStatus {
         power_state: node.power_state.clone(),
         version: node.version.clone(),
         ready: node.healthy && node.power_state == "on",
+        facts: node.facts.clone().into_iter().collect(),
     }
 }

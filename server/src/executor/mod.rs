@@ -6,7 +6,8 @@
 //! accepted elsewhere or left by a lost owner), `run` (the steps),
 //! `holding` (what a running operation holds, and the fenced commit every
 //! write goes through), `calls` (provider calls under the claim), `finish`
-//! (how an operation ends), `plan` (the steps as plain data).
+//! (how an operation ends), `plan` (the steps as plain data), `shape` (the
+//! provider's say on a shape before an accept writes it).
 //!
 //! # Guarantees
 //! - Every write the executor makes goes through `Holding::commit`, which
@@ -35,10 +36,12 @@ mod finish;
 mod holding;
 mod plan;
 mod run;
+mod shape;
 mod start;
 mod submit;
 
 pub use plan::{check_plan_input, needs_nodes, plan, resume_index, Step};
+pub use shape::{shape, Answered, Asked};
 
 use crate::cluster::ClusterCache;
 use crate::config::{OrphanPolicy, Timeouts};
@@ -66,6 +69,9 @@ pub struct Executor {
     /// the records only when this says a batch is due (or the cluster was
     /// just adopted).
     history: Mutex<HashMap<String, usize>>,
+    /// The provider's capabilities once asked (GetCapabilities may be
+    /// cached): the upgrade order.
+    capabilities: Mutex<Option<drover_proto::provider::v1::Capabilities>>,
 }
 
 impl Executor {
@@ -85,6 +91,7 @@ impl Executor {
             timeouts,
             orphans,
             history: Mutex::new(HashMap::new()),
+            capabilities: Mutex::new(None),
         })
     }
 

@@ -3,7 +3,7 @@
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterState, Spec};
 use crate::operation::{OperationKind, OperationRecord};
-use drover_proto::provider::v1::ProviderNode;
+use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
 
 /// One provider call of an operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,9 @@ pub enum Step {
     },
     /// Deletes these nodes, or every node when empty.
     DeleteNodes(Vec<String>),
+    /// Restarts or rebuilds the nodes that are down (a provider without
+    /// RepairNodes has nothing to do here: the health check decides).
+    RepairNodes,
     /// Every node must be on and healthy.
     HealthCheck,
 }
@@ -43,6 +46,7 @@ impl Step {
             }
             Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
             Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
+            Step::RepairNodes => "repair nodes".into(),
             Step::HealthCheck => "health check".into(),
         }
     }
@@ -56,6 +60,7 @@ impl Step {
             Step::Resize { .. } => "ResizeNodes",
             Step::UpgradeNode { .. } => "UpgradeNode",
             Step::DeleteNodes(_) => "DeleteNodes",
+            Step::RepairNodes => "RepairNodes",
             Step::HealthCheck => "DescribeCluster",
         }
     }
@@ -128,8 +133,14 @@ pub fn resume_index(operation: &OperationRecord, steps: &[Step]) -> usize {
 }
 
 /// The steps of `operation` on a cluster with `spec` (already the desired
-/// spec) and `nodes` as the provider reports them now.
-pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) -> Vec<Step> {
+/// spec) and `nodes` as the provider reports them now; an upgrade goes
+/// through the roles in the provider's `order`.
+pub fn plan(
+    operation: &OperationRecord,
+    spec: &Spec,
+    nodes: &[ProviderNode],
+    order: UpgradeOrder,
+) -> Vec<Step> {
     let params = &operation.params;
     match operation.kind {
         // The first start provisions (creating is idempotent); so does a
@@ -155,11 +166,14 @@ pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) ->
                 .version
                 .clone()
                 .unwrap_or_else(|| spec.version.clone());
-            // Control-plane nodes first; nodes already at the target are
+            // By role in the provider's order (control nodes first unless it
+            // says workers first: a database switches its primary over to an
+            // upgraded replica last); nodes already at the target are
             // skipped, so an interrupted upgrade can simply be run again.
             let mut pending: Vec<&ProviderNode> =
                 nodes.iter().filter(|n| n.version != target).collect();
-            pending.sort_by_key(|n| (n.role != "control", n.id.clone()));
+            let control_last = order == UpgradeOrder::WorkersFirst;
+            pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
             pending
                 .into_iter()
                 .map(|n| Step::UpgradeNode {
@@ -174,7 +188,9 @@ pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) ->
         }],
         OperationKind::RemoveNodes => vec![Step::DeleteNodes(params.node_ids.clone())],
         OperationKind::Destroy => vec![Step::DeleteNodes(Vec::new())],
-        OperationKind::Recover => vec![Step::HealthCheck],
+        // The provider restarts or rebuilds what is down; then, as for any
+        // operation that ends with the cluster up, every node must be ready.
+        OperationKind::Recover => vec![Step::RepairNodes, Step::HealthCheck],
     }
 }
 
@@ -182,6 +198,8 @@ pub fn plan(operation: &OperationRecord, spec: &Spec, nodes: &[ProviderNode]) ->
 mod tests {
     use super::*;
     use crate::operation::OperationParams;
+
+    const CONTROL_FIRST: UpgradeOrder = UpgradeOrder::ControlFirst;
 
     fn node(id: &str, role: &str, version: &str) -> ProviderNode {
         ProviderNode {
@@ -237,15 +255,21 @@ mod tests {
         let created = vec![Step::CreateNodes, Step::HealthCheck];
         let stopped = start_from(ClusterState::Stopped);
         assert!(!needs_nodes(&stopped));
-        assert_eq!(plan(&stopped, &Spec::default(), &[]), powered_on);
+        assert_eq!(
+            plan(&stopped, &Spec::default(), &[], CONTROL_FIRST),
+            powered_on
+        );
         let fresh = start_from(ClusterState::Created);
         assert!(!needs_nodes(&fresh));
-        assert_eq!(plan(&fresh, &Spec::default(), &[]), created);
+        assert_eq!(plan(&fresh, &Spec::default(), &[], CONTROL_FIRST), created);
         let failed = start_from(ClusterState::Error);
         assert!(needs_nodes(&failed));
-        assert_eq!(plan(&failed, &Spec::default(), &[]), created);
+        assert_eq!(plan(&failed, &Spec::default(), &[], CONTROL_FIRST), created);
         let nodes = [node("control-0", "control", "1.29.0")];
-        assert_eq!(plan(&failed, &Spec::default(), &nodes), powered_on);
+        assert_eq!(
+            plan(&failed, &Spec::default(), &nodes, CONTROL_FIRST),
+            powered_on
+        );
     }
 
     #[test]
@@ -270,15 +294,55 @@ mod tests {
             node("worker-1", "worker", "1.30.0"),
             node("control-0", "control", "1.29.0"),
         ];
-        let steps = plan(&op, &Spec::default(), &nodes);
-        let ids: Vec<String> = steps
+        let ids = upgraded(&plan(&op, &Spec::default(), &nodes, CONTROL_FIRST));
+        assert_eq!(ids, ["control-0", "worker-0"]);
+    }
+
+    fn upgraded(steps: &[Step]) -> Vec<String> {
+        steps
             .iter()
             .map(|s| match s {
                 Step::UpgradeNode { node_id, .. } => node_id.clone(),
                 other => panic!("{other:?}"),
             })
-            .collect();
-        assert_eq!(ids, ["control-0", "worker-0"]);
+            .collect()
+    }
+
+    /// A provider that switches its primary over to an upgraded replica
+    /// wants the workers first and the control node last.
+    #[test]
+    fn upgrade_goes_workers_first_when_the_provider_says_so() {
+        let nodes = [
+            node("worker-1", "worker", "1.29.0"),
+            node("control-0", "control", "1.29.0"),
+            node("worker-0", "worker", "1.29.0"),
+            node("worker-2", "worker", "1.30.0"),
+        ];
+        let op = upgrade_to("1.30.0");
+        let steps = plan(&op, &Spec::default(), &nodes, UpgradeOrder::WorkersFirst);
+        assert_eq!(upgraded(&steps), ["worker-0", "worker-1", "control-0"]);
+        let steps = plan(&op, &Spec::default(), &nodes, CONTROL_FIRST);
+        assert_eq!(upgraded(&steps), ["control-0", "worker-0", "worker-1"]);
+    }
+
+    #[test]
+    fn recover_repairs_then_checks_health() {
+        let op = OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Recover,
+            Event::RecoveryRequested,
+            OperationParams::default(),
+            ClusterState::Alert,
+            ClusterState::Recovering,
+            "",
+            String::new(),
+        );
+        let steps = plan(&op, &Spec::default(), &[], CONTROL_FIRST);
+        assert_eq!(steps, [Step::RepairNodes, Step::HealthCheck]);
+        assert_eq!(Step::RepairNodes.name(), "repair nodes");
+        assert!(Step::RepairNodes.is_mutating());
     }
 
     fn upgrade_to(version: &str) -> OperationRecord {
@@ -315,7 +379,7 @@ mod tests {
     #[test]
     fn a_resumed_operation_picks_up_at_its_persisted_step_of_the_same_plan() {
         let mut op = start_from(ClusterState::Created);
-        let steps = plan(&op, &Spec::default(), &[]);
+        let steps = plan(&op, &Spec::default(), &[], CONTROL_FIRST);
         assert_eq!(resume_index(&op, &steps), 0, "never started");
         op.progress = Some(crate::operation::Progress {
             step: 2,

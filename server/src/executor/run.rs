@@ -8,6 +8,7 @@ use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::Event;
 use crate::cluster::now_rfc3339;
 use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState, Progress};
+use drover_proto::provider::v1::UpgradeOrder;
 use tonic::Code;
 
 impl Executor {
@@ -157,7 +158,17 @@ impl Holding<'_> {
         };
         check_plan_input(&self.operation, &nodes)
             .map_err(|message| error(Code::FailedPrecondition, message))?;
-        Ok(plan(&self.operation, &self.cluster.spec.spec, &nodes))
+        let order = if self.operation.kind == OperationKind::Upgrade {
+            self.upgrade_order(deadline).await?
+        } else {
+            UpgradeOrder::ControlFirst
+        };
+        Ok(plan(
+            &self.operation,
+            &self.cluster.spec.spec,
+            &nodes,
+            order,
+        ))
     }
 
     /// Runs step `index` of `steps`, first persisting the progress when

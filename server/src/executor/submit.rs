@@ -9,10 +9,11 @@
 //! epoch, so no watch event starts it again and no read follows.
 
 use super::start::Origin;
-use super::{needs_nodes, plan, Executor};
+use super::{needs_nodes, plan, shape, Answered, Asked, Executor};
 use crate::cluster::{ClusterRecord, Spec};
 use crate::operation::{
-    AcceptPlan, LifecycleError, LifecycleRequest, OperationRecord, OperationState, Progress,
+    AcceptPlan, LifecycleError, LifecycleRequest, OperationKind, OperationRecord, OperationState,
+    Progress,
 };
 use crate::owner_work::InFlight;
 use crate::replication::Claim;
@@ -35,8 +36,9 @@ impl Executor {
         // transaction on it first (it compares the revisions it read, so a
         // stale view only loses). Any refusal or lost race on the cached
         // view is decided again on a read from etcd.
+        let mut answered = Answered::default();
         if let Some(Ok(cached)) = self.cache.get(cluster) {
-            match self.accept_on(cached, &request).await {
+            match self.accept_on(cached, &request, &mut answered).await {
                 Ok(Some(record)) => return Ok(record),
                 // etcd's answer, not the view's: an unreachable etcd (or a
                 // write whose outcome is unknown) is the caller's to retry.
@@ -44,11 +46,14 @@ impl Executor {
                 // Schemas only grow: etcd holds one at least as new (and the
                 // refusal is logged and counted once).
                 Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
+                // Asking a provider that could not be asked again would only
+                // double the caller's wait.
+                Err(error @ LifecycleError::ProviderUnavailable(_)) => return Err(error),
                 Ok(None) | Err(_) => {}
             }
         }
         let current = self.operations.registry().get(cluster).await?;
-        match self.accept_on(current, &request).await? {
+        match self.accept_on(current, &request, &mut answered).await? {
             Some(record) => Ok(record),
             None => Err(self.operations.explain_lost_race(cluster, &request).await),
         }
@@ -60,8 +65,11 @@ impl Executor {
         self: &Arc<Self>,
         view: ClusterRecord,
         request: &LifecycleRequest,
+        answered: &mut Answered,
     ) -> Result<Option<OperationRecord>, LifecycleError> {
         let mut plan = self.operations.plan_accept(view, request)?;
+        self.check_shape_change(&plan, request.kind, answered)
+            .await?;
         let Some((claim, mark)) = self.claim_at_accept(&mut plan) else {
             let accepted = self.operations.commit_accept(plan).await?;
             return Ok(accepted.map(|accepted| accepted.operation));
@@ -91,6 +99,28 @@ impl Executor {
         })
         .await
         .expect("the accept task does not panic")
+    }
+
+    /// Asks the provider about the shape `plan` leaves the cluster in, when
+    /// it is another than the cluster's now (a request that keeps the shape,
+    /// such as a stop, never asks).
+    async fn check_shape_change(
+        &self,
+        plan: &AcceptPlan,
+        kind: OperationKind,
+        answered: &mut Answered,
+    ) -> Result<(), LifecycleError> {
+        let before = shape(&plan.view().spec.spec);
+        let after = shape(plan.spec_after());
+        if before == after {
+            return Ok(());
+        }
+        let asked = Asked::Change {
+            kind,
+            before: &before,
+        };
+        self.check_shape(&plan.view().spec.uid, asked, after, answered)
+            .await
     }
 
     /// Folds this replica's claim into the accept, when it owns the cluster
@@ -125,7 +155,10 @@ impl Executor {
         if needs_nodes(operation) {
             return None;
         }
-        let steps = plan(operation, spec, &[]);
+        // An upgrade is never claimed here (it plans from the nodes), so the
+        // upgrade order does not matter.
+        let order = drover_proto::provider::v1::UpgradeOrder::ControlFirst;
+        let steps = plan(operation, spec, &[], order);
         let first = steps.first()?;
         operation.state = OperationState::Running;
         operation.run_by(self.work.replication().replica_id(), claim.epoch);

@@ -82,7 +82,7 @@ fn desired_spec(
 
 /// The request's own field for a field of the spec it would produce: the
 /// caller sent `count` or `autoscaling`, not a spec.
-fn request_field(kind: OperationKind, spec_field: &str) -> String {
+pub fn request_field(kind: OperationKind, spec_field: &str) -> String {
     let field = spec_field.strip_prefix("spec.").unwrap_or(spec_field);
     match (kind, field) {
         (OperationKind::AddNodes, "worker_nodes") => "count".to_string(),

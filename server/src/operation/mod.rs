@@ -24,7 +24,7 @@ mod accept;
 mod feed;
 mod record;
 
-pub use accept::{AcceptPlan, Accepted, LifecycleRequest};
+pub use accept::{request_field, AcceptPlan, Accepted, LifecycleRequest};
 pub use record::{
     OperationError, OperationKind, OperationParams, OperationRecord, OperationRun, OperationState,
     Progress, RequestRecord,

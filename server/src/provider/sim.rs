@@ -152,6 +152,43 @@ struct State {
     /// The seeded random faults.
     faults: Faults,
     audit: Vec<pb::AuditEntry>,
+    /// What ValidateSpec accepts (and GetCapabilities reports).
+    known: Known,
+}
+
+/// The versions and node offerings the simulator says it builds; an empty
+/// list means any, so a simulator told nothing accepts every shape.
+#[derive(Default, Clone)]
+pub struct Known {
+    pub versions: Vec<String>,
+    pub offerings: Vec<String>,
+}
+
+impl Known {
+    /// What is wrong with `shape` for a provider that builds only these.
+    fn violations(&self, shape: &pb::ClusterShape) -> Vec<pb::SpecViolation> {
+        let unknown = |field: &str, what: &str, value: &str, known: &[String]| {
+            (!known.is_empty() && !known.iter().any(|k| k == value)).then(|| pb::SpecViolation {
+                field: field.into(),
+                reason: format!(
+                    "{what} {value:?} is not one this provider builds ({})",
+                    known.join(", ")
+                ),
+            })
+        };
+        [
+            unknown("version", "version", &shape.version, &self.versions),
+            unknown(
+                "node_offering",
+                "node offering",
+                &shape.offering,
+                &self.offerings,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// The simulator; clones share one state. Serve it as both services.
@@ -178,6 +215,12 @@ impl SimProvider {
             .faults
             .configure(Some(plan), Some(seed), Some(max_delay));
         sim
+    }
+
+    /// Makes ValidateSpec refuse versions and offerings not in `known`.
+    pub fn knowing(self, known: Known) -> Self {
+        self.lock().known = known;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -448,14 +491,16 @@ fn share(n: usize, partial: bool) -> usize {
 }
 
 fn node(role: &str, index: u32, version: &str, offering: &str) -> pb::ProviderNode {
+    let id = format!("{role}-{index}");
     pb::ProviderNode {
-        id: format!("{role}-{index}"),
+        // As a real provider's: where to reach the node.
+        facts: [("address".to_string(), format!("{id}.simulated:5432"))].into(),
+        id,
         role: role.to_string(),
         power_state: "on".to_string(),
         version: version.to_string(),
         healthy: true,
         offering: offering.to_string(),
-        facts: Default::default(),
     }
 }
 
@@ -726,7 +771,10 @@ impl Provider for SimProvider {
                 run_outcome("STOPPED", String::new())
             }
             None => tokio::select! {
-                _ = tokio::time::sleep(latency) => run_outcome("DONE", String::new()),
+                _ = tokio::time::sleep(latency) => pb::RunTaskResponse {
+                    report: done_report(&r.task_type, r.spec.as_ref()),
+                    ..run_outcome("DONE", String::new())
+                },
                 _ = stopped.wait_for(|stop| *stop) => run_outcome("STOPPED", String::new()),
             },
         };
@@ -765,14 +813,17 @@ impl Provider for SimProvider {
             .map(Response::new)
     }
 
-    /// Refuses a shape outside [`capabilities`]; any version and offering.
+    /// Refuses node counts outside [`capabilities`], and versions and
+    /// offerings other than those it was told (any, when told none).
     async fn validate_spec(
         &self,
         request: Request<pb::ValidateSpecRequest>,
     ) -> Reply<pb::ValidateSpecResponse> {
         self.on_entry("ValidateSpec", false, false).await?;
         let shape = request.into_inner().shape.unwrap_or_default();
-        let violations = violations(&capabilities(), &shape);
+        let known = self.lock().known.clone();
+        let mut violations = violations(&capabilities(&known), &shape);
+        violations.extend(known.violations(&shape));
         Ok(Response::new(pb::ValidateSpecResponse { violations }))
     }
 
@@ -781,15 +832,19 @@ impl Provider for SimProvider {
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Reply<pb::Capabilities> {
         self.on_entry("GetCapabilities", false, false).await?;
-        Ok(Response::new(capabilities()))
+        let known = self.lock().known.clone();
+        Ok(Response::new(capabilities(&known)))
     }
 }
 
 /// What the simulator builds: the node counts Drover's own validation
-/// allows, any version and offering, both task types.
-fn capabilities() -> pb::Capabilities {
+/// allows, the versions and offerings it was told (any, when none), both
+/// task types.
+fn capabilities(known: &Known) -> pb::Capabilities {
     pb::Capabilities {
         kind: "simulator".into(),
+        versions: known.versions.clone(),
+        offerings: known.offerings.clone(),
         max_control_nodes: 7,
         min_control_nodes: 1,
         max_worker_nodes: 1000,
@@ -830,6 +885,19 @@ fn run_outcome(status: &str, error: String) -> pb::RunTaskResponse {
         status: status.to_string(),
         error,
         report: String::new(),
+    }
+}
+
+/// What a simulated run that ended DONE reports: where a backup went (its
+/// declared locations), what a repair looked at.
+fn done_report(task_type: &str, spec: Option<&drover_proto::v1::TaskSpec>) -> String {
+    use drover_proto::v1::task_spec::Properties;
+    match spec.and_then(|s| s.properties.as_ref()) {
+        Some(Properties::Backup(backup)) => {
+            format!("simulated backup to {}", backup.location.join(", "))
+        }
+        Some(Properties::Repair(_)) => "simulated repair: nothing to fix".into(),
+        None => format!("simulated {task_type} run (no spec sent)"),
     }
 }
 
@@ -876,6 +944,12 @@ impl Simulator for SimProvider {
         }
         if let Some(task_latency) = config.task_latency_ms {
             state.task_latency = Duration::from_millis(task_latency);
+        }
+        if let Some(versions) = config.versions {
+            state.known.versions = versions.names;
+        }
+        if let Some(offerings) = config.offerings {
+            state.known.offerings = offerings.names;
         }
         Ok(Response::new(pb::SimulatorReply {}))
     }

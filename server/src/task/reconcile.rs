@@ -354,6 +354,7 @@ mod tests {
             started_at: Some(format_time(now())),
             finished_at: None,
             error: None,
+            report: None,
         }
     }
 

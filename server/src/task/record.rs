@@ -48,6 +48,9 @@ pub struct TaskRun {
     pub finished_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the run found or produced, in the provider's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
 }
 
 /// `clusters/<cluster>/tasks/<type>/<name>`: what exists of one task. The

@@ -397,6 +397,7 @@ impl TaskScheduler {
             started_at: Some(format_time(Utc::now())),
             finished_at: None,
             error: None,
+            report: None,
         };
         let mut started = record.clone();
         started.last_run = Some(run.clone());
@@ -458,7 +459,9 @@ impl TaskScheduler {
             task_type: record.task_type.name().to_string(),
             task_name: record.name.clone(),
             run_id: run.id.clone(),
-            spec: None,
+            // What the task is, as declared: a backup's locations, a
+            // repair's options.
+            spec: Some(crate::api::convert::task_spec_to_proto(record.spec.clone())),
         };
         tokio::spawn(async move {
             let _hold = hold;
@@ -487,18 +490,20 @@ impl TaskScheduler {
             let outcome = match ended {
                 Ok(response) => {
                     let response = response.into_inner();
-                    match response.status.as_str() {
-                        "DONE" => Some((RunStatus::Done, None)),
-                        "STOPPED" => Some((RunStatus::Stopped, None)),
-                        _ => Some((
+                    let report = (!response.report.is_empty()).then_some(response.report);
+                    let (status, error) = match response.status.as_str() {
+                        "DONE" => (RunStatus::Done, None),
+                        "STOPPED" => (RunStatus::Stopped, None),
+                        _ => (
                             RunStatus::Error,
                             Some(if response.error.is_empty() {
                                 format!("the provider reported {:?}", response.status)
                             } else {
                                 response.error
                             }),
-                        )),
-                    }
+                        ),
+                    };
+                    Some((status, error, report))
                 }
                 // Fenced off or no longer the owner: the new owner aborts it.
                 Err(status)
@@ -511,14 +516,16 @@ impl TaskScheduler {
                     None
                 }
                 Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
-                    Some((RunStatus::Error, Some(status.message().to_string())))
+                    Some((RunStatus::Error, Some(status.message().to_string()), None))
                 }
                 Err(status) => Some((
                     RunStatus::Error,
                     Some(format!("provider: {}", status.message())),
+                    None,
                 )),
             };
-            if let Some((status, error)) = outcome {
+            if let Some((status, error, report)) = outcome {
+                let run = TaskRun { report, ..run };
                 if let Err(error) = this
                     .finish_run(&cluster, &task_key, &run, status, error, claim)
                     .await

@@ -186,6 +186,7 @@ mod tests {
                 started_at: None,
                 finished_at: None,
                 error: None,
+                report: None,
             };
             let key = keys.task_run("c", "t1", slot);
             store

@@ -2,7 +2,8 @@
 //! a type (not across types) and never UUID-shaped; cron parses and carries
 //! no TZ; a time zone loads and only comes with cron; an interval is zero
 //! with cron; repair intensity is a float; a backup needs well-formed
-//! locations (`[dc:]provider:bucket`). Every error names the field.
+//! locations (`[dc:]provider:bucket`, or `[dc:]file:/absolute/directory`
+//! for a bucket that is a directory). Every error names the field.
 
 use super::{schedule, BackupProperties, RepairProperties, TaskSchedule, TaskSpec, TaskType};
 use crate::cluster::validate::{FieldError, Validation};
@@ -242,8 +243,15 @@ fn backup_properties(field: &str, b: &BackupProperties) -> Validation {
     Ok(())
 }
 
-/// `[dc:]provider:bucket`, provider one of s3, gcs, azure.
+/// The longest directory of a `file:` location.
+const MAX_FILE_LOCATION: usize = 1024;
+
+/// `[dc:]provider:bucket`, provider one of s3, gcs, azure; or
+/// `[dc:]file:/directory`.
 fn backup_location(field: &str, location: &str) -> Validation {
+    if let Some(checked) = file_location(field, location) {
+        return checked;
+    }
     let parts: Vec<&str> = location.split(':').collect();
     let (dc, provider, bucket) = match parts.as_slice() {
         [provider, bucket] => (None, *provider, *bucket),
@@ -283,6 +291,39 @@ fn backup_location(field: &str, location: &str) -> Validation {
         ));
     }
     Ok(())
+}
+
+/// A `[dc:]file:/directory` location checked, or `None` for another kind.
+/// The directory is absolute (a relative one would depend on where the
+/// provider runs) and has no `..` (it names the directory it means).
+fn file_location(field: &str, location: &str) -> Option<Validation> {
+    let (dc, path) = match location.strip_prefix("file:") {
+        Some(path) => (None, path),
+        None => {
+            let (dc, rest) = location.split_once(':')?;
+            (Some(dc), rest.strip_prefix("file:")?)
+        }
+    };
+    if dc.is_some_and(|dc| !is_dc(dc)) {
+        return Some(Err(FieldError::new(
+            field,
+            format!("{location:?}: the data centre before the first ':' must be 1-253 characters without spaces"),
+        )));
+    }
+    let well_formed = path.starts_with('/')
+        && path.len() <= MAX_FILE_LOCATION
+        && !path.chars().any(char::is_control)
+        && !path.split('/').any(|part| part == "..");
+    Some(if well_formed {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!(
+                "{location:?}: a file location names an absolute directory (file:/path, at most {MAX_FILE_LOCATION} characters, no '..')"
+            ),
+        ))
+    })
 }
 
 /// `[dc:]<non-negative integer>`.
@@ -531,5 +572,28 @@ mod tests {
         assert_eq!(field_of(&[task.clone()]), "spec.tasks[0].backup.location");
         task.backup = None;
         assert_eq!(field_of(&[task]), "spec.tasks[0].backup.location");
+    }
+
+    #[test]
+    fn a_file_location_is_an_absolute_directory() {
+        let mut task = backup("b");
+        for good in ["file:/var/backups/drover", "dc1:file:/srv/b", "file:/"] {
+            task.backup.as_mut().unwrap().location = vec![good.into()];
+            assert_eq!(tasks("spec.tasks", &[task.clone()]), Ok(()), "{good}");
+        }
+        for bad in [
+            "file:backups",
+            "file:",
+            "dc1:file:relative/dir",
+            "file:/var/../etc",
+            "bad dc:file:/srv",
+        ] {
+            task.backup.as_mut().unwrap().location = vec!["file:/ok".into(), bad.into()];
+            assert_eq!(
+                field_of(&[task.clone()]),
+                "spec.tasks[0].backup.location[1]",
+                "{bad}"
+            );
+        }
     }
 }

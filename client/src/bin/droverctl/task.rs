@@ -301,7 +301,7 @@ fn print_runs(output: Output, runs: &[v1::TaskRun]) {
         runs.iter().for_each(|r| outln!("{}", r.id));
         return;
     }
-    let mut table = Table::new(["ID", "STATUS", "STARTED", "ATTEMPT", "ERROR"]);
+    let mut table = Table::new(["ID", "STATUS", "STARTED", "ATTEMPT", "ERROR", "REPORT"]);
     for run in runs {
         table.row([
             run.id.clone(),
@@ -309,6 +309,7 @@ fn print_runs(output: Output, runs: &[v1::TaskRun]) {
             time(&run.started_at).unwrap_or_default(),
             run.attempt.to_string(),
             run.error.clone().unwrap_or_default(),
+            run.report.clone().unwrap_or_default(),
         ]);
     }
     table.print();

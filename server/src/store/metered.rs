@@ -11,8 +11,29 @@ pub struct MeteredStore {
     metrics: Arc<Metrics>,
 }
 
+/// The request kinds this store labels its metrics with.
+const REQUESTS: [&str; 9] = [
+    "get",
+    "range",
+    "txn",
+    "lease_grant",
+    "lease_keepalive",
+    "lease_revoke",
+    "lease_ttl",
+    "watch",
+    "compact",
+];
+
 impl MeteredStore {
+    /// Wraps `inner`; the error counters start at 0 for every request
+    /// kind, so a first failure is an increase the alert rules see.
     pub fn wrap(inner: SharedStore, metrics: Arc<Metrics>) -> SharedStore {
+        for request in REQUESTS {
+            let request = request.to_string();
+            let _ = metrics
+                .etcd_request_errors
+                .get_or_create(&RequestLabels { request });
+        }
         Arc::new(Self { inner, metrics })
     }
 

@@ -90,7 +90,7 @@ pub const OPERATION_BUCKETS: [f64; 14] = [
 ];
 
 fn operation_histogram() -> Histogram {
-    Histogram::new(OPERATION_BUCKETS.into_iter())
+    Histogram::new(OPERATION_BUCKETS)
 }
 
 /// The operations running on this replica now: kind and accepted time, by a

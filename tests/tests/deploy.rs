@@ -37,7 +37,10 @@ fn text(output: &Output) -> String {
     )
 }
 
-const MANIFESTS: [&str; 2] = ["deploy/kubernetes/drover.yaml", "deploy/kubernetes/etcd.yaml"];
+const MANIFESTS: [&str; 2] = [
+    "deploy/kubernetes/drover.yaml",
+    "deploy/kubernetes/etcd.yaml",
+];
 const VENV: &str = "scripts/install-deps.sh (into .venv)";
 
 #[test]
@@ -84,13 +87,23 @@ fn check_pod(workload: &Value) {
         let c = &container["securityContext"];
         assert_eq!(c["allowPrivilegeEscalation"], false, "{who}: escalation");
         assert_eq!(c["readOnlyRootFilesystem"], true, "{who}: read-only root");
-        assert_eq!(c["capabilities"]["drop"], serde_json::json!(["ALL"]), "{who}: caps");
+        assert_eq!(
+            c["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{who}: caps"
+        );
         for probe in ["livenessProbe", "readinessProbe"] {
             assert!(container[probe].is_object(), "{who}: {probe}");
         }
         let resources = &container["resources"];
-        assert!(resources["requests"]["cpu"].is_string(), "{who}: cpu request");
-        assert!(resources["limits"]["memory"].is_string(), "{who}: memory limit");
+        assert!(
+            resources["requests"]["cpu"].is_string(),
+            "{who}: cpu request"
+        );
+        assert!(
+            resources["limits"]["memory"].is_string(),
+            "{who}: memory limit"
+        );
     }
 }
 
@@ -101,7 +114,10 @@ fn check_spread(workload: &Value, budgets: &[&Value]) {
     let pod = &workload["spec"]["template"]["spec"];
     let spread = pod["topologySpreadConstraints"]
         .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["topologyKey"] == "kubernetes.io/hostname"));
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c["topologyKey"] == "kubernetes.io/hostname")
+        });
     let anti = pod["affinity"]["podAntiAffinity"].is_object();
     assert!(spread || anti, "{who}: not spread over nodes");
     let labels = &workload["spec"]["template"]["metadata"]["labels"];
@@ -167,7 +183,9 @@ fn drover_reads_its_secrets_and_outlives_its_hand_off_on_kubernetes() {
     for key in ["tls_cert", "tls_key", "auth_tokens"] {
         let path = setting(toml, key).unwrap_or_else(|| panic!("{key} in drover.toml"));
         assert!(
-            secret_mounts.iter().any(|m| path.starts_with(&format!("{m}/"))),
+            secret_mounts
+                .iter()
+                .any(|m| path.starts_with(&format!("{m}/"))),
             "{key} = {path} is in no mounted Secret ({secret_mounts:?})"
         );
     }
@@ -177,7 +195,9 @@ fn drover_reads_its_secrets_and_outlives_its_hand_off_on_kubernetes() {
         .expect("handoff_grace in drover.toml")
         .parse()
         .expect("seconds");
-    let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("grace");
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("grace");
     assert!(
         grace >= handoff + DRAIN_SECONDS + MARGIN_SECONDS,
         "terminationGracePeriodSeconds {grace} < handoff_grace {handoff} + {DRAIN_SECONDS} s drain + {MARGIN_SECONDS} s"
@@ -188,6 +208,7 @@ fn drover_reads_its_secrets_and_outlives_its_hand_off_on_kubernetes() {
     let provider = setting(toml, "provider").expect("provider");
     let authority = provider.trim_start_matches("http://");
     let (host, port) = authority.split_once(':').expect("host:port");
+    let port: u64 = port.parse().expect("a port number");
     let service = of_kind(&docs, "Service")
         .into_iter()
         .find(|s| name(s) == host)
@@ -196,7 +217,7 @@ fn drover_reads_its_secrets_and_outlives_its_hand_off_on_kubernetes() {
         .as_array()
         .unwrap()
         .iter()
-        .any(|p| p["port"].to_string() == port));
+        .any(|p| p["port"] == port));
     let selector = &service["spec"]["selector"];
     assert!(
         of_kind(&docs, "Deployment")
@@ -229,12 +250,19 @@ fn the_systemd_units_verify_and_are_sandboxed() {
         let path = path.to_string_lossy();
         let verified = run(analyze, &["verify", "--man=no", &path], "systemd");
         let said = text(&verified);
-        assert!(verified.status.success() && said.trim().is_empty(), "{unit}: {said}");
+        assert!(
+            verified.status.success() && said.trim().is_empty(),
+            "{unit}: {said}"
+        );
         let security = run(analyze, &["security", "--offline=true", &path], "systemd");
         let said = text(&security);
         let exposure: f64 = said
             .lines()
-            .find_map(|l| l.split_once("Overall exposure level for ")?.1.split_once(": "))
+            .find_map(|l| {
+                l.split_once("Overall exposure level for ")?
+                    .1
+                    .split_once(": ")
+            })
             .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
             .unwrap_or_else(|| panic!("{unit}: no exposure level in\n{said}"));
         assert!(exposure <= 2.0, "{unit}: exposure {exposure}\n{said}");

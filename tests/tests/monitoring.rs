@@ -2,10 +2,10 @@
 //! check and their unit tests, and every metric the rules and the Grafana
 //! dashboard query is one a live replica exports.
 
+use drover_client::v1;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_client::v1;
 use drover_tests::{create_running, scrape, wait_until};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -164,7 +164,11 @@ async fn every_metric_the_dashboard_and_the_rules_query_is_exported_by_a_replica
         "queried but not exported: {missing:?}\n{exposition}"
     );
     let samples = scrape::metrics(&replica.admin_endpoint()).await;
-    let provider_calls = scrape::sum(&samples, "drover_provider_request_duration_seconds_count", "");
+    let provider_calls = scrape::sum(
+        &samples,
+        "drover_provider_request_duration_seconds_count",
+        "",
+    );
     assert!(provider_calls > 0.0, "no provider call recorded");
 }
 

@@ -4,7 +4,10 @@
 # replicas' allocator, jemalloc, is built from source), PostgreSQL 15 for
 # the PostgreSQL provider, and, for the Python
 # client test, grpcio + grpcio-tools in the workspace's own virtual
-# environment (.venv; never the system Python). Does nothing when present.
+# environment (.venv; never the system Python); promtool (Debian's
+# prometheus package) for the alert rules' tests, and kubernetes-validate
+# (in .venv) for the Kubernetes manifests' schema test. Does nothing when
+# present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,17 +21,25 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "installing: ${missing[*]}" >&2
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Without recommends: prometheus would bring the node exporter and more.
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if ! .venv/bin/python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
   echo "installing: grpcio grpcio-tools (pip, into .venv)" >&2
   python3 -m venv .venv
   .venv/bin/python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
+
+if ! .venv/bin/python3 -c "import kubernetes_validate" >/dev/null 2>&1; then
+  echo "installing: kubernetes-validate (pip, into .venv)" >&2
+  [ -x .venv/bin/python3 ] || python3 -m venv .venv
+  .venv/bin/python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate
 fi

@@ -1,5 +1,24 @@
 //! Metrics, in one registry passed explicitly to whatever records them, and
 //! rendered in the Prometheus text format by the admin HTTP port.
+//!
+//! # Guarantees
+//! - The counters the alert rules divide or compare (`drover_operations_total`
+//!   by kind and result, `drover_task_runs_total` by task type and final
+//!   status) exist at 0 from the start for every kind, result, type and
+//!   status: `increase()` sees a first failure, and a rule's "no success"
+//!   side has a series to compare even for a type that never succeeded.
+//! - `drover_oldest_running_operation_age_seconds{kind}` is computed at each
+//!   scrape from the operations this replica runs now (accepted time to
+//!   now); 0 for a kind with none running here. Every kind has a series.
+//!
+//! # Assumptions
+//! - Label values come from fixed sets (kinds, results, task types, store
+//!   and provider calls): no label carries a cluster or task name, so the
+//!   series count does not grow with the clusters.
+//!
+//! # Caveats
+//! - Each replica reports only what it runs or ran: sum or max over the
+//!   replicas (the alert rules do).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -7,7 +26,18 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use crate::kind::OperationKind;
+use crate::task::TaskType;
+
+/// Results of a finished operation, as `drover_operations_total` labels them.
+const OPERATION_RESULTS: [&str; 3] = ["succeeded", "failed", "cancelled"];
+/// Final statuses of a task run, as `drover_task_runs_total` labels them.
+const RUN_STATUSES: [&str; 4] = ["done", "error", "stopped", "aborted"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
@@ -33,6 +63,11 @@ pub struct TaskRunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskTypeLabels {
+    pub task_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IssueLabels {
     pub issue: String,
 }
@@ -47,13 +82,57 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+/// Operations take seconds (a stop) to hours (a rolling upgrade of a large
+/// cluster): 1 s .. 8 h, so a p99 over an hour is still a bucket.
+pub const OPERATION_BUCKETS: [f64; 14] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0,
+    28800.0,
+];
+
+fn operation_histogram() -> Histogram {
+    Histogram::new(OPERATION_BUCKETS)
+}
+
+/// The operations running on this replica now: kind and accepted time, by a
+/// number each [`Running`] mark holds.
+#[derive(Default)]
+struct RunningOperations {
+    next: AtomicU64,
+    running: Mutex<HashMap<u64, (OperationKind, SystemTime)>>,
+}
+
+/// Marks one operation as running here until dropped.
+pub struct Running {
+    id: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        lock(&self.metrics.running.running).remove(&self.id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere must not stop the metrics: the map stays consistent
+    // (every change is one insert or remove).
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Every metric Drover records.
 pub struct Metrics {
     registry: Registry,
     pub operations: Family<OperationLabels, Counter>,
     pub operation_seconds: Family<KindLabels, Histogram, fn() -> Histogram>,
+    /// Refreshed from `running` at each render.
+    oldest_running: Family<KindLabels, Gauge<f64, AtomicU64>>,
+    running: RunningOperations,
     pub transitions: Family<TransitionLabels, Counter>,
     pub etcd_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// Store requests that returned an error (etcd unreachable, timed out).
+    pub etcd_request_errors: Family<RequestLabels, Counter>,
     pub provider_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
@@ -72,6 +151,9 @@ pub struct Metrics {
     pub liveness_peers_connected: Gauge,
     pub newer_schema_skipped: Counter,
     pub task_runs: Family<TaskRunLabels, Counter>,
+    /// When a run of the type last ended done on this replica (Unix
+    /// seconds); absent until one did.
+    pub task_last_success: Family<TaskTypeLabels, Gauge<f64, AtomicU64>>,
     /// 1 for each known etcd issue the etcd in use has (by its version).
     pub etcd_known_issues: Family<IssueLabels, Gauge>,
 }
@@ -87,12 +169,18 @@ impl Metrics {
         );
         let operation_seconds =
             Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                seconds_histogram,
+                operation_histogram,
             );
         registry.register(
             "operation_duration_seconds",
             "Operation duration from acceptance to end",
             operation_seconds.clone(),
+        );
+        let oldest_running = Family::<KindLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "oldest_running_operation_age_seconds",
+            "Age (since acceptance) of the oldest operation of the kind running on this replica; 0 when none runs",
+            oldest_running.clone(),
         );
         let transitions = Family::<TransitionLabels, Counter>::default();
         registry.register(
@@ -108,6 +196,12 @@ impl Metrics {
             "etcd_request_duration_seconds",
             "Store request latency by request kind",
             etcd_request_seconds.clone(),
+        );
+        let etcd_request_errors = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "etcd_request_errors",
+            "Store requests that failed (etcd unreachable, timed out, refused) by request kind",
+            etcd_request_errors.clone(),
         );
         let provider_request_seconds =
             Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -190,18 +284,27 @@ impl Metrics {
             "Finished task runs by task type and status",
             task_runs.clone(),
         );
+        let task_last_success = Family::<TaskTypeLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "task_last_success_timestamp_seconds",
+            "When a run of the task type last ended done on this replica (Unix seconds)",
+            task_last_success.clone(),
+        );
         let etcd_known_issues = Family::<IssueLabels, Gauge>::default();
         registry.register(
             "etcd_known_issue",
             "Known etcd issues of the etcd version in use (see PRODUCTION.md)",
             etcd_known_issues.clone(),
         );
-        Arc::new(Self {
+        let metrics = Arc::new(Self {
             registry,
             operations,
             operation_seconds,
+            oldest_running,
+            running: RunningOperations::default(),
             transitions,
             etcd_request_seconds,
+            etcd_request_errors,
             provider_request_seconds,
             keepalive_failures,
             clusters_owned,
@@ -215,8 +318,88 @@ impl Metrics {
             liveness_peers_connected,
             newer_schema_skipped,
             task_runs,
+            task_last_success,
             etcd_known_issues,
-        })
+        });
+        metrics.create_alerted_series();
+        metrics
+    }
+
+    /// Creates at 0 the series the alert rules compare (see the module's
+    /// Guarantees).
+    fn create_alerted_series(&self) {
+        for kind in OperationKind::ALL {
+            let kind = kind.name().to_string();
+            for result in OPERATION_RESULTS {
+                let result = result.to_string();
+                let kind = kind.clone();
+                let _ = self
+                    .operations
+                    .get_or_create(&OperationLabels { kind, result });
+            }
+            let _ = self.oldest_running.get_or_create(&KindLabels { kind });
+        }
+        for task_type in TaskType::ALL {
+            for status in RUN_STATUSES {
+                let task_type = task_type.name().to_string();
+                let status = status.to_string();
+                let _ = self
+                    .task_runs
+                    .get_or_create(&TaskRunLabels { task_type, status });
+            }
+        }
+    }
+
+    /// Marks an operation of `kind` accepted at `accepted` as running here
+    /// until the mark is dropped: it counts in
+    /// `drover_oldest_running_operation_age_seconds`.
+    pub fn running(self: &Arc<Self>, kind: OperationKind, accepted: SystemTime) -> Running {
+        let id = self.running.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.running.running).insert(id, (kind, accepted));
+        Running {
+            id,
+            metrics: Arc::clone(self),
+        }
+    }
+
+    /// Counts a finished task run; a done one also sets its type's last
+    /// success time.
+    pub fn task_run_finished(&self, task_type: TaskType, status: &str, at: SystemTime) {
+        let task_type = task_type.name().to_string();
+        if status == "done" {
+            let seconds = at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            self.task_last_success
+                .get_or_create(&TaskTypeLabels {
+                    task_type: task_type.clone(),
+                })
+                .set(seconds);
+        }
+        let status = status.to_string();
+        self.task_runs
+            .get_or_create(&TaskRunLabels { task_type, status })
+            .inc();
+    }
+
+    /// Sets each kind's oldest-running age from the running marks.
+    fn refresh_oldest_running(&self) {
+        let now = SystemTime::now();
+        let mut oldest: HashMap<OperationKind, f64> = HashMap::new();
+        for (kind, accepted) in lock(&self.running.running).values() {
+            let age = now.duration_since(*accepted).unwrap_or_default();
+            let entry = oldest.entry(*kind).or_default();
+            *entry = entry.max(age.as_secs_f64());
+        }
+        for kind in OperationKind::ALL {
+            let age = oldest.get(&kind).copied().unwrap_or(0.0);
+            self.oldest_running
+                .get_or_create(&KindLabels {
+                    kind: kind.name().to_string(),
+                })
+                .set(age);
+        }
     }
 
     /// Counts a state change (nothing when the state stays).
@@ -231,9 +414,102 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.refresh_oldest_running();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The value of the one sample line starting with `series` (name and
+    /// labels as rendered).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map(|value| value.parse().expect("a number"))
+    }
+
+    #[test]
+    fn oldest_running_age_is_zero_for_every_kind_when_none_runs() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        for kind in OperationKind::ALL {
+            let series = format!(
+                "drover_oldest_running_operation_age_seconds{{kind=\"{}\"}}",
+                kind.name()
+            );
+            assert_eq!(sample(&text, &series), Some(0.0), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn oldest_running_age_follows_the_oldest_mark_of_its_kind() {
+        let metrics = Metrics::new();
+        let now = SystemTime::now();
+        let old = metrics.running(OperationKind::Upgrade, now - Duration::from_secs(7200));
+        let _young = metrics.running(OperationKind::Upgrade, now - Duration::from_secs(10));
+        let series = "drover_oldest_running_operation_age_seconds{kind=\"upgrade\"}";
+        let age = sample(&metrics.render(), series).expect("an upgrade series");
+        assert!((7200.0..7300.0).contains(&age), "age {age}");
+        let stop = "drover_oldest_running_operation_age_seconds{kind=\"stop\"}";
+        assert_eq!(sample(&metrics.render(), stop), Some(0.0));
+        drop(old);
+        let age = sample(&metrics.render(), series).expect("an upgrade series");
+        assert!(
+            (10.0..100.0).contains(&age),
+            "age {age} once the old one ended"
+        );
+        drop(_young);
+        assert_eq!(sample(&metrics.render(), series), Some(0.0));
+    }
+
+    #[test]
+    fn operation_durations_have_buckets_of_hours() {
+        let metrics = Metrics::new();
+        let labels = KindLabels {
+            kind: "upgrade".into(),
+        };
+        metrics
+            .operation_seconds
+            .get_or_create(&labels)
+            .observe(5000.0);
+        let text = metrics.render();
+        let bucket = |le: &str| {
+            let series =
+                format!("drover_operation_duration_seconds_bucket{{le=\"{le}\",kind=\"upgrade\"}}");
+            sample(&text, &series).unwrap_or_else(|| panic!("{series} in\n{text}"))
+        };
+        assert_eq!(bucket("3600.0"), 0.0);
+        assert_eq!(bucket("7200.0"), 1.0);
+        assert_eq!(bucket("28800.0"), 1.0);
+    }
+
+    #[test]
+    fn a_done_run_sets_its_types_last_success_and_a_failed_one_does_not() {
+        let metrics = Metrics::new();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        metrics.task_run_finished(TaskType::Backup, "error", at);
+        let text = metrics.render();
+        assert!(!text.contains("drover_task_last_success_timestamp_seconds{"));
+        let errors = "drover_task_runs_total{task_type=\"backup\",status=\"error\"}";
+        assert_eq!(sample(&text, errors), Some(1.0));
+        metrics.task_run_finished(TaskType::Backup, "done", at);
+        let series = "drover_task_last_success_timestamp_seconds{task_type=\"backup\"}";
+        assert_eq!(sample(&metrics.render(), series), Some(1_700_000_000.0));
+    }
+
+    #[test]
+    fn the_series_alerts_compare_exist_at_zero_from_the_start() {
+        let text = Metrics::new().render();
+        let done = "drover_task_runs_total{task_type=\"repair\",status=\"done\"}";
+        assert_eq!(sample(&text, done), Some(0.0));
+        let failed = "drover_operations_total{kind=\"recover\",result=\"failed\"}";
+        assert_eq!(sample(&text, failed), Some(0.0));
     }
 }

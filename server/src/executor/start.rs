@@ -13,6 +13,7 @@ use super::Executor;
 use crate::cluster::machine::Event;
 use crate::cluster::{from_json, now_rfc3339, to_json, CacheChange, StateRecord};
 use crate::config::OrphanPolicy;
+use crate::metrics::Running;
 use crate::operation::{
     Accepted, LifecycleError, OperationRecord, OperationState, Seen, Versioned,
 };
@@ -20,7 +21,7 @@ use crate::owner_work::InFlight;
 use crate::replication::Claim;
 use crate::store::Op;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tonic::Code;
 
@@ -209,16 +210,32 @@ impl Executor {
     async fn drive(&self, origin: Origin) -> Result<(), LifecycleError> {
         match self.hold(origin).await? {
             None => Ok(()),
-            Some(Held::Run { holding, claimed }) => self.execute(holding, claimed).await,
+            Some(Held::Run { holding, claimed }) => {
+                let _running = self.running(&holding);
+                self.execute(holding, claimed).await
+            }
             Some(Held::Cancel(mut holding)) => {
                 let cancelled = error(Code::Cancelled, "cancelled before it started");
                 holding
                     .finish(OperationState::Cancelled, Event::OperationFailed, cancelled)
                     .await
             }
-            Some(Held::Resume(holding)) => self.resume_orphan(holding).await,
+            Some(Held::Resume(holding)) => {
+                let _running = self.running(&holding);
+                self.resume_orphan(holding).await
+            }
             Some(Held::Orphan(holding)) => self.recover_orphan(holding).await,
         }
+    }
+
+    /// Counts the held operation as running here (for the oldest-running
+    /// gauge) until the mark is dropped, from its acceptance: a resumed one
+    /// shows its whole age, not the time since this replica took it.
+    fn running(&self, holding: &Holding<'_>) -> Running {
+        let operation = &holding.operation;
+        let accepted =
+            humantime::parse_rfc3339(&operation.created_at).unwrap_or_else(|_| SystemTime::now());
+        self.operations.metrics().running(operation.kind, accepted)
     }
 
     /// The operation as this replica holds it, however it began; `None`

@@ -29,7 +29,7 @@ use super::schedule::{format_time, parse_time};
 use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
-use crate::metrics::{Metrics, TaskRunLabels};
+use crate::metrics::Metrics;
 use crate::owner_work::OwnerWork;
 use crate::provider::{due_by, Provider};
 use crate::replication::{Claim, Hold, Ownership};
@@ -674,13 +674,9 @@ impl TaskScheduler {
     }
 
     fn count(&self, record: &TaskRecord, status: RunStatus) {
+        let status = format!("{status:?}").to_lowercase();
         self.metrics
-            .task_runs
-            .get_or_create(&TaskRunLabels {
-                task_type: record.task_type.name().to_string(),
-                status: format!("{status:?}").to_lowercase(),
-            })
-            .inc();
+            .task_run_finished(record.task_type, &status, std::time::SystemTime::now());
     }
 
     fn task_key(&self, read: &ClusterTasks, record: &TaskRecord) -> String {

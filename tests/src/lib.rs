@@ -16,6 +16,7 @@ pub mod etcd;
 pub mod history;
 pub mod in_process;
 pub mod pki;
+pub mod postgres;
 pub mod provider;
 pub mod replica;
 pub mod scrape;

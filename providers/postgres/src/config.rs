@@ -33,7 +33,7 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("--version: {0:?} is not LABEL=BINDIR with LABEL like 15.0.0")]
+    #[error("--pg-version: {0:?} is not LABEL=BINDIR with LABEL like 15.0.0")]
     Version(String),
     #[error("--offering: {0:?} is not NAME=SHARED_BUFFERS:MAX_CONNECTIONS")]
     Offering(String),

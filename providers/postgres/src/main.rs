@@ -20,7 +20,7 @@ struct Args {
     root: PathBuf,
     /// A version label and its binaries, LABEL=BINDIR (e.g.
     /// 15.0.0=/usr/lib/postgresql/15/bin); repeatable.
-    #[arg(long = "version", value_parser = config::parse_version, required = true)]
+    #[arg(long = "pg-version", value_parser = config::parse_version, required = true)]
     versions: Vec<(String, PathBuf)>,
     /// An offering, NAME=SHARED_BUFFERS:MAX_CONNECTIONS (e.g.
     /// small=16MB:50); repeatable. Default: small, medium, large.

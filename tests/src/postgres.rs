@@ -1,0 +1,167 @@
+//! The PostgreSQL provider as a real process over a root of its own, and
+//! what a test needs to look at the databases it runs: psql, the postgres
+//! processes under the root, a node's postmaster. On drop the provider is
+//! killed (by the pid we started) and so is every postgres process whose
+//! command line names the root; the root is removed.
+
+use crate::{free_port, replica::health, wait_until, workspace_binary, TempDir};
+use drover_client::v1;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// Binaries of the one PostgreSQL major version Debian 12 ships.
+pub const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Two version labels mapped to [`BIN`]: the rolling upgrade between them
+/// is real (every node restarts on the "new" binaries, the primary
+/// switches over), only the binaries are the same.
+pub const V1: &str = "15.0.0";
+pub const V2: &str = "15.1.0";
+
+pub struct PgProviderProcess {
+    child: Child,
+    port: u16,
+    root: TempDir,
+}
+
+impl PgProviderProcess {
+    /// Starts `drover-postgres-provider` on a free port, with node ports
+    /// from a free range, fsync off, offerings `small` and `medium`.
+    pub async fn start() -> Self {
+        assert!(
+            Path::new(BIN).join("postgres").exists(),
+            "PostgreSQL 15 is not installed (scripts/install-deps.sh installs it)"
+        );
+        let root = TempDir::new("pg-provider");
+        let port = free_port();
+        let (from, to) = free_range(40);
+        let child = Command::new(workspace_binary("drover-postgres-provider"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--root")
+            .arg(root.path())
+            .args(["--pg-version", &format!("{V1}={BIN}")])
+            .args(["--pg-version", &format!("{V2}={BIN}")])
+            .args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
+            .args(["--port-range", &format!("{from}-{to}"), "--unsafe-no-fsync"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn drover-postgres-provider");
+        let provider = Self { child, port, root };
+        let endpoint = provider.endpoint();
+        wait_until(Duration::from_secs(20), "the PostgreSQL provider", || {
+            let endpoint = endpoint.clone();
+            async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+        })
+        .await;
+        provider
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// The postgres processes running under this provider's root (the
+    /// provider's own command line names the root too: not counted).
+    pub fn postgres_pids(&self) -> Vec<u32> {
+        let provider = self.child.id();
+        let mut pids = postgres_pids(self.root.path());
+        pids.retain(|pid| *pid != provider);
+        pids
+    }
+}
+
+impl Drop for PgProviderProcess {
+    fn drop(&mut self) {
+        let left = self.postgres_pids();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for pid in left {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// A range of `n` ports nothing listens on, starting at one the kernel
+/// handed out.
+fn free_range(n: u16) -> (u16, u16) {
+    for _ in 0..50 {
+        let from = free_port();
+        let Some(to) = from.checked_add(n) else {
+            continue;
+        };
+        if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return (from, to);
+        }
+    }
+    panic!("no free port range of {n}");
+}
+
+/// Processes (not zombies) whose command line names a path under `root`:
+/// postgres runs as `postgres -D <data dir>`.
+pub fn postgres_pids(root: &Path) -> Vec<u32> {
+    let needle = root.display().to_string();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Runs `sql` through psql against `address` (host:port), as the
+/// `postgres` database user (loopback connections are trusted).
+pub fn psql(address: &str, sql: &str) -> Result<String, String> {
+    let (host, port) = address.split_once(':').expect("host:port");
+    let out = Command::new(Path::new(BIN).join("psql"))
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+        .args(["-U", "postgres", "-d", "postgres", "-h", host, "-p", port])
+        .args(["-c", sql])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .output()
+        .map_err(|e| e.to_string())?;
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+        false => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+    }
+}
+
+/// Where a node listens, as the provider reports it in the node's facts.
+pub fn address(node: &v1::Node) -> String {
+    node.facts.get("address").cloned().unwrap_or_default()
+}
+
+/// The node's data directory, from its facts.
+pub fn data_dir(node: &v1::Node) -> PathBuf {
+    PathBuf::from(node.facts.get("data_dir").cloned().unwrap_or_default())
+}
+
+/// The pid of the node's postmaster (first line of postmaster.pid).
+pub fn postmaster_pid(node: &v1::Node) -> Option<u32> {
+    let text = std::fs::read_to_string(data_dir(node).join("postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+/// Nodes that accept writes now (not in recovery); nodes that do not
+/// answer are not counted.
+pub fn writable(nodes: &[v1::Node]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| psql(&address(n), "SELECT pg_is_in_recovery()").as_deref() == Ok("f"))
+        .map(|n| n.id.clone())
+        .collect()
+}

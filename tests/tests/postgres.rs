@@ -1,0 +1,382 @@
+//! End to end through Drover on real PostgreSQL: a real etcd, three
+//! replicas, the PostgreSQL provider process and the postgres processes it
+//! runs. One cluster goes through its life (create, rows written through
+//! psql, scale, rolling upgrade with a switchover, a standby killed,
+//! Recover, a backup restored elsewhere, destroy), and at every step the
+//! databases are checked, not only what Drover says.
+
+use drover_client::{v1, Client};
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::postgres::{
+    address, data_dir, postmaster_pid, psql, writable, PgProviderProcess, BIN, V1, V2,
+};
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::{wait_for_state, wait_until};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const OPERATION: Duration = Duration::from_secs(180);
+const ROWS: u32 = 100;
+
+/// Three replicas in front of the PostgreSQL provider, and a client.
+struct Deployment {
+    provider: PgProviderProcess,
+    _replicas: Vec<ReplicaProcess>,
+    client: Client,
+    _etcd: EtcdProcess,
+}
+
+impl Deployment {
+    async fn start() -> Self {
+        let etcd = EtcdProcess::start().await;
+        let provider = PgProviderProcess::start().await;
+        let endpoint = provider.endpoint();
+        // A lease long enough that most provider calls (an initdb, a
+        // pg_basebackup) end within one claim deadline; longer ones are
+        // sent again and converge.
+        let args = [
+            "--provider",
+            &endpoint,
+            "--lease-ttl",
+            "10",
+            "--scan-interval",
+            "1",
+        ];
+        let mut replicas = Vec::new();
+        for id in ["pg-r1", "pg-r2", "pg-r3"] {
+            replicas.push(ReplicaProcess::serve_with(&etcd.endpoint(), id, &args).await);
+        }
+        let client = replicas[0].client().await;
+        Self {
+            provider,
+            _replicas: replicas,
+            client,
+            _etcd: etcd,
+        }
+    }
+
+    async fn nodes(&mut self) -> Vec<v1::Node> {
+        let cluster = self.client.get_cluster("pg").await.expect("get");
+        cluster.status.unwrap_or_default().nodes
+    }
+
+    /// Waits for `op` to end and asserts it succeeded.
+    async fn succeeds(&mut self, op: v1::Operation) {
+        let done = self
+            .client
+            .wait_operation(&op, OPERATION)
+            .await
+            .expect("wait");
+        assert_eq!(
+            done.state,
+            v1::OperationState::Succeeded as i32,
+            "{done:#?}"
+        );
+    }
+}
+
+fn primary(nodes: &[v1::Node]) -> v1::Node {
+    let controls: Vec<_> = nodes.iter().filter(|n| n.role == "control").collect();
+    assert_eq!(controls.len(), 1, "one primary: {nodes:#?}");
+    controls[0].clone()
+}
+
+fn count_rows(node: &v1::Node) -> Result<String, String> {
+    psql(&address(node), "SELECT count(*) FROM items")
+}
+
+/// Polls until every node serves the rows.
+async fn rows_everywhere(nodes: &[v1::Node]) {
+    for node in nodes {
+        wait_until(Duration::from_secs(30), "rows on every node", || {
+            let rows = count_rows(node);
+            std::future::ready(rows == Ok(ROWS.to_string()))
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
+    let mut d = Deployment::start().await;
+    let nodes = create(&mut d).await;
+    let sql = format!(
+        "CREATE TABLE items (id int PRIMARY KEY, name text); \
+         INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, {ROWS}) g"
+    );
+    psql(&address(&primary(&nodes)), &sql).expect("write rows");
+    rows_everywhere(&nodes).await;
+
+    let nodes = scale_to_three_standbys(&mut d, &nodes).await;
+    let nodes = rolling_upgrade(&mut d, &nodes).await;
+    kill_a_standby_and_recover(&mut d, &nodes).await;
+    backup_and_restore(&mut d).await;
+    destroy(&mut d, &nodes).await;
+}
+
+async fn create(d: &mut Deployment) -> Vec<v1::Node> {
+    let request = v1::CreateClusterRequest {
+        name: "pg".into(),
+        spec: Some(v1::ClusterSpec {
+            version: V1.into(),
+            control_nodes: 1,
+            worker_nodes: 2,
+            node_offering: "small".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = d
+        .client
+        .clusters()
+        .create_cluster(request)
+        .await
+        .expect("create");
+    d.succeeds(created.into_inner().operation.expect("a start"))
+        .await;
+    let nodes = d.nodes().await;
+    assert_eq!(nodes.len(), 3, "{nodes:#?}");
+    assert!(
+        nodes.iter().all(|n| n.ready && !address(n).is_empty()),
+        "{nodes:#?}"
+    );
+    nodes
+}
+
+async fn scale_to_three_standbys(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Node> {
+    let request = v1::ScaleClusterRequest {
+        name: "pg".into(),
+        worker_nodes: Some(3),
+        ..Default::default()
+    };
+    let op = d
+        .client
+        .clusters()
+        .scale_cluster(request)
+        .await
+        .expect("scale");
+    d.succeeds(op.into_inner()).await;
+    let nodes = d.nodes().await;
+    assert_eq!(nodes.len(), 4, "{nodes:#?}");
+    let new: Vec<_> = nodes
+        .iter()
+        .filter(|n| !before.iter().any(|b| b.id == n.id))
+        .collect();
+    assert_eq!(new.len(), 1, "{nodes:#?}");
+    rows_everywhere(&nodes).await;
+    nodes
+}
+
+/// The upgrade rolls node by node, standbys first, then switches the
+/// primary over; a sampler checks every 100 ms that at most one node
+/// accepts writes.
+async fn rolling_upgrade(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Node> {
+    let old_primary = primary(before).id;
+    let stop = Arc::new(AtomicBool::new(false));
+    let most_writable = Arc::new(Mutex::new(Vec::new()));
+    let sampler = {
+        let (stop, most, nodes) = (stop.clone(), most_writable.clone(), before.to_vec());
+        tokio::task::spawn_blocking(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let now = writable(&nodes);
+                let mut most = most.lock().unwrap();
+                if now.len() > most.len() {
+                    *most = now;
+                }
+                drop(most);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let request = v1::UpgradeClusterRequest {
+        name: "pg".into(),
+        version: V2.into(),
+        request_id: String::new(),
+    };
+    let op = d
+        .client
+        .clusters()
+        .upgrade_cluster(request)
+        .await
+        .expect("upgrade");
+    d.succeeds(op.into_inner()).await;
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.unwrap();
+    let most = most_writable.lock().unwrap().clone();
+    assert!(most.len() <= 1, "two writable primaries at once: {most:?}");
+
+    let nodes = d.nodes().await;
+    assert!(
+        nodes.iter().all(|n| n.version == V2 && n.ready),
+        "{nodes:#?}"
+    );
+    let new_primary = primary(&nodes);
+    assert_ne!(new_primary.id, old_primary, "the primary switched over");
+    assert_eq!(writable(&nodes), vec![new_primary.id.clone()]);
+    rows_everywhere(&nodes).await;
+    nodes
+}
+
+async fn kill_a_standby_and_recover(d: &mut Deployment, nodes: &[v1::Node]) {
+    let standby = nodes
+        .iter()
+        .find(|n| n.role == "worker")
+        .expect("a standby");
+    let pid = postmaster_pid(standby).expect("its postmaster");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The scanner sees it unhealthy.
+    wait_for_state(
+        &d.client,
+        "pg",
+        v1::ClusterState::Alert,
+        Duration::from_secs(60),
+    )
+    .await;
+    let request = v1::RecoverClusterRequest {
+        name: "pg".into(),
+        request_id: String::new(),
+    };
+    let op = d
+        .client
+        .clusters()
+        .recover_cluster(request)
+        .await
+        .expect("recover");
+    d.succeeds(op.into_inner()).await;
+    wait_for_state(
+        &d.client,
+        "pg",
+        v1::ClusterState::Running,
+        Duration::from_secs(30),
+    )
+    .await;
+    let after = d.nodes().await;
+    assert!(after.iter().all(|n| n.ready), "{after:#?}");
+    rows_everywhere(&after).await;
+}
+
+/// A backup task writes a base backup into a `file:` location; a copy of
+/// it, started as a database of its own, has the rows.
+async fn backup_and_restore(d: &mut Deployment) {
+    let location = d.provider.root().join("backups");
+    let task = v1::TaskSpec {
+        r#type: v1::TaskType::Backup as i32,
+        name: "now".into(),
+        schedule: Some(v1::TaskSchedule {
+            start_date: "now".into(),
+            ..Default::default()
+        }),
+        properties: Some(v1::task_spec::Properties::Backup(v1::BackupProperties {
+            location: vec![format!("file:{}", location.display())],
+            ..Default::default()
+        })),
+    };
+    let request = v1::PutTaskRequest {
+        cluster: "pg".into(),
+        task: Some(task),
+    };
+    d.client
+        .tasks()
+        .put_task(request)
+        .await
+        .expect("put the backup task");
+    let run = wait_for_backup(d).await;
+    let uid = d.client.get_cluster("pg").await.unwrap().uid;
+    let backup = location.join(uid).join(&run.id);
+    let report = run.report.unwrap_or_default();
+    assert!(report.contains(&backup.display().to_string()), "{report}");
+    assert_eq!(restored_rows(d, &backup).await, ROWS.to_string());
+}
+
+async fn wait_for_backup(d: &mut Deployment) -> v1::TaskRun {
+    let done = v1::TaskRunStatus::Done as i32;
+    let last = Arc::new(Mutex::new(None));
+    wait_until(OPERATION, "the backup run to be DONE", || {
+        let mut client = d.client.clone();
+        let last = last.clone();
+        let request = v1::GetTaskRequest {
+            cluster: "pg".into(),
+            r#type: v1::TaskType::Backup as i32,
+            name: "now".into(),
+        };
+        async move {
+            let task = client.tasks().get_task(request).await.ok();
+            let run = task.and_then(|t| t.into_inner().status?.last_run);
+            let ended = run.as_ref().is_some_and(|r| r.status == done);
+            *last.lock().unwrap() = run;
+            ended
+        }
+    })
+    .await;
+    let run = last.lock().unwrap().take();
+    run.expect("a run")
+}
+
+/// Starts PostgreSQL on a copy of `backup` and counts its rows.
+async fn restored_rows(d: &Deployment, backup: &std::path::Path) -> String {
+    use drover_postgres_provider::pg::{NodeConf, Pg};
+    let scratch = d.provider.root().join("restored");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(backup)
+        .arg(&scratch)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let chowned = std::process::Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&scratch)
+        .status()
+        .unwrap();
+    assert!(chowned.success());
+    let pg = Pg::new("postgres").expect("the postgres user");
+    let port = drover_tests::free_port();
+    let conf = NodeConf {
+        port,
+        shared_buffers: "8MB",
+        max_connections: 30,
+        follow: None,
+        application_name: "restored",
+        fsync: false,
+    };
+    pg.write_conf(&scratch, &conf).expect("configure the copy");
+    let log = d.provider.root().join("restored.log");
+    pg.start(BIN.as_ref(), &scratch, &log)
+        .await
+        .expect("start the copy");
+    let rows = psql(&format!("127.0.0.1:{port}"), "SELECT count(*) FROM items");
+    pg.stop(BIN.as_ref(), &scratch)
+        .await
+        .expect("stop the copy");
+    rows.unwrap_or_else(|e| e)
+}
+
+/// Destroy leaves nothing: no process, no data directory, every port free.
+async fn destroy(d: &mut Deployment, nodes: &[v1::Node]) {
+    let request = v1::DeleteClusterRequest {
+        name: "pg".into(),
+        request_id: String::new(),
+    };
+    let op = d
+        .client
+        .clusters()
+        .delete_cluster(request)
+        .await
+        .expect("delete");
+    d.succeeds(op.into_inner()).await;
+    let left = d.provider.postgres_pids();
+    assert!(left.is_empty(), "postgres processes left: {left:?}");
+    for node in nodes {
+        assert!(!data_dir(node).exists(), "{} left its data", node.id);
+        let addr = address(node);
+        assert!(
+            std::net::TcpListener::bind(&addr).is_ok(),
+            "{addr} still taken"
+        );
+    }
+}

@@ -64,8 +64,8 @@ impl Holding<'_> {
         step: &Step,
         deadline: std::time::Instant,
     ) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
-        let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
+        let mut provider = self.executor.providers.for_cluster(spec)?;
         let token = self.token();
         match step {
             Step::CreateNodes => {
@@ -168,7 +168,7 @@ impl Holding<'_> {
                 cluster_uid: self.cluster.spec.uid.clone(),
                 token: self.token(),
             };
-            let mut provider = self.executor.provider.clone();
+            let mut provider = self.executor.providers.for_cluster(&self.cluster.spec.spec)?;
             match provider.describe_cluster(due_by(deadline, request)).await {
                 Err(status) if cut_at_claim_end(&status, deadline) => {}
                 other => break other,

@@ -44,7 +44,7 @@ use crate::cluster::ClusterCache;
 use crate::config::{OrphanPolicy, Timeouts};
 use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
-use crate::provider::Provider;
+use crate::provider::Providers;
 use crate::replication::Ownership;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,7 +52,8 @@ use std::sync::{Arc, Mutex};
 /// Runs accepted operations.
 pub struct Executor {
     operations: Operations,
-    provider: Provider,
+    /// Each cluster's calls go to its own provider.
+    providers: Arc<Providers>,
     /// The claim check, the in-flight marks (operation ids) and the stop
     /// flag. Once the replica shuts down, operations not started are left
     /// PENDING for the clusters' next owners, which run them (started here,
@@ -71,7 +72,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(
         operations: Operations,
-        provider: Provider,
+        providers: Arc<Providers>,
         replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
@@ -79,7 +80,7 @@ impl Executor {
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
-            provider,
+            providers,
             work: OwnerWork::new(replication),
             cache,
             timeouts,

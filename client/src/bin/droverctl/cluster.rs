@@ -89,6 +89,10 @@ pub struct CreateArgs {
     workers: u32,
     #[arg(long, default_value = "medium")]
     offering: String,
+    /// The provider that builds it (`droverctl provider list`); fixed at
+    /// create [default: the replicas' default provider].
+    #[arg(long, default_value = "")]
+    provider: String,
     /// A label, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -311,6 +315,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
         control_nodes,
         workers,
         offering,
+        provider,
         labels,
         create_only,
         lifecycle,
@@ -323,6 +328,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
             worker_nodes: workers,
             node_offering: offering,
             labels: labels.into_iter().collect(),
+            provider,
             ..Default::default()
         }),
         create_only,
@@ -476,6 +482,7 @@ fn cluster_json(cluster: &v1::Cluster) -> Value {
             "worker_nodes": spec.worker_nodes,
             "node_offering": spec.node_offering,
             "labels": spec.labels,
+            "provider": spec.provider,
         },
         "status": {
             "state": state_name(cluster),

@@ -22,6 +22,7 @@ macro_rules! outln {
 
 mod cluster;
 mod op;
+mod provider;
 mod task;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -85,6 +86,9 @@ enum Command {
     Task(task::TaskCommand),
     /// List the live replicas.
     Members,
+    /// The providers the answering replica reaches.
+    #[command(subcommand)]
+    Provider(provider::ProviderCommand),
     /// Stream cluster changes (one line each) until interrupted.
     Watch {
         /// Only this cluster.
@@ -204,6 +208,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Op(command) => op::run(&mut client, output, command).await,
         Command::Task(command) => task::run(&mut client, output, command).await,
         Command::Members => members(&mut client, output).await,
+        Command::Provider(command) => provider::run(&mut client, output, command).await,
         Command::Watch {
             name,
             from_revision,

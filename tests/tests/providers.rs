@@ -102,7 +102,12 @@ async fn each_cluster_is_built_by_the_provider_its_spec_names() {
         "--provider".to_string(),
         format!("plain={}", plain.endpoint()),
         "--provider".into(),
-        secure_flag(&pki, &secure, &client_cert, &token_file.display().to_string()),
+        secure_flag(
+            &pki,
+            &secure,
+            &client_cert,
+            &token_file.display().to_string(),
+        ),
         "--provider".into(),
         nowhere,
         "--default-provider".into(),
@@ -143,7 +148,10 @@ async fn each_cluster_is_built_by_the_provider_its_spec_names() {
         let kind = answered.capabilities.as_ref().map(|c| c.kind.as_str());
         assert_eq!(kind, Some("simulator"), "{answered:?}");
     }
-    assert!(gone.capabilities.is_none() && !gone.error.is_empty(), "{gone:?}");
+    assert!(
+        gone.capabilities.is_none() && !gone.error.is_empty(),
+        "{gone:?}"
+    );
 }
 
 #[tokio::test]
@@ -257,7 +265,10 @@ async fn a_cluster_whose_provider_this_replica_lacks_fails_its_operations_naming
         message.contains("\"two\"") && message.contains("not configured"),
         "{message}"
     );
-    assert!(one.history().await.entries.is_empty(), "nothing went to one");
+    assert!(
+        one.history().await.entries.is_empty(),
+        "nothing went to one"
+    );
     assert!(two.history().await.entries.is_empty(), "nor to two");
 }
 
@@ -279,14 +290,17 @@ async fn a_wrong_token_is_refused_by_the_provider() {
             .get_capabilities(request)
             .await
             .expect_err("refused");
-        assert_eq!(status.code(), Code::Unauthenticated, "{token:?}: {status:?}");
+        assert_eq!(
+            status.code(),
+            Code::Unauthenticated,
+            "{token:?}: {status:?}"
+        );
     }
 
     let etcd = EtcdProcess::start().await;
     let wrong = pki.write("wrong-token", "not-the-token\n");
     let flag = secure_flag(&pki, &secure, &client_cert, &wrong.display().to_string());
-    let replica =
-        ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &["--provider", &flag]).await;
+    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &["--provider", &flag]).await;
     let mut client = replica.client().await;
     let response = client
         .clusters()
@@ -295,7 +309,10 @@ async fn a_wrong_token_is_refused_by_the_provider() {
         .expect("create")
         .into_inner();
     let done = client
-        .wait_operation(&response.operation.expect("a start"), Duration::from_secs(30))
+        .wait_operation(
+            &response.operation.expect("a start"),
+            Duration::from_secs(30),
+        )
         .await
         .expect("wait");
     assert_eq!(done.state, v1::OperationState::Failed as i32, "{done:?}");

@@ -75,7 +75,12 @@ async fn run(config: Config, embedded: bool) -> ExitCode {
             Some(store) => Arc::new(store),
             None => return ExitCode::from(EXIT_UNAVAILABLE),
         };
-        let providers = match config.providers.as_ref().map(Providers::connect).transpose() {
+        let providers = match config
+            .providers
+            .as_ref()
+            .map(Providers::connect)
+            .transpose()
+        {
             Ok(providers) => providers.map(Arc::new),
             Err(error) => {
                 // The configuration checked every link: not expected.

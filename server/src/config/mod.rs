@@ -712,7 +712,10 @@ mod tests {
         .unwrap();
         let providers = config.providers.unwrap();
         let names: Vec<&str> = providers.links.iter().map(|l| l.name.as_str()).collect();
-        assert_eq!((names, providers.default.as_str()), (vec!["pg", "sim"], "pg"));
+        assert_eq!(
+            (names, providers.default.as_str()),
+            (vec!["pg", "sim"], "pg")
+        );
     }
 
     #[test]

@@ -66,7 +66,9 @@ impl ProviderLink {
             None => tls.with_native_roots(),
         };
         let tls = match &self.identity {
-            Some((cert, key)) => tls.identity(tonic::transport::Identity::from_pem(cert, key.expose())),
+            Some((cert, key)) => {
+                tls.identity(tonic::transport::Identity::from_pem(cert, key.expose()))
+            }
             None => tls,
         };
         endpoint.tls_config(tls).map_err(|e| {
@@ -137,15 +139,13 @@ pub(super) fn with_default(
         }
         None if links.len() == 1 => links[0].name.clone(),
         None if links.iter().any(|l| l.name == DEFAULT_NAME) => DEFAULT_NAME.to_string(),
-        None => {
-            return Err(invalid(
-                SETTING,
-                format!(
-                    "is required with several providers and none named {DEFAULT_NAME:?} (one of {})",
-                    names()
-                ),
-            ))
-        }
+        None => return Err(invalid(
+            SETTING,
+            format!(
+                "is required with several providers and none named {DEFAULT_NAME:?} (one of {})",
+                names()
+            ),
+        )),
     };
     Ok(Some(ProviderLinks { links, default }))
 }
@@ -157,12 +157,8 @@ fn parse(setting: &'static str, entry: &str) -> Result<ProviderLink, ConfigError
     let (name, endpoint) = if head.starts_with("http://") || head.starts_with("https://") {
         (DEFAULT_NAME, head)
     } else {
-        head.split_once('=').ok_or_else(|| {
-            invalid(
-                setting,
-                format!("{head:?} is neither NAME=URL nor a URL"),
-            )
-        })?
+        head.split_once('=')
+            .ok_or_else(|| invalid(setting, format!("{head:?} is neither NAME=URL nor a URL")))?
     };
     dns_label(name)
         .map_err(|reason| invalid(setting, format!("provider name {name:?}: {reason}")))?;
@@ -199,7 +195,12 @@ fn parse(setting: &'static str, entry: &str) -> Result<ProviderLink, ConfigError
     link.identity = match (cert, key) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some((cert, key)),
-        _ => return Err(invalid(setting, format!("{name}: cert and key go together"))),
+        _ => {
+            return Err(invalid(
+                setting,
+                format!("{name}: cert and key go together"),
+            ))
+        }
     };
     if !link.tls() && (link.ca_pem.is_some() || link.identity.is_some()) {
         return Err(invalid(
@@ -267,13 +268,19 @@ mod tests {
         assert_eq!(load(&two, Some("pg")).unwrap().unwrap().default, "pg");
         assert_eq!(load(&two[..1], None).unwrap().unwrap().default, "sim");
         let with_default = ["sim=http://127.0.0.1:1", "http://127.0.0.1:2"];
-        assert_eq!(load(&with_default, None).unwrap().unwrap().default, "default");
+        assert_eq!(
+            load(&with_default, None).unwrap().unwrap().default,
+            "default"
+        );
         let ambiguous = load(&two, None).unwrap_err();
         assert_eq!(ambiguous.setting, "default_provider", "{ambiguous}");
         assert!(ambiguous.to_string().contains("pg, sim"), "{ambiguous}");
         let unknown = load(&two, Some("aws")).unwrap_err();
         assert_eq!(unknown.setting, "default_provider", "{unknown}");
-        assert_eq!(load(&[], Some("pg")).unwrap_err().setting, "default_provider");
+        assert_eq!(
+            load(&[], Some("pg")).unwrap_err().setting,
+            "default_provider"
+        );
         assert!(load(&[], None).unwrap().is_none());
     }
 
@@ -285,8 +292,14 @@ mod tests {
             ("sim", "neither NAME=URL nor a URL"),
             ("sim=http://127.0.0.1:1,colour=red", "unknown option"),
             ("sim=http://127.0.0.1:1,ca", "OPTION=VALUE"),
-            ("sim=http://127.0.0.1:1,token-file=/nonexistent/t", "/nonexistent/t"),
-            ("sim=https://127.0.0.1:1,ca=/nonexistent/ca.pem", "/nonexistent/ca.pem"),
+            (
+                "sim=http://127.0.0.1:1,token-file=/nonexistent/t",
+                "/nonexistent/t",
+            ),
+            (
+                "sim=https://127.0.0.1:1,ca=/nonexistent/ca.pem",
+                "/nonexistent/ca.pem",
+            ),
         ];
         for (entry, says) in cases {
             let error = load(&[entry], None).unwrap_err();

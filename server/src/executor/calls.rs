@@ -168,7 +168,10 @@ impl Holding<'_> {
                 cluster_uid: self.cluster.spec.uid.clone(),
                 token: self.token(),
             };
-            let mut provider = self.executor.providers.for_cluster(&self.cluster.spec.spec)?;
+            let mut provider = self
+                .executor
+                .providers
+                .for_cluster(&self.cluster.spec.spec)?;
             match provider.describe_cluster(due_by(deadline, request)).await {
                 Err(status) if cut_at_claim_end(&status, deadline) => {}
                 other => break other,

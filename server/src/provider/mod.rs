@@ -40,7 +40,10 @@ pub type Provider = ProviderClient<InterceptedService<Channel, Bearer>>;
 pub struct Bearer(Option<Secret<MetadataValue<Ascii>>>);
 
 impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(value) = &self.0 {
             request
                 .metadata_mut()
@@ -115,7 +118,12 @@ impl Providers {
         let default = links
             .iter()
             .position(|l| l.name == config.default)
-            .ok_or_else(|| format!("the default provider {:?} is not configured", config.default))?;
+            .ok_or_else(|| {
+                format!(
+                    "the default provider {:?} is not configured",
+                    config.default
+                )
+            })?;
         Ok(Self { links, default })
     }
 
@@ -178,7 +186,10 @@ impl Providers {
 
     /// Every provider, in name order.
     pub fn links(&self) -> impl Iterator<Item = (&Link, bool)> {
-        self.links.iter().enumerate().map(|(i, l)| (l, i == self.default))
+        self.links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l, i == self.default))
     }
 
     fn names(&self) -> String {
@@ -255,7 +266,11 @@ mod tests {
             provider: provider.into(),
             ..Spec::default()
         };
-        assert_eq!(providers.named("").unwrap().name, "sim", "empty: the default");
+        assert_eq!(
+            providers.named("").unwrap().name,
+            "sim",
+            "empty: the default"
+        );
         assert_eq!(providers.named("pg").unwrap().name, "pg");
         assert!(providers.for_cluster(&spec("pg")).is_ok());
         let unknown = providers.for_cluster(&spec("aws")).unwrap_err();
@@ -265,7 +280,10 @@ mod tests {
             status.message().contains("\"aws\"") && status.message().contains("pg, sim"),
             "{status:?}"
         );
-        let defaults: Vec<(&str, bool)> = providers.links().map(|(l, d)| (l.name.as_str(), d)).collect();
+        let defaults: Vec<(&str, bool)> = providers
+            .links()
+            .map(|(l, d)| (l.name.as_str(), d))
+            .collect();
         assert_eq!(defaults, vec![("pg", false), ("sim", true)]);
     }
 

@@ -139,13 +139,15 @@ pub(super) fn with_default(
         }
         None if links.len() == 1 => links[0].name.clone(),
         None if links.iter().any(|l| l.name == DEFAULT_NAME) => DEFAULT_NAME.to_string(),
-        None => return Err(invalid(
-            SETTING,
-            format!(
+        None => {
+            return Err(invalid(
+                SETTING,
+                format!(
                 "is required with several providers and none named {DEFAULT_NAME:?} (one of {})",
                 names()
             ),
-        )),
+            ))
+        }
     };
     Ok(Some(ProviderLinks { links, default }))
 }
@@ -180,8 +182,8 @@ fn parse(setting: &'static str, entry: &str) -> Result<ProviderLink, ConfigError
         })?;
         let path = Path::new(value);
         match option {
-            "ca" => link.ca_pem = Some(read(setting, name, path)?),
-            "cert" => cert = Some(read(setting, name, path)?),
+            "ca" => link.ca_pem = Some(certificate(setting, name, path)?),
+            "cert" => cert = Some(certificate(setting, name, path)?),
             "key" => key = Some(Secret::new(read(setting, name, path)?)),
             "token-file" => link.token = Some(token(setting, name, path)?),
             other => {
@@ -224,6 +226,21 @@ fn read(setting: &'static str, name: &str, path: &Path) -> Result<Vec<u8>, Confi
             format!("{name}: cannot read {}: {e}", path.display()),
         )
     })
+}
+
+/// A PEM file holding a certificate. Checked here because a CA file with
+/// none would leave the link trusting nothing (every call failing), not
+/// fail the TLS set-up.
+fn certificate(setting: &'static str, name: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let pem = read(setting, name, path)?;
+    let marker = b"-----BEGIN CERTIFICATE-----";
+    if !pem.windows(marker.len()).any(|w| w == marker) {
+        return Err(invalid(
+            setting,
+            format!("{name}: {} holds no PEM certificate", path.display()),
+        ));
+    }
+    Ok(pem)
 }
 
 /// The token file's first line: printable ASCII, as a header value must be.
@@ -315,12 +332,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("drover-providers-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("x.pem");
-        std::fs::write(&file, "x").unwrap();
+        std::fs::write(&file, "-----BEGIN CERTIFICATE-----\nx\n").unwrap();
         let file = file.display();
+        let garbage = dir.join("garbage.pem");
+        std::fs::write(&garbage, "x").unwrap();
         let plain_ca = load(&[&format!("p=http://127.0.0.1:1,ca={file}")], None).unwrap_err();
         assert!(plain_ca.to_string().contains("https://"), "{plain_ca}");
-        let half = load(&[&format!("p=https://127.0.0.1:1,cert={file}")], None).unwrap_err();
+        let half = load(&[&format!("p=https://127.0.0.1:1,key={file}")], None).unwrap_err();
         assert!(half.to_string().contains("go together"), "{half}");
+        let ca = format!("p=https://127.0.0.1:1,ca={}", garbage.display());
+        let not_pem = load(&[&ca], None).unwrap_err();
+        assert!(
+            not_pem.to_string().contains("no PEM certificate"),
+            "{not_pem}"
+        );
         let token = dir.join("token");
         std::fs::write(&token, "s3cret\n").unwrap();
         let entry = format!("p=https://127.0.0.1:1,token-file={}", token.display());

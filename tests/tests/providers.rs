@@ -9,7 +9,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::pki::{Issued, Pki};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_only, free_port};
+use drover_tests::{create_only, free_port, workspace_binary};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -152,6 +152,33 @@ async fn each_cluster_is_built_by_the_provider_its_spec_names() {
         gone.capabilities.is_none() && !gone.error.is_empty(),
         "{gone:?}"
     );
+
+    // droverctl provider list, as JSON and as a table.
+    let droverctl = |args: &[&str]| {
+        let out = std::process::Command::new(workspace_binary("droverctl"))
+            .args(["--endpoint", &replica.endpoint()])
+            .args(args)
+            .output()
+            .expect("run droverctl");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&droverctl(&["provider", "list", "-o", "json"])).expect("JSON");
+    assert_eq!(json[1]["name"], "plain");
+    assert_eq!(json[1]["default"], true);
+    assert_eq!(json[2]["client_certificate"], true);
+    assert_eq!(json[2]["capabilities"]["kind"], "simulator");
+    assert!(
+        json[0]["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{json}"
+    );
+    let table = droverctl(&["provider", "list"]);
+    let secure_row = table
+        .lines()
+        .find(|l| l.starts_with("secure"))
+        .expect("a row");
+    assert!(secure_row.contains("mtls+token"), "{table}");
 }
 
 #[tokio::test]

@@ -46,7 +46,8 @@
 //! - [`owner_work`]: what the executor, task scheduler and scanner share: the
 //!   claim check, in-flight marks, the stop flag and the fenced commit.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
-//! - [`provider`]: the provider client and the simulated provider.
+//! - [`provider`]: the providers by name (every call for a cluster goes to
+//!   its own) and the simulated provider.
 //! - [`replica`]: starts a replica's parts and returns them by name.
 //! - [`server`]: assembles services, TLS, auth, health and reflection, and
 //!   serves a started replica.

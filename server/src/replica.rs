@@ -26,7 +26,7 @@ use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::operation::Operations;
-use crate::provider::Provider;
+use crate::provider::Providers;
 use crate::replication::{Ownership, OwnershipConfig};
 use crate::scanner::Scanner;
 use crate::store::{MeteredStore, SharedStore};
@@ -57,6 +57,9 @@ pub struct Replica {
     pub operations: Operations,
     /// Present when the replica has a provider and so runs operations.
     pub workers: Option<Workers>,
+    /// The providers every call for a cluster goes through; `None`
+    /// without one.
+    pub providers: Option<Arc<Providers>>,
     /// The gRPC port, bound and not yet served.
     pub listener: TcpListener,
     /// Where `listener` listens (the port is known even when 0 was asked).
@@ -96,7 +99,7 @@ impl Replica {
     pub async fn start(
         config: &Config,
         store: SharedStore,
-        provider: Option<Provider>,
+        providers: Option<Arc<Providers>>,
     ) -> Result<Self, StartError> {
         let metrics = Metrics::new();
         let store = MeteredStore::wrap(store, Arc::clone(&metrics));
@@ -139,6 +142,7 @@ impl Replica {
             cache,
             operations,
             workers: None,
+            providers: providers.clone(),
             listener,
             address,
             switches: Switches {
@@ -148,9 +152,9 @@ impl Replica {
             },
             admin_open: admin.open,
         };
-        Ok(match provider {
-            Some(provider) => {
-                let workers = replica.start_workers(config, provider, admin.address, work_stopped);
+        Ok(match providers {
+            Some(providers) => {
+                let workers = replica.start_workers(config, providers, admin.address, work_stopped);
                 let _ = incarnation.set(Arc::clone(&workers.replication));
                 Self {
                     workers: Some(workers),
@@ -171,7 +175,7 @@ impl Replica {
     fn start_workers(
         &self,
         config: &Config,
-        provider: Provider,
+        providers: Arc<Providers>,
         admin_address: SocketAddr,
         work_stopped: watch::Receiver<bool>,
     ) -> Workers {
@@ -201,7 +205,7 @@ impl Replica {
         }
         let executor = Executor::new(
             self.operations.clone(),
-            provider.clone(),
+            Arc::clone(&providers),
             Arc::clone(&replication),
             Arc::clone(&self.cache),
             config.operation_timeouts.clone(),
@@ -210,7 +214,7 @@ impl Replica {
         tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
         let tasks = TaskScheduler::new(
             TaskStore::new(self.store.clone(), self.keys.clone()),
-            provider.clone(),
+            Arc::clone(&providers),
             Arc::clone(&replication),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
@@ -220,7 +224,7 @@ impl Replica {
         let scanner = Scanner::new(
             self.operations.clone(),
             Arc::clone(&executor),
-            provider,
+            providers,
             Arc::clone(&replication),
             Arc::clone(&self.cache),
             config.scan_interval,

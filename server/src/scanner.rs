@@ -21,7 +21,7 @@ use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
 use crate::owner_work::OwnerWork;
-use crate::provider::{node_ready, Provider, DESCRIBE_TIMEOUT};
+use crate::provider::{node_ready, Providers, DESCRIBE_TIMEOUT};
 use crate::replication::Ownership;
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
@@ -34,7 +34,8 @@ pub struct Scanner {
     operations: Operations,
     /// Where the operations the scanner asks for go, like any request.
     executor: Arc<Executor>,
-    provider: Provider,
+    /// Each cluster is described by its own provider.
+    providers: Arc<Providers>,
     /// The claim check.
     work: OwnerWork,
     cache: Arc<ClusterCache>,
@@ -45,7 +46,7 @@ impl Scanner {
     pub fn new(
         operations: Operations,
         executor: Arc<Executor>,
-        provider: Provider,
+        providers: Arc<Providers>,
         replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         interval: Duration,
@@ -53,7 +54,7 @@ impl Scanner {
         Self {
             operations,
             executor,
-            provider,
+            providers,
             work: OwnerWork::new(replication),
             cache,
             interval,
@@ -180,7 +181,10 @@ impl Scanner {
             cluster_uid: cluster.spec.uid.clone(),
             token: None,
         };
-        let mut provider = self.provider.clone();
+        let mut provider = self
+            .providers
+            .for_cluster(&cluster.spec.spec)
+            .map_err(|e| LifecycleError::ProviderUnavailable(e.to_string()))?;
         let described = tokio::time::timeout(DESCRIBE_TIMEOUT, provider.describe_cluster(request))
             .await
             .map_err(|_| {

@@ -10,7 +10,7 @@ use crate::api::{AdminService, ClustersService, OperationsService, TasksService}
 use crate::auth::{AuthLayer, Authenticator};
 use crate::config::Config;
 use crate::net::incoming;
-use crate::provider::Provider;
+use crate::provider::Providers;
 use crate::replica::{Replica, StartError};
 use crate::shutdown::Drain;
 use crate::store::SharedStore;
@@ -59,13 +59,13 @@ pub enum ServeError {
 pub async fn serve(
     config: &Config,
     store: SharedStore,
-    provider: Option<Provider>,
+    providers: Option<Arc<Providers>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     report_health(&health, ServingStatus::Serving).await;
     let reflection = reflection()?;
-    let replica = Replica::start(config, store, provider).await?;
+    let replica = Replica::start(config, store, providers).await?;
     tracing::info!(address = %replica.address, replica = %config.replica_id, "serving gRPC");
     let router = transport(config)?
         .layer(AuthLayer::new(Arc::new(authenticator(config))))
@@ -119,6 +119,7 @@ fn add_api<L>(router: Router<L>, replica: &Replica) -> Router<L> {
             operations.clone(),
             Arc::clone(&replica.cache),
             replica.workers.as_ref().map(|w| Arc::clone(&w.executor)),
+            replica.providers.clone(),
         )))
         .add_service(OperationsServer::new(OperationsService::new(
             operations.clone(),
@@ -128,6 +129,7 @@ fn add_api<L>(router: Router<L>, replica: &Replica) -> Router<L> {
             replica.store.clone(),
             replica.keys.clone(),
             replication,
+            replica.providers.clone(),
         )))
 }
 

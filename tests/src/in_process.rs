@@ -212,7 +212,7 @@ impl InProcessReplica {
             admin_listen: Some(admin_listen.clone()),
             etcd_endpoints: Some(vec![etcd.endpoint()]),
             replica_id: Some(replica_id.into()),
-            provider: Some(provider.into()),
+            provider: Some(vec![provider.into()]),
             ..settings
         };
         let config = Config::from_serve_args(ServeArgs {
@@ -226,14 +226,16 @@ impl InProcessReplica {
             failing_reads: Mutex::new(Vec::new()),
             losing_keep_alive_replies: Default::default(),
         });
-        let provider = drover_server::provider::connect_lazy(provider).expect("provider URL");
+        let providers = config.providers.as_ref().expect("a provider");
+        let providers = drover_server::provider::Providers::connect(providers).expect("providers");
+        let providers = Some(Arc::new(providers));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shared = Arc::clone(&store) as Arc<dyn Store>;
         let served = tokio::spawn(async move {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            drover_server::server::serve(&config, shared, Some(provider), shutdown).await
+            drover_server::server::serve(&config, shared, providers, shutdown).await
         });
         let replica = Self {
             store,

@@ -1,16 +1,18 @@
 //! The simulated provider as a real process, with its control client.
 
-use crate::{free_port, replica::health, wait_until, workspace_binary};
+use crate::{free_port, replica::health_over, wait_until, workspace_binary};
 use drover_proto::provider::v1 as pb;
 use pb::simulator_client::SimulatorClient;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 pub struct SimProcess {
     child: Child,
     port: u16,
+    /// How the harness reaches it when it serves TLS (`--tls-cert` ...).
+    tls: Option<ClientTlsConfig>,
 }
 
 impl SimProcess {
@@ -20,6 +22,17 @@ impl SimProcess {
 
     /// As [`Self::start`], with extra flags (e.g. `--faults PLAN`).
     pub async fn start_with(extra: &[&str]) -> Self {
+        Self::start_over(extra, None).await
+    }
+
+    /// As [`Self::start_with`] for a simulator serving TLS (`--tls-cert`
+    /// ... among `extra`); the harness's own calls (health, control) use
+    /// `tls`.
+    pub async fn start_tls(extra: &[&str], tls: ClientTlsConfig) -> Self {
+        Self::start_over(extra, Some(tls)).await
+    }
+
+    async fn start_over(extra: &[&str], tls: Option<ClientTlsConfig>) -> Self {
         let port = free_port();
         let child = Command::new(workspace_binary("drover-sim-provider"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -28,11 +41,11 @@ impl SimProcess {
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn drover-sim-provider");
-        let sim = Self { child, port };
+        let sim = Self { child, port, tls };
         let endpoint = sim.endpoint();
         wait_until(Duration::from_secs(20), "the simulated provider", || {
-            let endpoint = endpoint.clone();
-            async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+            let (endpoint, tls) = (endpoint.clone(), sim.tls.clone());
+            async move { health_over(&endpoint, tls, "").await == Some(ServingStatus::Serving) }
         })
         .await;
         sim
@@ -44,13 +57,21 @@ impl SimProcess {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// A channel to it, over TLS when it serves TLS.
+    pub async fn channel(&self) -> Channel {
+        let mut endpoint = Channel::from_shared(self.endpoint()).expect("endpoint");
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).expect("TLS config");
+        }
+        endpoint.connect().await.expect("connect to the simulator")
     }
 
     pub async fn control(&self) -> SimulatorClient<Channel> {
-        SimulatorClient::connect(self.endpoint())
-            .await
-            .expect("connect to the simulator")
+        SimulatorClient::new(self.channel().await)
     }
 
     pub async fn set_latency(&self, latency: Duration) {

@@ -181,7 +181,8 @@ pub async fn service_health(endpoint: &str, service: &str) -> Option<ServingStat
     health_over(endpoint, None, service).await
 }
 
-async fn health_over(
+/// [`service_health`] over TLS when `tls` is given.
+pub async fn health_over(
     endpoint: &str,
     tls: Option<ClientTlsConfig>,
     service: &str,

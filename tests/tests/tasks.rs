@@ -646,12 +646,14 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
         },
         Metrics::new(),
     );
-    let provider = drover_server::provider::connect_lazy(&f.sim.endpoint()).unwrap();
+    let endpoint = f.sim.endpoint();
+    let provider = drover_server::provider::connect_lazy(&endpoint).unwrap();
+    let providers = drover_server::provider::Providers::single("default", &endpoint, provider);
     let cache =
         drover_server::cluster::ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
     let scheduler = TaskScheduler::new(
         tasks.clone(),
-        provider,
+        Arc::new(providers),
         replication,
         cache,
         Metrics::new(),

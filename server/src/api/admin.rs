@@ -1,12 +1,14 @@
-//! The drover.v1.Admin service: members and ownership.
+//! The drover.v1.Admin service: members, ownership and the providers.
 
 use super::error::ApiError;
 use crate::cluster::from_json;
 use crate::cluster::validate;
 use crate::keys::KeyLayout;
 use crate::operation::LifecycleError;
+use crate::provider::{Link, Providers};
 use crate::replication::{MemberRecord, OwnerRecord, Ownership};
 use crate::store::{RangeRequest, SharedStore};
+use drover_proto::provider::v1 as pb;
 use drover_proto::v1::{self, admin_server::Admin};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,15 +19,63 @@ pub struct AdminService {
     keys: KeyLayout,
     /// Present when this replica is a member.
     replication: Option<Arc<Ownership>>,
+    /// The providers this replica reaches; `None` without one.
+    providers: Option<Arc<Providers>>,
 }
 
+/// How long ListProviders waits for each provider's GetCapabilities: the
+/// listing must answer even when a provider does not.
+const CAPABILITIES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl AdminService {
-    pub fn new(store: SharedStore, keys: KeyLayout, replication: Option<Arc<Ownership>>) -> Self {
+    pub fn new(
+        store: SharedStore,
+        keys: KeyLayout,
+        replication: Option<Arc<Ownership>>,
+        providers: Option<Arc<Providers>>,
+    ) -> Self {
         Self {
             store,
             keys,
             replication,
+            providers,
         }
+    }
+
+    /// Every provider with what it answers now, asked all at once.
+    async fn providers(&self) -> v1::ListProvidersResponse {
+        let Some(providers) = &self.providers else {
+            return v1::ListProvidersResponse::default();
+        };
+        let asked: Vec<_> = providers
+            .links()
+            .map(|(link, is_default)| {
+                let info = describe_link(link, is_default);
+                let mut client = link.client();
+                let answer = tokio::spawn(async move {
+                    let call = client.get_capabilities(pb::GetCapabilitiesRequest {});
+                    tokio::time::timeout(CAPABILITIES_TIMEOUT, call).await
+                });
+                (info, answer)
+            })
+            .collect();
+        let mut list = Vec::with_capacity(asked.len());
+        for (mut info, answer) in asked {
+            match answer.await {
+                Ok(Ok(Ok(capabilities))) => {
+                    info.capabilities = Some(capabilities_to_proto(capabilities.into_inner()))
+                }
+                Ok(Ok(Err(status))) => {
+                    info.error = format!("{:?}: {}", status.code(), status.message())
+                }
+                Ok(Err(_)) => {
+                    info.error = format!("unreachable: no answer within {CAPABILITIES_TIMEOUT:?}")
+                }
+                Err(error) => info.error = format!("not asked: {error}"),
+            }
+            list.push(info);
+        }
+        v1::ListProvidersResponse { providers: list }
     }
 
     async fn members(&self) -> Result<v1::ListMembersResponse, ApiError> {
@@ -92,6 +142,13 @@ impl Admin for AdminService {
         Ok(Response::new(self.members().await?))
     }
 
+    async fn list_providers(
+        &self,
+        _: Request<v1::ListProvidersRequest>,
+    ) -> Result<Response<v1::ListProvidersResponse>, Status> {
+        Ok(Response::new(self.providers().await))
+    }
+
     async fn get_owner(
         &self,
         request: Request<v1::GetOwnerRequest>,
@@ -99,5 +156,37 @@ impl Admin for AdminService {
         Ok(Response::new(
             self.owner(&request.into_inner().cluster).await?,
         ))
+    }
+}
+
+/// A link as listed, before its provider is asked.
+fn describe_link(link: &Link, is_default: bool) -> v1::ProviderInfo {
+    v1::ProviderInfo {
+        name: link.name.clone(),
+        endpoint: link.endpoint.clone(),
+        is_default,
+        tls: link.tls,
+        client_certificate: link.client_certificate,
+        bearer_token: link.bearer_token,
+        capabilities: None,
+        error: String::new(),
+    }
+}
+
+fn capabilities_to_proto(c: pb::Capabilities) -> v1::ProviderCapabilities {
+    let upgrade_order = match pb::UpgradeOrder::try_from(c.upgrade_order) {
+        Ok(pb::UpgradeOrder::WorkersFirst) => "workers-first",
+        _ => "control-first",
+    };
+    v1::ProviderCapabilities {
+        kind: c.kind,
+        versions: c.versions,
+        offerings: c.offerings,
+        min_control_nodes: c.min_control_nodes,
+        max_control_nodes: c.max_control_nodes,
+        min_worker_nodes: c.min_worker_nodes,
+        max_worker_nodes: c.max_worker_nodes,
+        task_types: c.task_types,
+        upgrade_order: upgrade_order.to_string(),
     }
 }

@@ -12,6 +12,7 @@ use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
+use crate::provider::Providers;
 use crate::task::TaskError;
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
@@ -32,6 +33,9 @@ pub struct ClustersService {
     /// Where lifecycle requests go; `None` on a replica without a provider,
     /// which runs no operations.
     executor: Option<Arc<Executor>>,
+    /// What `spec.provider` may name and what empty means; `None` on a
+    /// replica without a provider, which stores the name as given.
+    providers: Option<Arc<Providers>>,
 }
 
 impl ClustersService {
@@ -39,13 +43,50 @@ impl ClustersService {
         operations: Operations,
         cache: Arc<ClusterCache>,
         executor: Option<Arc<Executor>>,
+        providers: Option<Arc<Providers>>,
     ) -> Self {
         Self {
             registry: operations.registry().clone(),
             cache,
             operations,
             executor,
+            providers,
         }
+    }
+
+    /// The provider a new cluster is pinned to: the one it names, or the
+    /// default one when it names none.
+    fn pin_provider(&self, requested: &str) -> Result<String, FieldError> {
+        let Some(providers) = &self.providers else {
+            return Ok(requested.to_string());
+        };
+        match providers.named(requested) {
+            Ok(link) => Ok(link.name.clone()),
+            Err(unknown) => Err(FieldError::new(
+                "spec.provider",
+                format!(
+                    "{:?} is not a provider of this replica (it has: {})",
+                    unknown.name, unknown.known
+                ),
+            )),
+        }
+    }
+
+    /// A retried create that names another provider than the cluster has:
+    /// the provider is fixed at create.
+    fn check_same_provider(&self, requested: &str, stored: &str) -> Result<(), FieldError> {
+        let default = self.providers.as_ref().map(|p| p.default_name());
+        let stored = match stored {
+            "" => default.unwrap_or_default(),
+            stored => stored,
+        };
+        if requested.is_empty() || requested == stored {
+            return Ok(());
+        }
+        Err(FieldError::new(
+            "spec.provider",
+            format!("cannot change after create (the cluster's provider is {stored:?})"),
+        ))
     }
 
     /// Validates the common fields and accepts the request.
@@ -149,8 +190,10 @@ impl ClustersService {
         request: v1::CreateClusterRequest,
     ) -> ApiResult<v1::CreateClusterResponse> {
         validate::cluster_name("name", &request.name)?;
-        let spec = spec_from_proto("spec", request.spec)?;
+        let mut spec = spec_from_proto("spec", request.spec)?;
         validate::request_id("request_id", &request.request_id)?;
+        let requested = std::mem::take(&mut spec.provider);
+        spec.provider = self.pin_provider(&requested)?;
         let start = !request.create_only;
         if start && self.executor.is_none() {
             return Err(LifecycleError::NoProvider.into());
@@ -161,6 +204,7 @@ impl ClustersService {
             let after = crate::executor::shape(&spec);
             executor
                 .check_shape(
+                    &spec.provider,
                     "",
                     crate::executor::Asked::Create,
                     after,
@@ -172,6 +216,7 @@ impl ClustersService {
             .operations
             .create_cluster(&request.name, spec, &request.request_id, start)
             .await?;
+        self.check_same_provider(&requested, &cluster.spec.spec.provider)?;
         tracing::info!(cluster = %request.name, uid = %cluster.spec.uid, start, "cluster created");
         Ok(v1::CreateClusterResponse {
             cluster: Some(cluster_to_proto(cluster)),

@@ -64,6 +64,7 @@ pub fn spec_from_proto(
         },
         labels: spec.labels.into_iter().collect(),
         tasks,
+        provider: spec.provider,
     };
     validate::spec(field, &spec)?;
     Ok(spec)
@@ -100,6 +101,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                 .into_iter()
                 .map(task_spec_to_proto)
                 .collect(),
+            provider: spec.spec.provider,
         }),
         status: Some(v1::ClusterStatus {
             state: Some(state_to_proto(state.state) as i32),

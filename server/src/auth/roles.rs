@@ -58,6 +58,7 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/drover.v1.Tasks/DeleteTask", Role::Operator),
     ("/drover.v1.Admin/ListMembers", Role::Admin),
     ("/drover.v1.Admin/GetOwner", Role::Admin),
+    ("/drover.v1.Admin/ListProviders", Role::Viewer),
 ];
 
 const OPEN_SERVICES: [&str; 3] = [

@@ -1,9 +1,13 @@
 //! The simulated provider as its own process: drover.provider.v1.Provider
 //! plus the Simulator control service (latency, faults, audit log).
 //! Without `--faults` it is kind; with them, hostile from the first call.
+//! With `--tls-cert`/`--tls-key` it serves TLS (`--client-ca`: mutual TLS),
+//! with `--token-file` its Provider service requires that bearer token.
 
 use clap::Parser;
+use drover_server::config::{Secret, ServerTls};
 use drover_server::provider::sim::{self, faults::FaultPlan, SimProvider};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -38,6 +42,48 @@ struct Args {
     /// others. Empty (the default): any.
     #[arg(long, env = "DROVER_SIM_OFFERINGS", value_delimiter = ',')]
     offerings: Vec<String>,
+    /// PEM certificate chain: serve TLS (with --tls-key).
+    #[arg(long, env = "DROVER_SIM_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "DROVER_SIM_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA: callers must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "DROVER_SIM_CLIENT_CA", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+    /// File whose first line is the bearer token every Provider call must
+    /// carry.
+    #[arg(long, env = "DROVER_SIM_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl Args {
+    /// TLS and the token as the flags say, files read.
+    fn security(&self) -> Result<sim::Security, String> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls {
+                cert_pem: read(cert)?,
+                key_pem: Secret::new(read(key)?),
+                client_ca_pem: self.client_ca.as_ref().map(read).transpose()?,
+            }),
+            _ => None,
+        };
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = String::from_utf8(read(path)?).unwrap_or_default();
+                let token = text.lines().next().unwrap_or_default().trim().to_string();
+                if token.is_empty() {
+                    return Err(format!("{} holds no token", path.display()));
+                }
+                Some(Secret::new(token))
+            }
+            None => None,
+        };
+        Ok(sim::Security { tls, token })
+    }
 }
 
 #[tokio::main]
@@ -50,6 +96,13 @@ async fn main() -> ExitCode {
         }
         Err(error) => {
             let _ = error.print();
+            return ExitCode::from(64);
+        }
+    };
+    let security = match args.security() {
+        Ok(security) => security,
+        Err(error) => {
+            eprintln!("drover-sim-provider: {error}");
             return ExitCode::from(64);
         }
     };
@@ -68,6 +121,8 @@ async fn main() -> ExitCode {
         address = %args.listen,
         faults = !args.faults.is_empty(),
         seed = args.fault_seed,
+        tls = security.tls.is_some(),
+        token = security.token.is_some(),
         "simulated provider serving"
     );
     let shutdown = async {
@@ -84,7 +139,7 @@ async fn main() -> ExitCode {
         offerings: args.offerings,
     };
     let provider = SimProvider::with_faults(args.faults, args.fault_seed, delay).knowing(known);
-    match sim::serve(provider, listener, shutdown).await {
+    match sim::serve_secured(provider, listener, security, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("drover-sim-provider: {error}");

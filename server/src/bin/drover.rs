@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use drover_server::config::{Cli, Command, Config, EXIT_CONFIG};
-use drover_server::provider::{self, Provider};
+use drover_server::provider::{self, Providers};
 use drover_server::server;
 use drover_server::store::{EtcdOptions, EtcdStore, MemoryStore, SharedStore, Store};
 use std::process::ExitCode;
@@ -59,12 +59,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config, embedded: bool) -> ExitCode {
-    let (store, provider): (SharedStore, Option<Provider>) = if embedded {
+    let (store, providers): (SharedStore, Option<Arc<Providers>>) = if embedded {
         tracing::info!(
             "embedded mode: in-memory store and simulated provider, state is lost on exit"
         );
         match start_simulator().await {
-            Ok(provider) => (Arc::new(MemoryStore::new()), Some(provider)),
+            Ok(providers) => (Arc::new(MemoryStore::new()), Some(Arc::new(providers))),
             Err(error) => {
                 tracing::error!(%error, "cannot start the simulated provider");
                 return ExitCode::FAILURE;
@@ -75,12 +75,22 @@ async fn run(config: Config, embedded: bool) -> ExitCode {
             Some(store) => Arc::new(store),
             None => return ExitCode::from(EXIT_UNAVAILABLE),
         };
-        let provider = config.provider.as_deref().map(|endpoint| {
-            provider::connect_lazy(endpoint).expect("provider URL validated by the config")
-        });
-        (store, provider)
+        let providers = match config
+            .providers
+            .as_ref()
+            .map(Providers::connect)
+            .transpose()
+        {
+            Ok(providers) => providers.map(Arc::new),
+            Err(error) => {
+                // The configuration checked every link: not expected.
+                tracing::error!(%error, "cannot set up the providers");
+                return ExitCode::from(EXIT_CONFIG as u8);
+            }
+        };
+        (store, providers)
     };
-    match server::serve(&config, store, provider, shutdown_signal()).await {
+    match server::serve(&config, store, providers, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "replica failed");
@@ -107,7 +117,7 @@ fn hash_token() -> ExitCode {
 }
 
 /// Runs the simulated provider in this process, on a loopback port.
-async fn start_simulator() -> std::io::Result<Provider> {
+async fn start_simulator() -> std::io::Result<Providers> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     tracing::info!(%address, "simulated provider (Provider and Simulator services)");
@@ -116,7 +126,13 @@ async fn start_simulator() -> std::io::Result<Provider> {
         listener,
         std::future::pending(),
     ));
-    Ok(provider::connect_lazy(&format!("http://{address}")).expect("a loopback URL"))
+    let endpoint = format!("http://{address}");
+    let client = provider::connect_lazy(&endpoint).expect("a loopback URL");
+    Ok(Providers::single(
+        drover_server::config::DEFAULT_PROVIDER_NAME,
+        &endpoint,
+        client,
+    ))
 }
 
 /// Connects to etcd, retrying for a while: etcd often starts alongside.

@@ -32,6 +32,10 @@ pub struct Spec {
     /// Scheduled maintenance tasks; reconciled by the owner.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<super::task_spec::TaskSpec>,
+    /// The provider's name, fixed at create. Empty in records written
+    /// before providers had names: those clusters use the default provider.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
 }
 
 /// `clusters/<name>/spec`.

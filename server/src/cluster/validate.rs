@@ -33,6 +33,11 @@ pub fn cluster_name(field: &str, name: &str) -> Validation {
     crate::names::dns_label(name).map_err(|reason| FieldError::new(field, reason))
 }
 
+/// A provider's name: a DNS-1123 label, as `--provider NAME=URL` requires.
+pub fn provider_name(field: &str, name: &str) -> Validation {
+    crate::names::dns_label(name).map_err(|reason| FieldError::new(field, reason))
+}
+
 /// A version: `MAJOR.MINOR.PATCH`, digits only.
 pub fn version(field: &str, version: &str) -> Validation {
     if version.is_empty() {
@@ -106,6 +111,9 @@ pub fn spec(field: &str, spec: &Spec) -> Validation {
         ));
     }
     node_offering(&format!("{field}.node_offering"), &spec.node_offering)?;
+    if !spec.provider.is_empty() {
+        provider_name(&format!("{field}.provider"), &spec.provider)?;
+    }
     let autoscaling = &spec.autoscaling;
     if autoscaling.enabled {
         if autoscaling.min < 1 || autoscaling.min > autoscaling.max {

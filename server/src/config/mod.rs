@@ -21,17 +21,20 @@
 //! - The `[default: ...]` in a setting's help is written by hand beside the
 //!   default its rule is given.
 
+mod providers;
 mod rules;
 mod security;
 mod timeouts;
 
-pub use security::{EtcdTls, EtcdUser, Secret, Security, ServerTls};
+pub use providers::{ProviderLink, ProviderLinks, DEFAULT_NAME as DEFAULT_PROVIDER_NAME};
+pub use security::{EtcdTls, EtcdUser, KeyPair, Secret, Security, ServerTls};
 pub use timeouts::Timeouts;
 
 use clap::{Args, Parser, Subcommand};
+use providers::providers;
 use rules::{
-    address, compaction, given, key_prefix, log_format, on_off, optional_url, orphan_policy,
-    replica_id, urls, within,
+    address, compaction, given, key_prefix, log_format, on_off, orphan_policy, replica_id, urls,
+    within,
 };
 use security::SecuritySettings;
 use serde::Deserialize;
@@ -191,8 +194,17 @@ settings! {
         within(DEFAULT_LEASE_MARGIN_PERCENT, LEASE_MARGIN_RANGE, "percent of the lease TTL") => u32;
     /// Replica id, a DNS-1123 label [default: the host name].
     replica_id: String = "DROVER_REPLICA_ID", replica_id => String;
-    /// Provider gRPC endpoint (http:// or https:// URL).
-    provider: String = "DROVER_PROVIDER", optional_url => Option<String>;
+    /// A provider, NAME=URL[,ca=FILE][,cert=FILE,key=FILE][,token-file=FILE]
+    /// (repeatable; ';' between several in one value); a bare URL is the
+    /// provider named "default". https uses TLS (ca: the CA to trust, else
+    /// the system's roots; cert/key: a client certificate); the token file's
+    /// line goes as a bearer token on every call. None: no operations run.
+    #[arg(value_delimiter = ';')]
+    #[serde(default, deserialize_with = "one_or_many")]
+    provider: Vec<String> = "DROVER_PROVIDER", providers => Vec<ProviderLink>;
+    /// The provider of clusters created without spec.provider [default: the
+    /// only provider, or the one named "default"].
+    default_provider: String = "DROVER_DEFAULT_PROVIDER", given => Option<String>;
     /// Log format: text or json [default: text].
     log_format: String = "DROVER_LOG_FORMAT", log_format => LogFormat;
     /// Operation timeout per kind, KIND=SECONDS (repeatable; kinds: start,
@@ -258,6 +270,23 @@ settings! {
     etcd_password_file: PathBuf = "DROVER_ETCD_PASSWORD_FILE", given => Option<PathBuf>;
 }
 
+/// A file value given as one string (`provider = "URL"`, as before there
+/// could be several) or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(Some(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    }))
+}
+
 /// What a new owner does with an operation its lost owner left running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrphanPolicy {
@@ -284,7 +313,9 @@ pub struct Config {
     /// an owner.
     pub lease_margin: Duration,
     pub replica_id: String,
-    pub provider: Option<String>,
+    /// The providers and the default one; `None`: no provider, so no
+    /// operations run here.
+    pub providers: Option<ProviderLinks>,
     pub log_format: LogFormat,
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
@@ -368,7 +399,7 @@ impl Config {
             lease_ttl_seconds: s.lease_ttl,
             lease_margin: Duration::from_secs(s.lease_ttl as u64) * s.lease_margin_percent / 100,
             replica_id: s.replica_id,
-            provider: s.provider,
+            providers: providers::with_default(s.provider, s.default_provider)?,
             log_format: s.log_format,
             operation_timeouts: s.operation_timeout,
             operation_history: s.operation_history,
@@ -420,7 +451,7 @@ mod tests {
         assert_eq!(config.etcd_endpoints, vec![DEFAULT_ETCD.to_string()]);
         assert_eq!(config.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
         assert_eq!(config.replica_id, "r1");
-        assert_eq!(config.provider, None);
+        assert!(config.providers.is_none());
         assert_eq!(config.operation_history, 50);
         assert_eq!(config.scan_interval, Duration::from_secs(10));
         assert_eq!(config.compact_interval, Some(Duration::from_secs(300)));
@@ -554,10 +585,17 @@ mod tests {
             ),
             (
                 Settings {
-                    provider: Some("http://host".into()),
+                    provider: Some(vec!["http://host".into()]),
                     ..settings()
                 },
                 "provider",
+            ),
+            (
+                Settings {
+                    provider: Some(vec!["a=http://a:1".into(), "b=http://b:1".into()]),
+                    ..settings()
+                },
+                "default_provider",
             ),
             (
                 Settings {
@@ -649,6 +687,35 @@ mod tests {
         assert_eq!(config.lease_ttl_seconds, 3);
         assert_eq!(config.listen.port(), 1);
         assert_eq!(config.replica_id, "f");
+    }
+
+    /// The file takes one provider as a string (as before there could be
+    /// several) or several as a list.
+    #[test]
+    fn the_file_takes_one_provider_or_a_list() {
+        let one: Settings = toml::from_str("provider = \"http://127.0.0.1:7080\"").unwrap();
+        let config = Config::from_settings(Settings {
+            replica_id: Some("r1".into()),
+            ..one
+        })
+        .unwrap();
+        let providers = config.providers.unwrap();
+        assert_eq!(providers.default, "default");
+        let many: Settings = toml::from_str(
+            "provider = [\"sim=http://127.0.0.1:1\", \"pg=http://127.0.0.1:2\"]\ndefault_provider = \"pg\"",
+        )
+        .unwrap();
+        let config = Config::from_settings(Settings {
+            replica_id: Some("r1".into()),
+            ..many
+        })
+        .unwrap();
+        let providers = config.providers.unwrap();
+        let names: Vec<&str> = providers.links.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            (names, providers.default.as_str()),
+            (vec!["pg", "sim"], "pg")
+        );
     }
 
     #[test]

@@ -77,17 +77,6 @@ pub(super) fn urls(
     }
 }
 
-/// An `http(s)://HOST:PORT` URL, when one is given; no default.
-pub(super) fn optional_url(
-    setting: &'static str,
-    given: Option<String>,
-) -> Result<Option<String>, ConfigError> {
-    if let Some(url) = &given {
-        check_url(setting, url)?;
-    }
-    Ok(given)
-}
-
 /// A key prefix: starts and ends with `/`, no spaces or control characters.
 pub(super) fn key_prefix(
     default: &'static str,
@@ -195,7 +184,7 @@ pub(super) fn compaction(
     }
 }
 
-fn check_url(setting: &'static str, url: &str) -> Result<(), ConfigError> {
+pub(super) fn check_url(setting: &'static str, url: &str) -> Result<(), ConfigError> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

@@ -72,8 +72,8 @@ impl Holding<'_> {
         step: &Step,
         deadline: std::time::Instant,
     ) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
-        let mut provider = self.executor.provider.clone();
         let spec = &self.cluster.spec.spec;
+        let mut provider = self.executor.providers.for_cluster(spec)?;
         let token = self.token();
         match step {
             Step::CreateNodes => {
@@ -180,7 +180,10 @@ impl Holding<'_> {
                 cluster_uid: self.cluster.spec.uid.clone(),
                 token: self.token(),
             };
-            let mut provider = self.executor.provider.clone();
+            let mut provider = self
+                .executor
+                .providers
+                .for_cluster(&self.cluster.spec.spec)?;
             match provider.describe_cluster(due_by(deadline, request)).await {
                 Err(status) if cut_at_claim_end(&status, deadline) => {}
                 other => break other,
@@ -273,7 +276,8 @@ impl Holding<'_> {
         deadline: tokio::time::Instant,
     ) -> Result<pb::UpgradeOrder, Option<OperationError>> {
         let bound = deadline.min(tokio::time::Instant::now() + DESCRIBE_TIMEOUT);
-        match tokio::time::timeout_at(bound, self.executor.capabilities()).await {
+        let provider = &self.cluster.spec.spec.provider;
+        match tokio::time::timeout_at(bound, self.executor.capabilities(provider)).await {
             Ok(Ok(capabilities)) => Ok(capabilities.upgrade_order()),
             Ok(Err(status)) => {
                 let message = format!(
@@ -291,32 +295,33 @@ impl Holding<'_> {
 }
 
 impl super::Executor {
-    /// What the provider supports, asked once and kept (it says callers may
-    /// cache it); a provider without GetCapabilities has the defaults.
-    pub(super) async fn capabilities(&self) -> Result<pb::Capabilities, tonic::Status> {
-        if let Some(known) = self.capabilities_known() {
-            return Ok(known);
+    /// What the provider named `provider` supports, asked once and kept
+    /// (it says callers may cache it); a provider without GetCapabilities
+    /// has the defaults.
+    pub(super) async fn capabilities(
+        &self,
+        provider: &str,
+    ) -> Result<pb::Capabilities, tonic::Status> {
+        if let Some(known) = self.capabilities_cache().get(provider) {
+            return Ok(known.clone());
         }
-        let mut provider = self.provider.clone();
+        let mut client = self.providers.named(provider)?.client();
         let started = Instant::now();
-        let answer = provider
-            .get_capabilities(pb::GetCapabilitiesRequest {})
-            .await;
+        let answer = client.get_capabilities(pb::GetCapabilitiesRequest {}).await;
         self.observe_provider("GetCapabilities", started);
         let capabilities = match answer {
             Ok(response) => response.into_inner(),
             Err(status) if status.code() == Code::Unimplemented => pb::Capabilities::default(),
             Err(status) => return Err(status),
         };
-        *self.capabilities_cache() = Some(capabilities.clone());
+        self.capabilities_cache()
+            .insert(provider.to_string(), capabilities.clone());
         Ok(capabilities)
     }
 
-    fn capabilities_known(&self) -> Option<pb::Capabilities> {
-        self.capabilities_cache().clone()
-    }
-
-    fn capabilities_cache(&self) -> std::sync::MutexGuard<'_, Option<pb::Capabilities>> {
+    fn capabilities_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, pb::Capabilities>> {
         self.capabilities.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

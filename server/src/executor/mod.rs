@@ -47,7 +47,7 @@ use crate::cluster::ClusterCache;
 use crate::config::{OrphanPolicy, Timeouts};
 use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
-use crate::provider::Provider;
+use crate::provider::Providers;
 use crate::replication::Ownership;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -55,7 +55,8 @@ use std::sync::{Arc, Mutex};
 /// Runs accepted operations.
 pub struct Executor {
     operations: Operations,
-    provider: Provider,
+    /// Each cluster's calls go to its own provider.
+    providers: Arc<Providers>,
     /// The claim check, the in-flight marks (operation ids) and the stop
     /// flag. Once the replica shuts down, operations not started are left
     /// PENDING for the clusters' next owners, which run them (started here,
@@ -69,15 +70,16 @@ pub struct Executor {
     /// the records only when this says a batch is due (or the cluster was
     /// just adopted).
     history: Mutex<HashMap<String, usize>>,
-    /// The provider's capabilities once asked (GetCapabilities may be
+    /// Each provider's capabilities once asked, by name (GetCapabilities may be
     /// cached): the upgrade order.
-    capabilities: Mutex<Option<drover_proto::provider::v1::Capabilities>>,
+    capabilities:
+        Mutex<std::collections::HashMap<String, drover_proto::provider::v1::Capabilities>>,
 }
 
 impl Executor {
     pub fn new(
         operations: Operations,
-        provider: Provider,
+        providers: Arc<Providers>,
         replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
@@ -85,13 +87,13 @@ impl Executor {
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
-            provider,
+            providers,
             work: OwnerWork::new(replication),
             cache,
             timeouts,
             orphans,
             history: Mutex::new(HashMap::new()),
-            capabilities: Mutex::new(None),
+            capabilities: Mutex::default(),
         })
     }
 

@@ -101,6 +101,7 @@ impl Executor {
     /// when it cannot be asked.
     pub async fn check_shape(
         &self,
+        provider: &str,
         cluster_uid: &str,
         asked: Asked<'_>,
         after: pb::ClusterShape,
@@ -113,7 +114,7 @@ impl Executor {
                     cluster_uid: cluster_uid.to_string(),
                     shape: Some(after.clone()),
                 };
-                let Some(answer) = self.validate_spec(request).await? else {
+                let Some(answer) = self.validate_spec(provider, request).await? else {
                     return Ok(());
                 };
                 answered.0 = Some((after.clone(), answer.violations.clone()));
@@ -130,9 +131,13 @@ impl Executor {
     /// `None` from a provider without it.
     async fn validate_spec(
         &self,
+        provider: &str,
         request: pb::ValidateSpecRequest,
     ) -> Result<Option<pb::ValidateSpecResponse>, LifecycleError> {
-        let mut provider = self.provider.clone();
+        let mut provider = match self.providers.named(provider) {
+            Ok(link) => link.client(),
+            Err(unknown) => return Err(LifecycleError::ProviderUnavailable(unknown.to_string())),
+        };
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(DESCRIBE_TIMEOUT, provider.validate_spec(request)).await;
         self.observe_provider("ValidateSpec", started);

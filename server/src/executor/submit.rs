@@ -119,7 +119,8 @@ impl Executor {
             kind,
             before: &before,
         };
-        self.check_shape(&plan.view().spec.uid, asked, after, answered)
+        let spec = &plan.view().spec;
+        self.check_shape(&spec.spec.provider, &spec.uid, asked, after, answered)
             .await
     }
 

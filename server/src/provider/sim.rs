@@ -1002,6 +1002,50 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    serve_secured(provider, listener, Security::default(), shutdown).await
+}
+
+/// How the simulator's port is secured, so Drover's links to a provider
+/// over TLS, mutual TLS and with a bearer token can be tested for real.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// TLS, and client certificates when it names a client CA.
+    pub tls: Option<crate::config::ServerTls>,
+    /// The token every Provider call must carry as `authorization: Bearer
+    /// <token>` (UNAUTHENTICATED otherwise). The Simulator control service
+    /// and health checks need none: they are the test's, not Drover's.
+    pub token: Option<crate::config::Secret<String>>,
+}
+
+/// Refuses a Provider call without the expected bearer token.
+#[derive(Clone)]
+struct RequireToken(Option<crate::config::Secret<String>>);
+
+impl tonic::service::Interceptor for RequireToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(given) if given == token.expose() => Ok(request),
+            Some(_) => Err(Status::unauthenticated("wrong bearer token")),
+            None => Err(Status::unauthenticated("a bearer token is required")),
+        }
+    }
+}
+
+/// [`serve`] with TLS and a required token as `security` says.
+pub async fn serve_secured(
+    provider: SimProvider,
+    listener: tokio::net::TcpListener,
+    security: Security,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
     use drover_proto::provider::v1::{
         provider_server::ProviderServer, simulator_server::SimulatorServer,
     };
@@ -1009,9 +1053,14 @@ pub async fn serve(
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &security.tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    let checked = ProviderServer::with_interceptor(provider.clone(), RequireToken(security.token));
+    builder
         .add_service(health_service)
-        .add_service(ProviderServer::new(provider.clone()))
+        .add_service(checked)
         .add_service(SimulatorServer::new(provider))
         .serve_with_incoming_shutdown(crate::net::incoming(listener), shutdown)
         .await

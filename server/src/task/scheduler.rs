@@ -31,7 +31,7 @@ use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::Metrics;
 use crate::owner_work::OwnerWork;
-use crate::provider::{due_by, Provider};
+use crate::provider::{due_by, Providers};
 use crate::replication::{Claim, Hold, Ownership};
 use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
 use chrono::{DateTime, Utc};
@@ -70,7 +70,8 @@ struct NextLook {
 
 pub struct TaskScheduler {
     tasks: TaskStore,
-    provider: Provider,
+    /// Each cluster's runs go to its own provider.
+    providers: Arc<Providers>,
     cache: Arc<ClusterCache>,
     metrics: Arc<Metrics>,
     /// How long a run may take before it is stopped and counted an error.
@@ -88,7 +89,7 @@ pub struct TaskScheduler {
 impl TaskScheduler {
     pub fn new(
         tasks: TaskStore,
-        provider: Provider,
+        providers: Arc<Providers>,
         replication: Arc<Ownership>,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
@@ -96,7 +97,7 @@ impl TaskScheduler {
     ) -> Arc<Self> {
         Arc::new(Self {
             tasks,
-            provider,
+            providers,
             work: OwnerWork::new(replication),
             cache,
             metrics,
@@ -255,8 +256,7 @@ impl TaskScheduler {
         for change in &changes {
             if let Change::Delete { record, .. } = change {
                 if let Some(run) = record.running() {
-                    self.stop_run(&read.cluster.spec.name, &read.cluster.spec.uid, claim, run)
-                        .await?;
+                    self.stop_run(&read.cluster.spec, claim, run).await?;
                 }
             }
         }
@@ -451,11 +451,12 @@ impl TaskScheduler {
             return;
         };
         let this = Arc::clone(self);
-        let cluster = read.cluster.spec.name.clone();
-        let uid = read.cluster.spec.uid.clone();
+        // The run's provider and, should it time out, where it is stopped.
+        let spec = read.cluster.spec.clone();
+        let cluster = spec.name.clone();
         let task_key = self.task_key(read, record);
         let request = pb::RunTaskRequest {
-            token: Some(token(&uid, claim, &run.id)),
+            token: Some(token(&spec.uid, claim, &run.id)),
             task_type: record.task_type.name().to_string(),
             task_name: record.name.clone(),
             run_id: run.id.clone(),
@@ -466,24 +467,7 @@ impl TaskScheduler {
         tokio::spawn(async move {
             let _hold = hold;
             let ended = if this.work.holds(&cluster, claim) {
-                // The one provider call without the claim's deadline: a run
-                // lasts hours, far past any one renewal, and what it does
-                // after a lost claim the next owner's StopTask (newer epoch)
-                // ends before it starts anything.
-                let mut provider = this.provider.clone();
-                match tokio::time::timeout(this.run_timeout, provider.run_task(request)).await {
-                    Ok(ended) => ended,
-                    Err(_) => {
-                        // Stopped (and fenced) before it counts as failed.
-                        if let Err(error) = this.stop_run(&cluster, &uid, claim, &run).await {
-                            tracing::warn!(cluster, run = %run.id, %error, "could not stop a run that timed out");
-                        }
-                        Err(tonic::Status::deadline_exceeded(format!(
-                            "the run took longer than {:?} and was stopped",
-                            this.run_timeout
-                        )))
-                    }
-                }
+                this.run_on_provider(&spec, request, claim, &run).await
             } else {
                 Err(tonic::Status::aborted("no longer the owner"))
             };
@@ -540,6 +524,40 @@ impl TaskScheduler {
             }
             drop(mark);
         });
+    }
+
+    /// RunTask at the cluster's provider, stopped once it outlasts the run
+    /// timeout.
+    async fn run_on_provider(
+        &self,
+        spec: &SpecRecord,
+        request: pb::RunTaskRequest,
+        claim: Claim,
+        run: &TaskRun,
+    ) -> Result<tonic::Response<pb::RunTaskResponse>, tonic::Status> {
+        // NOT_FOUND rather than the error's FAILED_PRECONDITION, which reads
+        // "fenced off" here: the run ends as an error that says why.
+        let mut provider = self
+            .providers
+            .for_cluster(&spec.spec)
+            .map_err(|unknown| tonic::Status::not_found(unknown.to_string()))?;
+        // The one provider call without the claim's deadline: a run lasts
+        // hours, far past any one renewal, and what it does after a lost
+        // claim the next owner's StopTask (newer epoch) ends before it
+        // starts anything.
+        match tokio::time::timeout(self.run_timeout, provider.run_task(request)).await {
+            Ok(ended) => ended,
+            Err(_) => {
+                // Stopped (and fenced) before it counts as failed.
+                if let Err(error) = self.stop_run(spec, claim, run).await {
+                    tracing::warn!(cluster = %spec.name, run = %run.id, %error, "could not stop a run that timed out");
+                }
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "the run took longer than {:?} and was stopped",
+                    self.run_timeout
+                )))
+            }
+        }
     }
 
     /// Records the end of `run` on its task (if it is still that task's
@@ -610,8 +628,7 @@ impl TaskScheduler {
         claim: Claim,
     ) -> Result<(), TaskError> {
         let name = &read.cluster.spec.name;
-        self.stop_run(&read.cluster.spec.name, &read.cluster.spec.uid, claim, run)
-            .await?;
+        self.stop_run(&read.cluster.spec, claim, run).await?;
         let message = format!(
             "replica {} (epoch {}) was lost while the run was in progress; aborted by {}",
             run.replica,
@@ -641,11 +658,15 @@ impl TaskScheduler {
     /// fine (the token still fences it).
     async fn stop_run(
         &self,
-        cluster: &str,
-        uid: &str,
+        spec: &SpecRecord,
         claim: Claim,
         run: &TaskRun,
     ) -> Result<(), TaskError> {
+        let (cluster, uid) = (spec.name.as_str(), spec.uid.as_str());
+        let mut provider = self
+            .providers
+            .for_cluster(&spec.spec)
+            .map_err(|unknown| TaskError::Provider(unknown.to_string()))?;
         let replication = self.work.replication();
         let Some(deadline) = replication.claim_deadline(cluster, claim).await else {
             return Err(TaskError::Provider(format!(
@@ -659,7 +680,7 @@ impl TaskScheduler {
         };
         // Bounded: one cluster's provider trouble must not stall the loop.
         let request = due_by(deadline.min(Instant::now() + STOP_TIMEOUT), request);
-        let stopped = self.provider.clone().stop_task(request).await;
+        let stopped = provider.stop_task(request).await;
         match stopped {
             Ok(_) => Ok(()),
             Err(status) if status.code() == tonic::Code::NotFound => Ok(()),

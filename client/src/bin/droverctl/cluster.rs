@@ -92,6 +92,10 @@ pub struct CreateArgs {
     workers: u32,
     #[arg(long, default_value = "medium")]
     offering: String,
+    /// The provider that builds it (`droverctl provider list`); fixed at
+    /// create [default: the replicas' default provider].
+    #[arg(long, default_value = "")]
+    provider: String,
     /// A label, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -324,6 +328,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
         control_nodes,
         workers,
         offering,
+        provider,
         labels,
         create_only,
         lifecycle,
@@ -336,6 +341,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
             worker_nodes: workers,
             node_offering: offering,
             labels: labels.into_iter().collect(),
+            provider,
             ..Default::default()
         }),
         create_only,

@@ -25,6 +25,7 @@ mod describe;
 mod docs;
 mod op;
 mod output;
+mod provider;
 mod task;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -105,6 +106,9 @@ enum Remote {
     Task(task::TaskCommand),
     /// List the live replicas.
     Members,
+    /// The providers the answering replica reaches.
+    #[command(subcommand)]
+    Provider(provider::ProviderCommand),
     /// Stream cluster changes (one line each) until interrupted.
     Watch {
         /// Only this cluster.
@@ -239,6 +243,7 @@ async fn run(connection: &Connection, output: Output, command: Remote) -> Result
         Remote::Op(command) => op::run(&mut client, output, command).await,
         Remote::Task(command) => task::run(&mut client, output, command).await,
         Remote::Members => members(&mut client, output).await,
+        Remote::Provider(command) => provider::run(&mut client, output, command).await,
         Remote::Watch {
             name,
             from_revision,

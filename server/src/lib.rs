@@ -61,6 +61,7 @@ pub mod api;
 pub mod auth;
 pub mod cluster;
 pub mod compactor;
+pub mod console;
 pub mod config;
 pub mod executor;
 pub mod keys;

@@ -31,8 +31,16 @@ impl Browser {
     pub fn start() -> Self {
         let profile = TempDir::new("chromium");
         let mut child = Command::new("chromium")
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-            .args(["--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .args([
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+            ])
             .args(["--window-size=1280,900", "--hide-scrollbars"])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
@@ -122,7 +130,10 @@ fn page_target(port: u16) -> String {
         if let Some(url) = page {
             return url.to_string();
         }
-        assert!(std::time::Instant::now() < deadline, "no page target: {targets}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no page target: {targets}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -131,8 +142,14 @@ fn page_target(port: u16) -> String {
 /// answers with a Content-Length and keeps the connection open).
 fn get_json(port: u16, path: &str) -> serde_json::Value {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").expect("send");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )
+    .expect("send");
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         assert!(head.len() < 8192, "answer head too long");

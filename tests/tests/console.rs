@@ -48,7 +48,10 @@ async fn until(
         if done(&value) {
             return value;
         }
-        assert!(Instant::now() < end, "{expression}: still {value} (seen {seen:?})");
+        assert!(
+            Instant::now() < end,
+            "{expression}: still {value} (seen {seen:?})"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -63,7 +66,10 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     let dir = TempDir::new("console");
     let mut tokens = String::new();
     for (name, role, token) in [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)] {
-        let digest: String = hash_token(token).iter().map(|b| format!("{b:02x}")).collect();
+        let digest: String = hash_token(token)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         tokens.push_str(&format!(
             "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
         ));
@@ -96,25 +102,53 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     let mut seen = Vec::new();
     browser.navigate(&format!("{admin}/ui/"));
     let login = "!document.getElementById('login').hidden";
-    until(&mut browser, login, Duration::from_secs(10), &mut seen, |v| v == true).await;
+    until(
+        &mut browser,
+        login,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == true,
+    )
+    .await;
     // A viewer signs in through the form.
     browser.eval(&format!(
         "document.getElementById('token').value = '{VIEWER}'; \
          document.getElementById('login').requestSubmit(); true"
     ));
     let rows = "Number(document.body.dataset.fleetRows || 0)";
-    until(&mut browser, rows, Duration::from_secs(10), &mut seen, |v| v == 2).await;
+    until(
+        &mut browser,
+        rows,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == 2,
+    )
+    .await;
     let stored = browser.eval("sessionStorage.getItem('drover.token')");
     assert_eq!(stored, VIEWER, "the token is kept in the session");
     let fleet_ms = browser.eval("Number(document.body.dataset.fleetMs)");
     println!("fleet page fetched and rendered in {fleet_ms} ms");
     let live = "document.getElementById('live').textContent";
-    until(&mut browser, live, Duration::from_secs(10), &mut seen, |v| v == "live").await;
+    until(
+        &mut browser,
+        live,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == "live",
+    )
+    .await;
     std::fs::write(screenshots().join("fleet.png"), browser.screenshot()).expect("save");
 
     browser.eval("location.hash = '#/clusters/web'; true");
     let state = "(document.getElementById('cluster-state') || {}).textContent || ''";
-    until(&mut browser, state, Duration::from_secs(10), &mut seen, |v| v == "RUNNING").await;
+    until(
+        &mut browser,
+        state,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == "RUNNING",
+    )
+    .await;
 
     // An upgrade slow enough to watch: every provider step takes a while.
     sim.set_latency(Duration::from_millis(700)).await;
@@ -131,19 +165,50 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     let current = "document.getElementById('current-operation').textContent";
     let mut steps = Vec::new();
     let moving = |v: &serde_json::Value| v.as_str().is_some_and(|t| t.contains("UPGRADE 2/"));
-    until(&mut browser, current, Duration::from_secs(30), &mut steps, moving).await;
+    until(
+        &mut browser,
+        current,
+        Duration::from_secs(30),
+        &mut steps,
+        moving,
+    )
+    .await;
     std::fs::write(screenshots().join("cluster.png"), browser.screenshot()).expect("save");
     let idle = |v: &serde_json::Value| v == "no operation running";
-    until(&mut browser, current, Duration::from_secs(60), &mut steps, idle).await;
+    until(
+        &mut browser,
+        current,
+        Duration::from_secs(60),
+        &mut steps,
+        idle,
+    )
+    .await;
     let shown: BTreeSet<&str> = steps
         .iter()
         .filter_map(|v| v.as_str())
         .filter(|t| t.starts_with("UPGRADE"))
         .collect();
-    assert!(shown.len() >= 2, "the page showed the steps moving: {steps:?}");
-    until(&mut browser, state, Duration::from_secs(10), &mut seen, |v| v == "RUNNING").await;
+    assert!(
+        shown.len() >= 2,
+        "the page showed the steps moving: {steps:?}"
+    );
+    until(
+        &mut browser,
+        state,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == "RUNNING",
+    )
+    .await;
     let version = "document.getElementById('current-version').textContent";
-    until(&mut browser, version, Duration::from_secs(10), &mut seen, |v| v == "1.30.0").await;
+    until(
+        &mut browser,
+        version,
+        Duration::from_secs(10),
+        &mut seen,
+        |v| v == "1.30.0",
+    )
+    .await;
     let history = "document.getElementById('timeline').textContent";
     let history = browser.eval(history);
     assert!(
@@ -155,5 +220,12 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     browser.eval("location.hash = '#/members'; true");
     let text = "document.getElementById('main').textContent";
     let denied = |v: &serde_json::Value| v.as_str().is_some_and(|t| t.contains("403"));
-    until(&mut browser, text, Duration::from_secs(10), &mut seen, denied).await;
+    until(
+        &mut browser,
+        text,
+        Duration::from_secs(10),
+        &mut seen,
+        denied,
+    )
+    .await;
 }

@@ -67,9 +67,8 @@ impl StepLog {
             self.order.push_back(key.clone());
         }
         let steps = self.steps.entry(key).or_default();
-        let same = |seen: &StepSeen| {
-            seen.step == progress.step && seen.step_name == progress.step_name
-        };
+        let same =
+            |seen: &StepSeen| seen.step == progress.step && seen.step_name == progress.step_name;
         if steps.last().is_some_and(same) || steps.len() >= REMEMBERED_STEPS {
             return;
         }

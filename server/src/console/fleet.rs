@@ -26,7 +26,10 @@ const READS_PER_TXN: usize = 100;
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("{field}: {message}")]
-    InvalidArgument { field: &'static str, message: String },
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
     #[error("the cluster cache is not ready yet (starting, or listing again): retry")]
     NotReady,
     #[error("store: {0}")]

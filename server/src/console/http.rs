@@ -155,7 +155,9 @@ async fn cluster_answer(console: &Console, name: &str) -> Answer {
     };
     let (cluster, operations, tasks) = tokio::join!(
         console.clusters.get_cluster(tonic::Request::new(get)),
-        console.operations_api.list_operations(tonic::Request::new(list)),
+        console
+            .operations_api
+            .list_operations(tonic::Request::new(list)),
         console.tasks.list_tasks(tonic::Request::new(tasks)),
     );
     let answer = (|| {
@@ -340,7 +342,10 @@ mod tests {
         assert_eq!(query.state, Some(ClusterState::Running));
         assert_eq!(
             query.labels,
-            [("team".into(), "blue".into()), ("tier".into(), "gold".into())]
+            [
+                ("team".into(), "blue".into()),
+                ("tier".into(), "gold".into())
+            ]
         );
         assert_eq!((query.page, query.page_size), (2, 50));
         assert_eq!(parse_fleet_query("").unwrap().page_size, DEFAULT_PAGE_SIZE);

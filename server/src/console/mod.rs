@@ -179,7 +179,11 @@ mod tests {
         let op = &fleet["clusters"][0]["operation"];
         assert_eq!(op["kind"], "OPERATION_KIND_START", "{fleet}");
         for path in ["/ui/api/fleet", "/ui/api/clusters/c00000", "/ui/api/events"] {
-            assert_eq!(get(&console, path, None).await.0, StatusCode::UNAUTHORIZED, "{path}");
+            assert_eq!(
+                get(&console, path, None).await.0,
+                StatusCode::UNAUTHORIZED,
+                "{path}"
+            );
             let refused = get(&console, path, Some("guess")).await.0;
             assert_eq!(refused, StatusCode::UNAUTHORIZED, "{path}");
         }
@@ -196,7 +200,12 @@ mod tests {
         let cluster: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(cluster["cluster"]["name"], "c00000");
         assert_eq!(cluster["operations"][0]["kind"], "OPERATION_KIND_START");
-        let states: Vec<_> = cluster["history"].as_array().unwrap().iter().map(|e| e["state"].clone()).collect();
+        let states: Vec<_> = cluster["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["state"].clone())
+            .collect();
         assert_eq!(states, ["CLUSTER_STATE_CREATED", "CLUSTER_STATE_STARTING"]);
         let missing = get(&console, "/ui/api/clusters/nope", Some("v")).await.0;
         assert_eq!(missing, StatusCode::NOT_FOUND);

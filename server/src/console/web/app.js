@@ -149,7 +149,7 @@ function clusterView(name) {
           ? h("span", {}, `${short(current.kind)} `, progress(current)) : "no operation running"),
         h("h2", {}, "State history"),
         h("div", { class: "timeline", id: "timeline" }, d.history.map((e) =>
-          h("div", {}, badge(e.state), " ", time(e.at), e.operation ? ` (${e.operation.slice(0, 8)})` : ""))),
+          h("div", {}, badge(e.state), " ", time(e.at), e.operation ? ` (${e.operation.slice(-8)})` : ""))),
         h("h2", {}, "Spec"),
         h("dl", {}, h("dt", {}, "Version"), h("dd", { id: "spec-version" }, s.version),
           h("dt", {}, "Running version"), h("dd", { id: "current-version" }, st.current_version || "—"),

@@ -6,8 +6,8 @@
 # client test, grpcio + grpcio-tools in the workspace's own virtual
 # environment (.venv; never the system Python); promtool (Debian's
 # prometheus package) for the alert rules' tests, and kubernetes-validate
-# (in .venv) for the Kubernetes manifests' schema test. Does nothing when
-# present.
+# (in .venv) for the Kubernetes manifests' schema test, and Chromium (headless)
+# for the web console's browser test. Does nothing when present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,8 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# Only the web console's test (tests/tests/console.rs) drives it.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

@@ -1,6 +1,7 @@
 //! The admin HTTP port: `/metrics` (Prometheus text format), `/healthz`
-//! (the process is up), `/readyz` (serving and not draining) and
-//! `/liveness` (peers' crash detection, see [`crate::replication::liveness`]).
+//! (the process is up), `/readyz` (serving and not draining),
+//! `/liveness` (peers' crash detection, see [`crate::replication::liveness`])
+//! and `/ui` (the web console, see [`crate::console`]).
 //!
 //! # Guarantees
 //! - `/liveness` answers one JSON line naming this replica and the lease of
@@ -10,12 +11,15 @@
 //!   answers 503, one without a provider (never a member) 404.
 //!
 //! # Caveats
-//! - Plain HTTP, no authentication: bind it where only operators and peers
-//!   reach it. `/liveness` tells nothing but a replica id and a lease id.
+//! - Plain HTTP, no authentication but the console's bearer tokens: bind
+//!   it where only operators and peers reach it. `/liveness` tells nothing
+//!   but a replica id and a lease id.
 
+use crate::console::{self, Console};
 use crate::metrics::Metrics;
 use crate::replication::{LivenessLine, Ownership};
-use http_body_util::{Either, Full};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::{Bytes, Frame};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -32,7 +36,8 @@ use tokio::sync::watch;
 /// workers start (the admin port is served before).
 pub type Incarnation = Arc<OnceLock<Arc<Ownership>>>;
 
-type AdminBody = Either<Full<Bytes>, LivenessBody>;
+/// A fixed answer, or one that streams (`/liveness`, the console's events).
+pub type AdminBody = Either<Full<Bytes>, UnsyncBoxBody<Bytes, Infallible>>;
 
 fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     Response::builder()
@@ -89,7 +94,7 @@ fn liveness(incarnation: &Incarnation, closed: watch::Receiver<bool>) -> Respons
     Response::builder()
         .status(StatusCode::OK)
         .header("content-type", "application/x-ndjson")
-        .body(Either::Right(body))
+        .body(Either::Right(body.boxed_unsync()))
         .expect("static response parts are valid")
 }
 
@@ -122,12 +127,14 @@ impl hyper::body::Body for LivenessBody {
     }
 }
 
-/// Serves the admin port until `shutdown` turns true or its sender goes.
+/// Serves the admin port until `shutdown` turns true or its sender goes;
+/// `/ui` is answered by `console` when there is one.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
     incarnation: Incarnation,
+    console: Option<Arc<Console>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -138,14 +145,29 @@ pub async fn serve(
         let Ok((stream, _)) = accepted else { continue };
         let (metrics, ready) = (Arc::clone(&metrics), Arc::clone(&ready));
         let (incarnation, closed) = (Arc::clone(&incarnation), shutdown.clone());
+        let console = console.clone();
         tokio::spawn(async move {
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let response = match request.uri().path() {
-                        "/liveness" => liveness(&incarnation, closed.clone()),
-                        path => route(path, &metrics, &ready).map(Either::Left),
+                    let (console, closed) = (console.clone(), closed.clone());
+                    // The console's answers need reads: they are awaited below.
+                    let path = request.uri().path();
+                    let console_path = path == "/ui" || path.starts_with("/ui/");
+                    let response = if let (true, Some(console)) = (console_path, console) {
+                        Err((console, request))
+                    } else if path == "/liveness" {
+                        Ok(liveness(&incarnation, closed.clone()))
+                    } else {
+                        Ok(route(path, &metrics, &ready).map(Either::Left))
                     };
-                    async move { Ok::<_, Infallible>(response) }
+                    async move {
+                        Ok::<_, Infallible>(match response {
+                            Ok(response) => response,
+                            Err((console, request)) => {
+                                console::handle(console, request, closed).await
+                            }
+                        })
+                    }
                 });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)

@@ -63,6 +63,7 @@ pub mod auth;
 pub mod cluster;
 pub mod compactor;
 pub mod config;
+pub mod console;
 pub mod executor;
 pub mod keys;
 pub mod kind;

@@ -1,5 +1,5 @@
 //! Starts a replica's parts: the metered store, the cluster cache, the
-//! operations, the admin port, the compactor and, with a provider, the
+//! operations, the admin port and its console, the compactor and, with a provider, the
 //! workers that own clusters, run their operations and watch the peers for
 //! crashes.
 //!
@@ -22,6 +22,7 @@
 use crate::admin_http;
 use crate::cluster::ClusterCache;
 use crate::config::Config;
+use crate::console::{Console, ConsoleFeed};
 use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
@@ -122,7 +123,15 @@ impl Replica {
         let (listener, address) = bind(config.listen).await?;
         let (stop_work, work_stopped) = watch::channel(false);
         let incarnation = admin_http::Incarnation::default();
-        let admin = start_admin(config.admin_listen, &metrics, &incarnation).await?;
+        let feed = ConsoleFeed::new();
+        tokio::spawn(Arc::clone(&feed).run(Arc::clone(&cache), keys.clone(), work_stopped.clone()));
+        let console = Console::new(
+            config.security.tokens.as_ref(),
+            Arc::clone(&cache),
+            operations.clone(),
+            feed,
+        );
+        let admin = start_admin(config.admin_listen, &metrics, &incarnation, console).await?;
         if let Some(interval) = config.compact_interval {
             tokio::spawn(crate::compactor::run(
                 store.clone(),
@@ -257,22 +266,24 @@ struct Admin {
     address: SocketAddr,
 }
 
-/// Serves /metrics, /healthz, /readyz and /liveness (answered by
-/// `incarnation` once set) on `address`.
+/// Serves /metrics, /healthz, /readyz, /liveness (answered by
+/// `incarnation` once set) and the console on `address`.
 async fn start_admin(
     address: SocketAddr,
     metrics: &Arc<Metrics>,
     incarnation: &admin_http::Incarnation,
+    console: Console,
 ) -> Result<Admin, StartError> {
     let (listener, bound) = bind(address).await?;
     let ready = Arc::new(AtomicBool::new(true));
     let (open, closed) = watch::channel(false);
-    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness)");
+    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness, /ui)");
     tokio::spawn(admin_http::serve(
         listener,
         Arc::clone(metrics),
         Arc::clone(&ready),
         Arc::clone(incarnation),
+        Some(Arc::new(console)),
         closed,
     ));
     Ok(Admin {

@@ -11,6 +11,7 @@
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
+pub mod browser;
 pub mod conformance;
 pub mod etcd;
 pub mod history;

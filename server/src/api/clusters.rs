@@ -424,7 +424,7 @@ impl ClustersService {
 }
 
 /// Parses `k=v,k2=v2`.
-fn parse_label_selector(selector: &str) -> Result<Vec<(String, String)>, FieldError> {
+pub(crate) fn parse_label_selector(selector: &str) -> Result<Vec<(String, String)>, FieldError> {
     if selector.trim().is_empty() {
         return Ok(Vec::new());
     }

@@ -9,6 +9,7 @@ mod operations;
 mod tasks;
 
 pub use admin::AdminService;
+pub(crate) use clusters::parse_label_selector;
 pub use clusters::ClustersService;
 pub use error::ApiError;
 pub use operations::OperationsService;

@@ -370,6 +370,7 @@ mod tests {
             metrics,
             ready,
             incarnation,
+            None,
             closed,
         ));
         let peer = Peer {

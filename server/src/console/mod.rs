@@ -1,0 +1,252 @@
+//! The web console on the admin port (`/ui`): a read-only view of the
+//! fleet, of one cluster, of one operation and of the members, kept live
+//! by a stream of server-sent events (`/ui/api/events`).
+//!
+//! The page, its script and its style are built into the binary
+//! ([`assets`]): no CDN, no build step. The script reads JSON under
+//! `/ui/api/`, served from this replica's cluster cache and, for what the
+//! cache does not hold (operations, tasks, owners, members), by the same
+//! handlers and proto conversions as the gRPC API, serialized with the
+//! proto messages' serde impls.
+//!
+//! # Guarantees
+//! - Every `/ui/api/` answer is checked as the gRPC call it mirrors (the
+//!   fleet as ListClusters, a cluster as GetCluster, an operation as
+//!   GetOperation, the members as ListMembers, the events as
+//!   WatchClusters) against the replica's tokens: no token or an unknown
+//!   one gets 401, a role too low 403. The fleet's owner column is filled
+//!   only for callers that may call GetOwner. Without `--auth-tokens`
+//!   everything is open, as the API is.
+//! - The console changes nothing: it reads the cache and calls read
+//!   handlers only.
+//!
+//! # Assumptions
+//! - The page keeps its token in `sessionStorage` (gone with the tab) and
+//!   sends it as `Authorization: Bearer` on every call, the event stream
+//!   included (read with `fetch`, since `EventSource` cannot send headers).
+//!
+//! # Caveats
+//! - Plain HTTP like the rest of the admin port: a token sent to it can be
+//!   sniffed off the network. Reach it over loopback, a private network or
+//!   a TLS-terminating proxy.
+//! - Step timings are the times this replica's feed saw each step begin
+//!   (the records keep only the current step): an operation that started
+//!   before the replica did shows only the steps seen since.
+
+mod assets;
+mod feed;
+mod fleet;
+mod history;
+mod http;
+
+pub use feed::{ConsoleFeed, StepSeen};
+pub use fleet::{FleetError, FleetPage, FleetQuery, FleetRow};
+pub use http::handle;
+
+use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
+use crate::auth::{Authenticator, TokenFile};
+use crate::cluster::ClusterCache;
+use crate::operation::Operations;
+use std::sync::Arc;
+
+/// What the console reads, and who may read it.
+pub struct Console {
+    auth: Authenticator,
+    cache: Arc<ClusterCache>,
+    operations: Operations,
+    feed: Arc<ConsoleFeed>,
+    clusters: ClustersService,
+    operations_api: OperationsService,
+    tasks: TasksService,
+    admin: AdminService,
+}
+
+impl Console {
+    /// A console over the replica's cache and operations, checking
+    /// `tokens` (open without them, like the API).
+    pub fn new(
+        tokens: Option<&TokenFile>,
+        cache: Arc<ClusterCache>,
+        operations: Operations,
+        feed: Arc<ConsoleFeed>,
+    ) -> Self {
+        let auth = match tokens {
+            Some(tokens) => Authenticator::from_tokens(tokens),
+            None => Authenticator::open(),
+        };
+        Self {
+            auth,
+            clusters: ClustersService::new(operations.clone(), Arc::clone(&cache), None),
+            operations_api: OperationsService::new(operations.clone()),
+            tasks: TasksService::new(operations.clone()),
+            admin: AdminService::new(operations.store().clone(), operations.keys().clone(), None),
+            cache,
+            operations,
+            feed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::hash_token;
+    use crate::cluster::Spec;
+    use crate::keys::KeyLayout;
+    use crate::metrics::Metrics;
+    use crate::store::MemoryStore;
+    use http_body_util::BodyExt;
+    use hyper::{Request, StatusCode};
+    use std::time::{Duration, Instant};
+    use tokio::sync::watch;
+
+    /// A console over a memory store whose cache follows it, with a viewer
+    /// token `v` and an admin token `a`; the sender stops the cache.
+    fn console() -> (Arc<Console>, Operations, watch::Sender<bool>) {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let metrics = Metrics::new();
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let operations = Operations::new(store, keys, 10, metrics).with_cache(Arc::clone(&cache));
+        let mut file = String::new();
+        for (name, role, token) in [("dash", "viewer", "v"), ("oncall", "admin", "a")] {
+            let digest = hex::encode(hash_token(token));
+            file.push_str(&format!(
+                "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
+            ));
+        }
+        let tokens = TokenFile::parse(&file).expect("a token file");
+        let console = Console::new(Some(&tokens), cache, operations.clone(), ConsoleFeed::new());
+        (Arc::new(console), operations, stop)
+    }
+
+    /// The status and body of `path` with `token`.
+    async fn get(console: &Arc<Console>, path: &str, token: Option<&str>) -> (StatusCode, String) {
+        let mut request = Request::builder().uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let (_open, closed) = watch::channel(false);
+        let answer = handle(Arc::clone(console), request.body(()).unwrap(), closed).await;
+        let status = answer.status();
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    async fn create(operations: &Operations, count: usize, start_every: usize) {
+        for i in 0..count {
+            let spec = Spec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "m".into(),
+                labels: [("team".to_string(), format!("t{}", i % 10))].into(),
+                ..Spec::default()
+            };
+            let start = i % start_every == 0;
+            let name = format!("c{i:05}");
+            operations
+                .create_cluster(&name, spec, "", start)
+                .await
+                .expect("create");
+        }
+    }
+
+    /// Polls the fleet until it shows `count` clusters.
+    async fn until_cached(console: &Arc<Console>, count: usize) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, body) = get(console, "/ui/api/fleet", Some("a")).await;
+            if status == StatusCode::OK {
+                let fleet: serde_json::Value = serde_json::from_str(&body).unwrap();
+                if fleet["total"] == count {
+                    return fleet;
+                }
+            }
+            assert!(Instant::now() < deadline, "the cache never showed {count}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_api_is_checked_as_the_rpcs_it_mirrors() {
+        let (console, operations, _stop) = console();
+        create(&operations, 3, 2).await;
+        let fleet = until_cached(&console, 3).await;
+        assert_eq!(fleet["owners_shown"], true, "{fleet}");
+        assert_eq!(fleet["counts"]["CLUSTER_STATE_STARTING"], 2, "{fleet}");
+        let op = &fleet["clusters"][0]["operation"];
+        assert_eq!(op["kind"], "OPERATION_KIND_START", "{fleet}");
+        for path in ["/ui/api/fleet", "/ui/api/clusters/c00000", "/ui/api/events"] {
+            assert_eq!(
+                get(&console, path, None).await.0,
+                StatusCode::UNAUTHORIZED,
+                "{path}"
+            );
+            let refused = get(&console, path, Some("guess")).await.0;
+            assert_eq!(refused, StatusCode::UNAUTHORIZED, "{path}");
+        }
+        let (status, body) = get(&console, "/ui/api/fleet", Some("v")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("\"owners_shown\":false"), "{body}");
+        // ListMembers needs admin, as in the role table.
+        let members = get(&console, "/ui/api/members", Some("v")).await.0;
+        assert_eq!(members, StatusCode::FORBIDDEN);
+        let (status, body) = get(&console, "/ui/api/members", Some("a")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let (status, body) = get(&console, "/ui/api/clusters/c00000", Some("v")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let cluster: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(cluster["cluster"]["name"], "c00000");
+        assert_eq!(cluster["operations"][0]["kind"], "OPERATION_KIND_START");
+        let states: Vec<_> = cluster["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["state"].clone())
+            .collect();
+        assert_eq!(states, ["CLUSTER_STATE_CREATED", "CLUSTER_STATE_STARTING"]);
+        let missing = get(&console, "/ui/api/clusters/nope", Some("v")).await.0;
+        assert_eq!(missing, StatusCode::NOT_FOUND);
+        let bad = get(&console, "/ui/api/fleet?state=BOGUS", Some("v")).await;
+        assert_eq!(bad.0, StatusCode::BAD_REQUEST);
+        assert!(bad.1.contains("state"), "{}", bad.1);
+        // The page itself holds no data: open.
+        let (status, page) = get(&console, "/ui/", None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(page.contains("/ui/app.js"));
+        assert_eq!(get(&console, "/ui/app.js", None).await.0, StatusCode::OK);
+    }
+
+    /// The figure in the README: the fleet's first page, its counts over
+    /// every cluster, for ten thousand clusters in the cache.
+    #[tokio::test]
+    async fn the_fleet_of_ten_thousand_answers_quickly() {
+        const CLUSTERS: usize = 10_000;
+        let (console, operations, _stop) = console();
+        create(&operations, CLUSTERS, 100).await;
+        until_cached(&console, CLUSTERS).await;
+        for path in [
+            "/ui/api/fleet",
+            "/ui/api/fleet?state=CLUSTER_STATE_STARTING",
+            "/ui/api/fleet?label=team%3Dt3&page=5",
+        ] {
+            let mut fastest = Duration::MAX;
+            for _ in 0..5 {
+                let started = Instant::now();
+                let (status, body) = get(&console, path, Some("a")).await;
+                fastest = fastest.min(started.elapsed());
+                assert_eq!(status, StatusCode::OK, "{body}");
+                let fleet: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(fleet["total"], CLUSTERS);
+                assert_eq!(fleet["counts"]["CLUSTER_STATE_STARTING"], CLUSTERS / 100);
+                assert!(!fleet["clusters"].as_array().unwrap().is_empty(), "{path}");
+            }
+            println!("fleet {path} over {CLUSTERS} clusters: {fastest:?}");
+            // Generous for an unoptimized build on a busy machine; the
+            // figure printed is what the README records.
+            assert!(fastest < Duration::from_secs(2), "{path}: {fastest:?}");
+        }
+    }
+}

@@ -1,0 +1,305 @@
+// The Drover console: a hash router over the JSON under /ui/api/, kept
+// live by the event stream /ui/api/events. Plain DOM, no dependencies.
+// The token (when the replica requires one) lives in sessionStorage only
+// and goes out as `Authorization: Bearer` on every call, the stream too
+// (read with fetch: EventSource cannot send headers).
+"use strict";
+
+const TOKEN_KEY = "drover.token";
+const $ = (id) => document.getElementById(id);
+let view = null; // { refresh(), onEvent(kind, data) }
+
+// ---- small helpers --------------------------------------------------------
+
+/** An element with attributes and children (strings become text: no HTML injection). */
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c !== undefined && c !== null) el.append(c instanceof Node ? c : String(c));
+  }
+  return el;
+}
+
+/** CLUSTER_STATE_RUNNING -> RUNNING, OPERATION_KIND_UPGRADE -> UPGRADE. */
+const short = (name) => (name || "").replace(/^(CLUSTER_STATE|OPERATION_STATE|OPERATION_KIND|TASK_TYPE)_/, "");
+const badge = (name, id) => h("span", { class: "badge " + short(name), id }, short(name));
+const time = (t) => (t ? new Date(t).toLocaleString() : "—");
+const enc = encodeURIComponent;
+
+function progress(op) {
+  if (!op || !op.progress) return op ? short(op.state) : "";
+  const p = op.progress;
+  const pct = p.total_steps ? Math.round((100 * p.step) / p.total_steps) : 0;
+  return h("span", {}, h("span", { class: "bar" }, h("span", { style: `width:${pct}%` })),
+    `${p.step}/${p.total_steps} ${p.step_name}`);
+}
+
+function table(headers, rows) {
+  return h("table", {}, h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c) => h("td", {}, c))))));
+}
+
+// ---- the API ---------------------------------------------------------------
+
+class Unauthorized extends Error {}
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
+async function api(path) {
+  const response = await fetch("/ui/api/" + path, { headers: authHeaders() });
+  if (response.status === 401) throw new Unauthorized();
+  const body = await response.json();
+  if (!response.ok) throw new Error(`${response.status} ${body.code}: ${body.message}`);
+  return body;
+}
+
+function showLogin(message) {
+  $("main").replaceChildren();
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("logout").hidden = true;
+}
+
+$("login").addEventListener("submit", (e) => {
+  e.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+  $("token").value = "";
+  start();
+});
+
+$("logout").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showLogin();
+});
+
+// ---- views ------------------------------------------------------------------
+
+function fleetView(params) {
+  const state = params.get("state") || "";
+  const label = params.get("label") || "";
+  const page = Number(params.get("page") || 0);
+  const link = (changes) => {
+    const p = new URLSearchParams({ state, label, page: 0, ...changes });
+    return "#/?" + p.toString();
+  };
+  return {
+    async refresh() {
+      const started = performance.now();
+      const q = new URLSearchParams({ state, label, page, page_size: 100 });
+      const fleet = await api("fleet?" + q.toString());
+      const counts = Object.entries(fleet.counts).map(([s, n]) =>
+        h("a", { href: link({ state: s }), class: s === state ? "on" : null }, `${short(s)} ${n}`));
+      const pages = Math.max(1, Math.ceil(fleet.matched / fleet.page_size));
+      const rows = fleet.clusters.map((c) => [
+        h("a", { href: "#/clusters/" + enc(c.name) }, c.name),
+        badge(c.state),
+        c.current_version && c.current_version !== c.version ? `${c.current_version} → ${c.version}` : c.version,
+        fleet.owners_shown ? c.owner || "—" : h("span", { class: "muted" }, "admin only"),
+        c.operation ? h("span", {}, short(c.operation.kind) + " ", progress(c.operation)) : "",
+        Object.entries(c.labels).map(([k, v]) => `${k}=${v}`).join(", "),
+      ]);
+      const labelInput = h("input", { value: label, placeholder: "label k=v,k2=v2", id: "label-filter" });
+      $("main").replaceChildren(
+        h("h1", {}, `Fleet: ${fleet.total} clusters`),
+        h("div", { class: "chips" }, h("a", { href: link({ state: "" }), class: state ? null : "on" }, "all"), counts),
+        h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); location.hash = link({ label: labelInput.value }); } },
+          labelInput, h("button", {}, "Filter"),
+          h("span", {}, `${fleet.matched} match · page ${page + 1} of ${pages} `),
+          page > 0 ? h("a", { href: link({ page: page - 1 }) }, "‹ prev") : "",
+          " ",
+          page + 1 < pages ? h("a", { href: link({ page: page + 1 }) }, "next ›") : ""),
+        table(["Cluster", "State", "Version", "Owner", "Operation", "Labels"], rows));
+      document.body.dataset.fleetMs = Math.round(performance.now() - started);
+      document.body.dataset.fleetRows = rows.length;
+    },
+    onEvent: () => schedule(),
+  };
+}
+
+function clusterView(name) {
+  return {
+    async refresh() {
+      const d = await api("clusters/" + enc(name));
+      const c = d.cluster, s = c.spec, st = c.status || {};
+      const current = d.operations.find((o) => o.id === st.current_operation);
+      const nodes = (st.nodes || []).map((n) => [n.id, n.role, n.power_state, n.version,
+        n.ready ? "ready" : h("span", { class: "error" }, "not ready"),
+        Object.entries(n.facts || {}).map(([k, v]) => `${k}=${v}`).join(", ")]);
+      const tasks = d.tasks.map((t) => {
+        const run = (t.status || {}).last_run;
+        return [t.spec.name, short(t.spec.type),
+          run ? `${time(run.started_at)} ${short(run.state || "")} ${run.message || ""}` : "never",
+          time((t.status || {}).next_activation), (t.status || {}).error || ""];
+      });
+      const ops = d.operations.map((o) => [
+        h("a", { href: `#/operations/${enc(name)}/${enc(o.id)}` }, o.id),
+        short(o.kind), badge(o.state), progress(o.state === "OPERATION_STATE_RUNNING" ? o : null),
+        time(o.created_at), time(o.finished_at), o.error ? o.error.message : ""]);
+      $("main").replaceChildren(
+        h("h1", {}, `Cluster ${c.name} `, badge(st.state, "cluster-state")),
+        h("div", { id: "current-operation" }, current
+          ? h("span", {}, `${short(current.kind)} `, progress(current)) : "no operation running"),
+        h("h2", {}, "State history"),
+        h("div", { class: "timeline", id: "timeline" }, d.history.map((e) =>
+          h("div", {}, badge(e.state), " ", time(e.at), e.operation ? ` (${e.operation.slice(-8)})` : ""))),
+        h("h2", {}, "Spec"),
+        h("dl", {}, h("dt", {}, "Version"), h("dd", { id: "spec-version" }, s.version),
+          h("dt", {}, "Running version"), h("dd", { id: "current-version" }, st.current_version || "—"),
+          h("dt", {}, "Nodes"), h("dd", {}, `${s.control_nodes} control, ${s.worker_nodes} workers (${s.node_offering})`),
+          h("dt", {}, "Labels"), h("dd", {}, Object.entries(s.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"),
+          h("dt", {}, "Generation"), h("dd", {}, `${c.generation} (observed ${st.observed_generation ?? "—"})`),
+          h("dt", {}, "Message"), h("dd", {}, st.message || "—")),
+        h("h2", {}, "Nodes"), table(["Node", "Role", "Power", "Version", "Health", "Facts"], nodes),
+        h("h2", {}, "Tasks"), table(["Task", "Type", "Last run", "Next activation", "Error"], tasks),
+        h("h2", {}, "Operations"), table(["Id", "Kind", "State", "Progress", "Created", "Finished", "Error"], ops));
+    },
+    onEvent(kind, data) {
+      if ((kind === "cluster" && data.name === name) || (kind === "operation" && data.cluster === name) || kind === "reset") schedule();
+    },
+  };
+}
+
+function operationView(cluster, id) {
+  return {
+    async refresh() {
+      const d = await api(`operations/${enc(cluster)}/${enc(id)}`);
+      const o = d.operation;
+      const steps = d.steps.map((s, i) => {
+        const next = d.steps[i + 1] ? d.steps[i + 1].seen_at : o.finished_at;
+        const took = next ? ((new Date(next) - new Date(s.seen_at)) / 1000).toFixed(1) + " s" : "running";
+        return [`${s.step}/${s.total_steps}`, s.step_name, time(s.seen_at), took];
+      });
+      $("main").replaceChildren(
+        h("h1", {}, `Operation ${o.id} `, badge(o.state, "operation-state")),
+        h("p", {}, "Cluster ", h("a", { href: "#/clusters/" + enc(cluster) }, cluster)),
+        h("dl", {}, h("dt", {}, "Kind"), h("dd", {}, short(o.kind)),
+          h("dt", {}, "States"), h("dd", {}, `${short(o.from_state)} → ${short(o.entered_state)}`),
+          h("dt", {}, "Progress"), h("dd", {}, progress(o)),
+          h("dt", {}, "Created"), h("dd", {}, time(o.created_at)),
+          h("dt", {}, "Started"), h("dd", {}, time(o.started_at)),
+          h("dt", {}, "Finished"), h("dd", {}, time(o.finished_at)),
+          h("dt", {}, "Request id"), h("dd", {}, o.request_id || "—"),
+          h("dt", {}, "Error"), h("dd", { class: "error" }, o.error ? `${o.error.code}: ${o.error.message}` : "—")),
+        h("h2", {}, "Steps (as this replica saw them begin)"),
+        table(["Step", "Name", "Seen at", "Took"], steps),
+        h("h2", {}, "Runs (owners that ran it)"),
+        table(["Replica", "Epoch"], (o.runs || []).map((r) => [r.replica, r.epoch])));
+    },
+    onEvent(kind, data) {
+      if ((kind === "operation" && data.id === id) || kind === "reset") schedule();
+    },
+  };
+}
+
+function membersView() {
+  return {
+    async refresh() {
+      const d = await api("members");
+      const owned = d.members.reduce((n, m) => n + Number(m.clusters_owned), 0);
+      const rows = d.members.map((m) => {
+        const pct = d.clusters ? Math.round((100 * Number(m.clusters_owned)) / d.clusters) : 0;
+        return [m.id, m.address, m.version, `${m.lease_ttl_left_seconds} s`,
+          h("span", {}, h("span", { class: "bar" }, h("span", { style: `width:${pct}%` })), `${m.clusters_owned} (${pct}%)`),
+          m.draining ? "draining" : ""];
+      });
+      $("main").replaceChildren(
+        h("h1", {}, `Members: ${d.members.length}`),
+        h("p", {}, `${d.clusters} clusters, ${d.clusters - owned} without an owner right now.`),
+        table(["Replica", "Address", "Version", "Lease TTL left", "Clusters owned", ""], rows));
+    },
+    onEvent: (kind) => kind === "reset" && schedule(),
+  };
+}
+
+// ---- routing and refresh ---------------------------------------------------------
+
+function route() {
+  const [path, query] = location.hash.replace(/^#/, "").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (parts[0] === "clusters" && parts[1]) return clusterView(parts[1]);
+  if (parts[0] === "operations" && parts[2]) return operationView(parts[1], parts[2]);
+  if (parts[0] === "members") return membersView();
+  return fleetView(new URLSearchParams(query || ""));
+}
+
+let timer = null;
+/** Refreshes the view soon, once for a burst of events. */
+function schedule() {
+  if (!timer) timer = setTimeout(() => { timer = null; render(); }, 200);
+}
+
+async function render() {
+  try {
+    await view.refresh();
+    $("login").hidden = true;
+    $("logout").hidden = !sessionStorage.getItem(TOKEN_KEY);
+  } catch (e) {
+    if (e instanceof Unauthorized) showLogin(sessionStorage.getItem(TOKEN_KEY) ? "That token was refused." : "");
+    else $("main").replaceChildren(h("p", { class: "error" }, String(e.message || e)));
+  }
+}
+
+// ---- the live stream -----------------------------------------------------------
+
+let streaming = false;
+async function follow() {
+  if (streaming) return;
+  streaming = true;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const response = await fetch("/ui/api/events", { headers: authHeaders() });
+      if (response.status === 401) { streaming = false; return; }
+      if (!response.ok) throw new Error("status " + response.status);
+      lost(false);
+      attempt = 0;
+      await readEvents(response.body.getReader());
+    } catch (e) { /* reported below */ }
+    lost(true);
+    await new Promise((r) => setTimeout(r, Math.min(1000 * 2 ** attempt, 10000)));
+  }
+}
+
+function lost(isLost) {
+  $("live").textContent = isLost ? "live updates lost" : "live";
+  $("live").className = "live " + (isLost ? "off" : "on");
+  $("banner").hidden = !isLost;
+  $("banner").textContent = isLost ? "Live updates lost: reconnecting… (what you see may be stale)" : "";
+  if (!isLost) schedule(); // changes may have been missed while away
+}
+
+async function readEvents(reader) {
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let kind = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event: ")) kind = line.slice(7);
+        else if (line.startsWith("data: ")) data += line.slice(6);
+      }
+      if (data && view) view.onEvent(kind, JSON.parse(data));
+    }
+  }
+}
+
+function start() {
+  view = route();
+  render().then(() => { if ($("login").hidden) follow(); });
+}
+
+window.addEventListener("hashchange", () => { view = route(); render(); });
+start();

@@ -337,7 +337,10 @@ async fn a_wrong_token_is_refused_by_the_provider() {
         .await
         .expect_err("refused at accept");
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    assert!(refused.message().contains("wrong bearer token"), "{refused:?}");
+    assert!(
+        refused.message().contains("wrong bearer token"),
+        "{refused:?}"
+    );
     let missing = client.get_cluster("c3").await.expect_err("nothing written");
     assert!(format!("{missing:?}").contains("NotFound"), "{missing:?}");
     assert!(secure.history().await.entries.is_empty(), "nothing applied");

@@ -76,10 +76,15 @@ impl Console {
         };
         Self {
             auth,
-            clusters: ClustersService::new(operations.clone(), Arc::clone(&cache), None),
+            clusters: ClustersService::new(operations.clone(), Arc::clone(&cache), None, None),
             operations_api: OperationsService::new(operations.clone()),
             tasks: TasksService::new(operations.clone()),
-            admin: AdminService::new(operations.store().clone(), operations.keys().clone(), None),
+            admin: AdminService::new(
+                operations.store().clone(),
+                operations.keys().clone(),
+                None,
+                None,
+            ),
             cache,
             operations,
             feed,

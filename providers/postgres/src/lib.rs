@@ -13,13 +13,28 @@
 //!   refused (FAILED_PRECONDITION, "stale fencing token") after a restart
 //!   of the provider too. Calls in flight are recorded there as well.
 //! - Draining: every fenced call of a cluster runs under that cluster's
-//!   lock. A call bringing a newer epoch records it, stops the older
-//!   epochs' task runs, then waits for the lock: an older call in flight
-//!   ends at its next step (ABORTED, "superseded by epoch N"), and an
-//!   older call still waiting for the lock is refused the same way.
+//!   lock, from before its first effect to its answer. A call bringing a
+//!   newer epoch records it, stops the older epochs' task runs, then waits
+//!   for the lock: an older call already holding it runs to its end and
+//!   answers its real outcome before the newer call goes on (so the newer
+//!   call's answer shows its effect). An older call that had not taken the
+//!   lock yet answers ABORTED ("superseded by epoch N") and has applied
+//!   nothing, then or later: the epoch is checked under the lock before
+//!   the first effect. A call answers ABORTED in no other case.
 //! - Deadlines: the earlier of grpc-timeout and `drover-apply-by` is
 //!   checked before each physical step (initdb, start, stop, basebackup,
-//!   promote, re-point, delete); no step starts after it.
+//!   promote, re-point, delete); no step starts after it. A call still
+//!   waiting for the lock at its deadline answers DEADLINE_EXCEEDED having
+//!   applied nothing.
+//! - The token is checked before anything else in every call: a call
+//!   without one is refused INVALID_ARGUMENT naming `token`. A call on a
+//!   cluster the provider does not have (or UpgradeNode of a node the
+//!   cluster does not have) answers NOT_FOUND, except DeleteNodes (already
+//!   gone: OK) and DescribeCluster (no nodes).
+//! - An offering change never leaves a standby below its primary's
+//!   max_connections (a hot standby would refuse to start): the primary
+//!   restarts first when it shrinks, the standbys first when it grows, and
+//!   standbys added by the same call start on the new offering after.
 //! - Idempotency: the topology (nodes, ports, roles, versions, offering)
 //!   is in the store, each step is skipped when already done, so every
 //!   call sent again converges, and work longer than one deadline goes on
@@ -35,9 +50,13 @@
 //!   must be able to reach the root directory (it is chowned to it).
 //!
 //! # Caveats
-//! - A step that started before a deadline or a newer epoch finishes
-//!   (e.g. a pg_basebackup in progress); the call then answers with an
-//!   error and the step's effect stays, for the repeated call to build on.
+//! - A newer epoch's call waits as long as the older call in progress
+//!   runs: at most until that call's deadline (Drover always sends one)
+//!   plus the step running then, since a step in progress is not cut
+//!   (pg_ctl waits up to 60 s; a call without a deadline is unbounded).
+//! - A step that started before the deadline finishes (e.g. a
+//!   pg_basebackup in progress); the call then answers DEADLINE_EXCEEDED
+//!   and the work done stays, for the repeated call to build on.
 //! - Replication is asynchronous: a primary killed before its last
 //!   commits reached a standby loses them when repair promotes the standby.
 //! - PostgreSQL processes outlive the provider (by design: a restart of

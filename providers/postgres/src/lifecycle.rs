@@ -100,10 +100,11 @@ fn kill9(pid: u32) {
         .status();
 }
 
-/// Scales to `workers` standbys and/or applies a new offering (a restart
-/// per node whose settings change; standbys first when max_connections
-/// grows, the primary first when it shrinks: a hot standby needs at least
-/// the primary's).
+/// Scales to `workers` standbys and/or applies a new offering. A hot
+/// standby refuses to start with a lower max_connections than its primary
+/// runs with, so the offering reaches the nodes that run before any new
+/// standby is made (which then starts on it), in the order
+/// [`apply_offering`] keeps.
 pub async fn resize(
     ctx: &mut Ctx<'_>,
     workers: Option<u32>,
@@ -115,16 +116,35 @@ pub async fn resize(
         for node in standbys.iter().skip(workers as usize).rev() {
             remove_standby(ctx, &node.id).await?;
         }
-        add_nodes(ctx, workers)?;
     }
     if let Some(offering) = offering {
         ctx.cluster.offering = offering;
         ctx.save()?;
     }
-    converge(ctx).await?;
+    apply_offering(ctx).await?;
+    if let Some(workers) = workers {
+        add_nodes(ctx, workers)?;
+    }
+    converge(ctx).await
+}
+
+/// Restarts every running node whose settings are of another offering
+/// than the cluster's. A hot standby refuses to start below the settings
+/// its control file holds from the primary, so when max_connections
+/// shrinks the primary restarts first and each standby restarts only once
+/// it has replayed the primary's change; when it grows, the standbys
+/// restart first. A stopped node starts on the new offering when the call
+/// converges (a standby that cannot is rebuilt there).
+async fn apply_offering(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+    // A primary that is down starts on the new offering (the call starts
+    // the cluster anyway): the standbys then have its WAL to replay.
+    let primary = ctx.primary()?;
+    if primary.built {
+        ctx.start(&primary.id).await?;
+    }
     let new = ctx.inner.offering(&ctx.cluster.offering)?;
     let mut stale: Vec<NodeRecord> = ctx.cluster.nodes.clone();
-    stale.retain(|n| n.offering != ctx.cluster.offering);
+    stale.retain(|n| n.built && n.offering != ctx.cluster.offering && pg::running(&ctx.dir(n)));
     let primary_first = stale.iter().any(|n| {
         ctx.inner
             .offering(&n.offering)
@@ -132,10 +152,13 @@ pub async fn resize(
     });
     stale.sort_by_key(|n| (n.role == Role::Primary) != primary_first);
     for node in stale {
+        if primary_first && node.role == Role::Standby {
+            ctx.wait_replayed(&node).await?;
+        }
         ctx.stop(&node.id).await?;
         ctx.start(&node.id).await?;
     }
-    ctx.settle().await
+    Ok(())
 }
 
 fn node_index(id: &str) -> u32 {
@@ -149,9 +172,10 @@ fn node_index(id: &str) -> u32 {
 /// primary switches over to a caught-up standby first and then rejoins as
 /// a standby on them.
 pub async fn upgrade(ctx: &mut Ctx<'_>, id: &str, version: &str) -> Result<(), Status> {
-    let node = ctx.node(id).cloned().ok_or_else(|| {
-        Status::invalid_argument(format!("node_id: node {id} is not in the cluster"))
-    })?;
+    let node = ctx
+        .node(id)
+        .cloned()
+        .ok_or_else(|| Status::not_found(format!("node_id: node {id} is not in the cluster")))?;
     converge_if_down(ctx).await?;
     if node.version == version {
         return Ok(());

@@ -1,6 +1,6 @@
 //! What each call does to a cluster's nodes, step by step. Every step is
-//! idempotent and checks the call's deadline and fence before it starts,
-//! so a call cut short is finished by the same call sent again.
+//! idempotent and checks the call's deadline before it starts, so a call
+//! cut short is finished by the same call sent again.
 
 use crate::pg::{self, NodeConf};
 use crate::store::{ClusterRecord, NodeRecord, Role};
@@ -14,6 +14,10 @@ const STREAM_WAIT: Duration = Duration::from_secs(20);
 /// How long a switchover waits for the candidate to catch up.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
+/// A node's WAL position: received (standby) or written (primary).
+const RECEIVED: &str = "SELECT CASE WHEN pg_is_in_recovery() \
+    THEN COALESCE(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
+    ELSE pg_current_wal_lsn() END";
 
 /// One fenced call's view of its cluster; the caller holds the cluster's
 /// lock for as long as it lives.
@@ -29,19 +33,29 @@ pub fn unavailable(e: impl std::fmt::Display) -> Status {
 }
 
 impl Ctx<'_> {
+    /// Called once, under the cluster's lock, before the call's first
+    /// effect: a call whose epoch was superseded while it waited for the
+    /// lock applies nothing. Once past this, a call runs to its end (a
+    /// newer epoch's call waits for the lock): aborting it mid-way would
+    /// answer ABORTED with some of its effects applied.
+    pub fn admit(&self) -> Result<(), Status> {
+        self.check("anything")?;
+        let newest = self.inner.store.epoch(&self.cluster.uid)?;
+        if let Some(newest) = newest.filter(|n| *n > self.epoch) {
+            return Err(Status::aborted(format!(
+                "superseded by epoch {newest} for cluster {}: nothing applied",
+                self.cluster.uid
+            )));
+        }
+        Ok(())
+    }
+
     /// Called before each physical step: nothing starts after the call's
-    /// deadline or once a newer epoch was accepted for the cluster.
+    /// deadline.
     pub fn check(&self, step: &str) -> Result<(), Status> {
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(Status::deadline_exceeded(format!(
                 "deadline reached before {step}; the work done so far stays and a repeated call goes on"
-            )));
-        }
-        let newest = self.inner.store.epoch(&self.cluster.uid)?;
-        if let Some(newest) = newest.filter(|n| *n > self.epoch) {
-            return Err(Status::aborted(format!(
-                "superseded by epoch {newest} for cluster {}: stopped before {step}",
-                self.cluster.uid
             )));
         }
         Ok(())
@@ -213,10 +227,7 @@ impl Ctx<'_> {
         }
         self.ensure_slot(id).await?;
         if let Err(e) = self.start(id).await {
-            if matches!(
-                e.code(),
-                tonic::Code::Aborted | tonic::Code::DeadlineExceeded
-            ) {
+            if e.code() == tonic::Code::DeadlineExceeded {
                 return Err(e);
             }
             tracing::warn!(node = id, error = %e, "standby did not start; rebuilding it");
@@ -266,9 +277,10 @@ impl Ctx<'_> {
 
     /// The node's WAL position: received (standby) or written (primary).
     pub async fn lsn(&self, node: &NodeRecord) -> Result<u64, Status> {
-        let sql = "SELECT CASE WHEN pg_is_in_recovery() \
-                   THEN COALESCE(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
-                   ELSE pg_current_wal_lsn() END";
+        self.position(node, RECEIVED).await
+    }
+
+    async fn position(&self, node: &NodeRecord, sql: &str) -> Result<u64, Status> {
         let out = self.query(node, sql).await?;
         pg::parse_lsn(&out).ok_or_else(|| Status::unavailable(format!("bad WAL position {out:?}")))
     }
@@ -324,13 +336,34 @@ impl Ctx<'_> {
 
     /// Waits until `node` has received WAL up to `lsn`.
     pub async fn wait_caught_up(&self, node: &NodeRecord, lsn: u64) -> Result<(), Status> {
+        self.wait_position(node, lsn, RECEIVED, "catch up").await
+    }
+
+    /// Waits until the standby `node` has replayed WAL up to the primary's
+    /// current position, so a settings change the primary logged there
+    /// (e.g. a lower max_connections) is in the standby's control file,
+    /// which a restart of the standby checks its own settings against.
+    pub async fn wait_replayed(&self, node: &NodeRecord) -> Result<(), Status> {
+        let lsn = self.position(&self.primary()?, RECEIVED).await?;
+        let sql = "SELECT pg_last_wal_replay_lsn()";
+        self.wait_position(node, lsn, sql, "replay the primary's WAL")
+            .await
+    }
+
+    async fn wait_position(
+        &self,
+        node: &NodeRecord,
+        lsn: u64,
+        sql: &str,
+        what: &str,
+    ) -> Result<(), Status> {
         let until = Instant::now() + CATCH_UP_WAIT;
         loop {
-            if self.lsn(node).await? >= lsn {
+            if self.position(node, sql).await? >= lsn {
                 return Ok(());
             }
             if Instant::now() >= until {
-                return Err(Status::unavailable(format!("{} did not catch up", node.id)));
+                return Err(Status::unavailable(format!("{} did not {what}", node.id)));
             }
             tokio::time::sleep(POLL).await;
         }

@@ -110,10 +110,12 @@ impl PostgresProvider {
         locks.entry(uid.to_string()).or_default().clone()
     }
 
-    /// Runs a fenced call: fence, then the cluster's lock (the drain), the
-    /// fence again (a newer epoch may have come while it waited), then the
-    /// work, in a task of its own so a caller that goes away does not cut
-    /// a step in half. Answers with every node as the call left them.
+    /// Runs a fenced call: fence, then the cluster's lock (the drain: an
+    /// older call holding it runs to its end first), the fence again (a
+    /// newer epoch may have come while it waited: then it applies nothing),
+    /// then the work, in a task of its own so a caller that goes away does
+    /// not cut a step in half. Answers with every node as the call left
+    /// them.
     async fn fenced(
         &self,
         method: &str,
@@ -133,7 +135,16 @@ impl PostgresProvider {
         );
         let work = async move {
             let lock = this.cluster_lock(&token.cluster_uid);
-            let _held = lock.lock().await;
+            let _held = match due {
+                Some(due) => tokio::time::timeout_at(due.into(), lock.lock())
+                    .await
+                    .map_err(|_| {
+                        Status::deadline_exceeded(
+                            "deadline reached waiting for the cluster's call in progress; nothing applied",
+                        )
+                    })?,
+                None => lock.lock().await,
+            };
             let inner = &this.inner;
             let cluster = inner.store.cluster(&token.cluster_uid)?;
             let exists = cluster.is_some();
@@ -147,7 +158,7 @@ impl PostgresProvider {
                 deadline: due,
                 cluster,
             };
-            ctx.check("anything")?;
+            ctx.admit()?;
             inner.store.begin_call(&key, "running")?;
             let result = apply(&mut ctx, exists, op).await;
             inner.store.end_call(&key)?;
@@ -332,6 +343,8 @@ impl Provider for PostgresProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = deadline(&request);
         let r = request.into_inner();
+        // The token first: a call without one is refused for that alone.
+        checked_token(r.token.clone())?;
         self.refuse_invalid(pb::ClusterShape {
             control_nodes: r.control_nodes,
             worker_nodes: r.worker_nodes,
@@ -391,6 +404,7 @@ impl Provider for PostgresProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = deadline(&request);
         let r = request.into_inner();
+        checked_token(r.token.clone())?;
         if !self.inner.cfg.versions.contains_key(&r.version) {
             return Err(Status::invalid_argument(format!(
                 "version: {:?} is not configured",

@@ -133,7 +133,11 @@ impl Drop for Env {
 /// Processes whose command line names a path under `root` (postgres runs
 /// as `postgres -D <data dir>`).
 pub fn postgres_pids(root: &Path) -> Vec<u32> {
-    let needle = root.display().to_string();
+    pids_with(&[&root.display().to_string()])
+}
+
+/// Live processes whose command line contains every one of `words`.
+pub fn pids_with(words: &[&str]) -> Vec<u32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -144,7 +148,8 @@ pub fn postgres_pids(root: &Path) -> Vec<u32> {
         let zombie = stat
             .rsplit_once(')')
             .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-        if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !zombie && words.iter().all(|w| cmdline.contains(w)) {
             pids.push(pid);
         }
     }
@@ -245,16 +250,45 @@ pub fn address(node: &pb::ProviderNode) -> String {
     node.facts["address"].clone()
 }
 
+/// Sends signal `name` (STOP, CONT, 9) to `pid`; whether it was sent.
+fn signal(pid: u32, name: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The pid of the postmaster of the node whose data directory is `dir`.
+pub fn postmaster_pid(dir: &str) -> u32 {
+    let text = std::fs::read_to_string(Path::new(dir).join("postmaster.pid")).unwrap();
+    text.lines().next().unwrap().trim().parse().unwrap()
+}
+
+/// A postmaster held with SIGSTOP until this is dropped (SIGCONT): it
+/// takes connections and signals but acts on none, so a call or a run
+/// that needs it stays in progress. Its children (a standby's WAL
+/// receiver) go on.
+pub struct Paused(u32);
+
+impl Paused {
+    pub fn postmaster(dir: &str) -> Paused {
+        let pid = postmaster_pid(dir);
+        assert!(signal(pid, "STOP"), "SIGSTOP {pid}");
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // Not asserted: a drop while a failed test unwinds must not panic.
+        signal(self.0, "CONT");
+    }
+}
+
 /// Kills the node's postmaster with SIGKILL.
 pub fn kill9(node: &pb::ProviderNode) {
-    let pid_file = Path::new(&node.facts["data_dir"]).join("postmaster.pid");
-    let text = std::fs::read_to_string(pid_file).unwrap();
-    let pid = text.lines().next().unwrap().trim();
-    assert!(std::process::Command::new("kill")
-        .args(["-9", pid])
-        .status()
-        .unwrap()
-        .success());
+    let pid = postmaster_pid(&node.facts["data_dir"]);
+    assert!(signal(pid, "9"), "SIGKILL {pid}");
 }
 
 pub async fn create(env: &mut Env, uid: &str, epoch: i64, workers: u32) -> Vec<pb::ProviderNode> {

@@ -52,6 +52,15 @@ pub enum StoreError {
     /// The lease does not exist or has expired.
     #[error("lease {0:x} not found or expired")]
     LeaseNotFound(LeaseId),
+    /// etcd's space quota is exhausted (its NOSPACE alarm is raised): it
+    /// refuses every write before applying it, and serves reads. Retrying
+    /// helps only once an operator has freed space and disarmed the alarm.
+    #[error(
+        "etcd is out of space ({0}): it refuses writes until an operator compacts and \
+         defragments it and runs `etcdctl alarm disarm` (or raises --quota-backend-bytes); \
+         see PRODUCTION.md, \"etcd out of space\""
+    )]
+    NoSpace(String),
     /// A request the store refused as malformed, or an unexpected failure.
     #[error("store error: {0}")]
     Other(String),

@@ -11,6 +11,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 pub struct SimProcess {
     child: Child,
     port: u16,
+    /// Its flags, for a restart.
+    extra: Vec<String>,
 }
 
 impl SimProcess {
@@ -21,21 +23,30 @@ impl SimProcess {
     /// As [`Self::start`], with extra flags (e.g. `--faults PLAN`).
     pub async fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
-        let child = Command::new(workspace_binary("drover-sim-provider"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn drover-sim-provider");
-        let sim = Self { child, port };
-        let endpoint = sim.endpoint();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn(port, &extra);
+        let sim = Self { child, port, extra };
+        sim.await_serving().await;
+        sim
+    }
+
+    /// Kills the simulator (SIGKILL) and starts it again on the same port
+    /// and flags. Its state (clusters, fencing epochs, audit log) is in
+    /// memory: the new process starts empty.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.port, &self.extra);
+        self.await_serving().await;
+    }
+
+    async fn await_serving(&self) {
+        let endpoint = self.endpoint();
         wait_until(Duration::from_secs(20), "the simulated provider", || {
             let endpoint = endpoint.clone();
             async move { health(&endpoint).await == Some(ServingStatus::Serving) }
         })
         .await;
-        sim
     }
 
     /// The provider process id.
@@ -157,6 +168,16 @@ impl SimProcess {
             .into_inner()
             .nodes
     }
+}
+
+fn spawn(port: u16, extra: &[String]) -> Child {
+    Command::new(workspace_binary("drover-sim-provider"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn drover-sim-provider")
 }
 
 impl Drop for SimProcess {

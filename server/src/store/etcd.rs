@@ -507,6 +507,20 @@ impl Store for EtcdStore {
         Ok(Some(status.version().to_string()))
     }
 
+    async fn raft_progress(&self) -> Result<Option<RaftProgress>> {
+        let status = call(
+            &self.maintenance,
+            Retry::Idempotent,
+            |mut client| async move { client.status().await },
+        )
+        .await
+        .map_err(into_store_error)?;
+        Ok(Some(RaftProgress {
+            raft_index: status.raft_index(),
+            revision: header_revision(status.header()),
+        }))
+    }
+
     async fn compact(&self, revision: i64) -> Result<()> {
         call(&self.kv, Retry::IfNotSent, |mut client| async move {
             client.compact(revision, None).await

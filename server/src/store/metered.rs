@@ -127,6 +127,10 @@ impl Store for MeteredStore {
         self.inner.server_version().await
     }
 
+    async fn raft_progress(&self) -> Result<Option<super::RaftProgress>> {
+        self.inner.raft_progress().await
+    }
+
     async fn compact(&self, revision: i64) -> Result<()> {
         let started = Instant::now();
         let result = self.inner.compact(revision).await;

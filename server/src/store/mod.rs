@@ -91,6 +91,15 @@ impl StoreError {
     }
 }
 
+/// etcd's raft index and revision, as one member reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftProgress {
+    /// Entries committed to the raft log since it began: only grows in one
+    /// etcd history.
+    pub raft_index: u64,
+    pub revision: i64,
+}
+
 /// Result of a store call.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -140,6 +149,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The version of the etcd server answering (`None`: not etcd).
     async fn server_version(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Where etcd's raft log stands (`None`: no raft log, not etcd); a
+    /// restore from a snapshot shows as a raft index that went back.
+    async fn raft_progress(&self) -> Result<Option<RaftProgress>> {
         Ok(None)
     }
 

@@ -99,7 +99,12 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
     eprintln!(
         "lost provider: cluster {} ended in {:?}; {} calls audited by the restarted provider",
         cluster.uid,
-        client.get_cluster("lost").await.unwrap().status.map(|s| s.state),
+        client
+            .get_cluster("lost")
+            .await
+            .unwrap()
+            .status
+            .map(|s| s.state),
         audit.len()
     );
 }

@@ -89,7 +89,11 @@ async fn an_etcd_out_of_space_refuses_writes_clearly_and_recovers_without_restar
         .create_cluster(drover_tests::create_only("refused"))
         .await
         .expect_err("a create while etcd is full");
-    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
     for hint in ["out of space", "defragment", "etcdctl alarm disarm"] {
         assert!(refused.message().contains(hint), "{}", refused.message());
     }
@@ -112,7 +116,10 @@ async fn an_etcd_out_of_space_refuses_writes_clearly_and_recovers_without_restar
             .expect("members")
             .into_inner()
             .members;
-        assert!(members.iter().any(|m| m.id == "r1"), "lease lost: {members:?}");
+        assert!(
+            members.iter().any(|m| m.id == "r1"),
+            "lease lost: {members:?}"
+        );
         assert!(owner(&mut admin, "full").await.is_some(), "cluster dropped");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -102,7 +102,8 @@ impl Ownership {
         // Before any claim of this session: claims made after an etcd
         // restore must use the new generation.
         let generation = super::restore::fence_generation(self.store.as_ref(), &self.keys).await?;
-        self.generation.store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.generation
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
         let lease = self.store.grant_lease(ttl).await?;
         let member = MemberRecord {
             schema: self.schema,

@@ -376,7 +376,11 @@ impl Ownership {
             return Ok(None);
         }
         self.wrote_owners(result.revision);
-        tracing::info!(cluster, epoch = fencing_epoch(generation, result.revision), "claimed cluster");
+        tracing::info!(
+            cluster,
+            epoch = fencing_epoch(generation, result.revision),
+            "claimed cluster"
+        );
         Ok(Some(Claim {
             lease,
             epoch: fencing_epoch(generation, result.revision),

@@ -113,7 +113,9 @@ pub async fn fence_generation(store: &dyn Store, keys: &KeyLayout) -> crate::sto
             None => Compare::absent(&key),
         };
         let value = serde_json::to_vec(&record).expect("a fence record serializes");
-        let txn = Txn::new().when([unchanged]).and_then([Op::put(&key, value)]);
+        let txn = Txn::new()
+            .when([unchanged])
+            .and_then([Op::put(&key, value)]);
         if store.txn(txn).await?.succeeded {
             return Ok(generation);
         }
@@ -132,6 +134,10 @@ mod tests {
         assert!(after > before);
         assert_eq!(create_revision(after), 1);
         assert_eq!(create_revision(fencing_epoch(0, 42)), 42);
-        assert_eq!(fencing_epoch(0, 42), 42, "generation 0 keeps the old epochs");
+        assert_eq!(
+            fencing_epoch(0, 42),
+            42,
+            "generation 0 keeps the old epochs"
+        );
     }
 }

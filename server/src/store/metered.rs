@@ -48,7 +48,8 @@ impl MeteredStore {
             .etcd_request_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-        if let Err(StoreError::Unavailable(_) | StoreError::NoSpace(_) | StoreError::Other(_)) = result
+        if let Err(StoreError::Unavailable(_) | StoreError::NoSpace(_) | StoreError::Other(_)) =
+            result
         {
             self.metrics
                 .etcd_request_errors

@@ -110,13 +110,19 @@ impl KeyLayout {
         format!("{}{replica}", self.members())
     }
 
+    /// `<prefix>fence`: the generation of fencing epochs, bumped when etcd
+    /// was restored from a snapshot (see `replication::restore`).
+    pub fn fence(&self) -> String {
+        format!("{}fence", self.prefix)
+    }
+
     /// `<prefix>owners/`: which replica owns which cluster.
     pub fn owners(&self) -> String {
         format!("{}owners/", self.prefix)
     }
 
     /// One cluster's owner, bound to the owner's lease. Its create revision
-    /// is the owner's fencing epoch.
+    /// and the generation in its record make the owner's fencing epoch.
     pub fn owner(&self, cluster: &str) -> String {
         format!("{}{cluster}", self.owners())
     }

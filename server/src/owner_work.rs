@@ -127,11 +127,11 @@ impl OwnerWork {
     /// compares include the claim's fence), and returns the revision it
     /// committed at.
     ///
-    /// etcd being unreachable is retried while the claim holds. A write
-    /// whose outcome was unknown (the connection broke after sending) and
-    /// whose retry then lost its compare is recognised by `marker`, a put
-    /// of the transaction whose value only this write produces: found in
-    /// etcd, the write committed.
+    /// etcd being unreachable or out of space is retried while the claim
+    /// holds. A write whose outcome was unknown (the connection broke after
+    /// sending) and whose retry then lost its compare is recognised by
+    /// `marker`, a put of the transaction whose value only this write
+    /// produces: found in etcd, the write committed.
     pub async fn commit(
         &self,
         store: &SharedStore,
@@ -151,6 +151,12 @@ impl OwnerWork {
                 StoreError::Unavailable(error) if self.holds(cluster, claim) => {
                     tracing::warn!(cluster, %error, retry_in = ?delay, "etcd unavailable; retrying the write");
                     ambiguous = true;
+                }
+                // Refused before applying: the work waits (holding its
+                // cluster) for an operator to free space, instead of
+                // failing an operation it could not even record as failed.
+                StoreError::NoSpace(error) if self.holds(cluster, claim) => {
+                    tracing::error!(cluster, %error, retry_in = ?delay, "etcd is out of space; retrying the write");
                 }
                 StoreError::Conflict { revision } if ambiguous => {
                     match written_by(store, marker).await {

@@ -16,6 +16,8 @@ pub struct EtcdProcess {
     tls: Option<EtcdTlsFiles>,
     /// Serve Go's profiler at `/debug/pprof` on the client URL.
     pprof: bool,
+    /// More flags for etcd (e.g. `--quota-backend-bytes`).
+    extra: Vec<String>,
 }
 
 /// Certificates for an etcd that serves clients over TLS and requires
@@ -62,7 +64,16 @@ impl EtcdProcess {
         Self::start_with(Some(files), false).await
     }
 
+    /// Starts etcd with more flags (kept across restarts).
+    pub async fn start_with_args(extra: &[&str]) -> Self {
+        Self::start_over(None, false, extra).await
+    }
+
     async fn start_with(tls: Option<EtcdTlsFiles>, pprof: bool) -> Self {
+        Self::start_over(tls, pprof, &[]).await
+    }
+
+    async fn start_over(tls: Option<EtcdTlsFiles>, pprof: bool, extra: &[&str]) -> Self {
         let mut etcd = Self {
             child: None,
             data_dir: TempDir::new("etcd"),
@@ -70,6 +81,7 @@ impl EtcdProcess {
             peer_port: free_port(),
             tls,
             pprof,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for attempt in 1.. {
             match etcd.spawn().await {
@@ -166,6 +178,41 @@ impl EtcdProcess {
         }
     }
 
+    /// Saves a snapshot of etcd's data to `path` (`etcdctl snapshot save`).
+    pub fn snapshot_save(&self, path: &std::path::Path) {
+        self.etcdctl(&["snapshot", "save", &path.to_string_lossy()]);
+    }
+
+    /// What an operator does to restore a backup: stops etcd, moves its
+    /// data directory aside, restores `snapshot` into a new one
+    /// (`etcdctl snapshot restore`, same member name and peer URL) and
+    /// starts etcd on it, on the same ports.
+    pub async fn restore(&mut self, snapshot: &std::path::Path) {
+        self.kill();
+        let data = self.data_dir.path().join("data");
+        std::fs::rename(&data, self.data_dir.path().join("data.before-restore"))
+            .expect("move the data directory aside");
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore", &snapshot.to_string_lossy()])
+            .args(["--name", "test"])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--initial-cluster", &format!("test={peer}")])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .output()
+            .expect("etcdctl must be installed");
+        assert!(
+            output.status.success(),
+            "etcdctl snapshot restore: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if let Err(report) = self.spawn().await {
+            panic!("etcd did not start on the restored data: {report}");
+        }
+    }
+
     /// Starts the process and waits until it answers; on failure, says why.
     async fn spawn(&mut self) -> Result<(), String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -193,6 +240,7 @@ impl EtcdProcess {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("test={peer}")])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -13,6 +13,8 @@ pub struct SimProcess {
     port: u16,
     /// How the harness reaches it when it serves TLS (`--tls-cert` ...).
     tls: Option<ClientTlsConfig>,
+    /// Its flags, for a restart.
+    extra: Vec<String>,
 }
 
 impl SimProcess {
@@ -34,21 +36,35 @@ impl SimProcess {
 
     async fn start_over(extra: &[&str], tls: Option<ClientTlsConfig>) -> Self {
         let port = free_port();
-        let child = Command::new(workspace_binary("drover-sim-provider"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn drover-sim-provider");
-        let sim = Self { child, port, tls };
-        let endpoint = sim.endpoint();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn(port, &extra);
+        let sim = Self {
+            child,
+            port,
+            tls,
+            extra,
+        };
+        sim.await_serving().await;
+        sim
+    }
+
+    /// Kills the simulator (SIGKILL) and starts it again on the same port
+    /// and flags. Its state (clusters, fencing epochs, audit log) is in
+    /// memory: the new process starts empty.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.port, &self.extra);
+        self.await_serving().await;
+    }
+
+    async fn await_serving(&self) {
+        let endpoint = self.endpoint();
         wait_until(Duration::from_secs(20), "the simulated provider", || {
-            let (endpoint, tls) = (endpoint.clone(), sim.tls.clone());
+            let (endpoint, tls) = (endpoint.clone(), self.tls.clone());
             async move { health_over(&endpoint, tls, "").await == Some(ServingStatus::Serving) }
         })
         .await;
-        sim
     }
 
     /// The provider process id.
@@ -178,6 +194,16 @@ impl SimProcess {
             .into_inner()
             .nodes
     }
+}
+
+fn spawn(port: u16, extra: &[String]) -> Child {
+    Command::new(workspace_binary("drover-sim-provider"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn drover-sim-provider")
 }
 
 impl Drop for SimProcess {

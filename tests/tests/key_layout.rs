@@ -134,6 +134,7 @@ async fn every_value_under_the_prefix_is_json() {
     }
     let expected = [
         "clusters",
+        "fence",
         "members",
         "operations",
         "owners",

@@ -125,7 +125,7 @@ impl AdminService {
         Ok(v1::Owner {
             cluster: cluster.to_string(),
             replica: owner.replica,
-            epoch: kv.create_revision,
+            epoch: crate::replication::fencing_epoch(owner.generation, kv.create_revision),
         })
     }
 }

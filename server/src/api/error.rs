@@ -72,6 +72,7 @@ impl From<ApiError> for Status {
                     }
                     StoreError::Conflict { .. } => Status::aborted(format!("{message}; retry")),
                     StoreError::Compacted { .. } => Status::out_of_range(message),
+                    StoreError::NoSpace(_) => Status::resource_exhausted(message),
                     StoreError::LeaseNotFound(_) | StoreError::Other(_) => {
                         Status::internal(message)
                     }

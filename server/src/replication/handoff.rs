@@ -206,6 +206,7 @@ mod tests {
                 schema: SCHEMA_VERSION,
                 replica: "r1".into(),
                 lease,
+                generation: 0,
             };
             let mut ops = vec![
                 Op::put(keys.cluster_state(cluster), to_json(&state)),

@@ -99,6 +99,11 @@ impl Ownership {
     pub(super) async fn join(&self) -> crate::store::Result<LeaseId> {
         let sent = Instant::now();
         let ttl = self.config.lease_ttl.as_secs() as i64;
+        // Before any claim of this session: claims made after an etcd
+        // restore must use the new generation.
+        let generation = super::restore::fence_generation(self.store.as_ref(), &self.keys).await?;
+        self.generation
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
         let lease = self.store.grant_lease(ttl).await?;
         let member = MemberRecord {
             schema: self.schema,

@@ -37,10 +37,12 @@ mod membership;
 mod owners_view;
 mod ownership;
 mod rendezvous;
+mod restore;
 mod state_memo;
 
 pub use liveness::LivenessLine;
 pub use rendezvous::preferred;
+pub use restore::fencing_epoch;
 
 use crate::cluster::SCHEMA_VERSION;
 use crate::keys::KeyLayout;
@@ -80,13 +82,23 @@ pub struct OwnerRecord {
     pub schema: u32,
     pub replica: String,
     pub lease: LeaseId,
+    /// The generation of fencing epochs the owner claimed under (see
+    /// [`fencing_epoch`]): 0 until etcd was first restored from a snapshot.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: i64,
+}
+
+fn is_zero(generation: &i64) -> bool {
+    *generation == 0
 }
 
 /// This replica's ownership of one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub lease: LeaseId,
-    /// The owner key's create revision: grows with every new owner.
+    /// The owner key's create revision and the generation it was claimed
+    /// under ([`fencing_epoch`]): grows with every new owner, across etcd
+    /// restores too.
     pub epoch: i64,
 }
 
@@ -96,7 +108,7 @@ impl Claim {
         let owner = keys.owner(cluster);
         [
             Compare::lease(&owner, CmpOp::Equal, self.lease),
-            Compare::create_revision(owner, CmpOp::Equal, self.epoch),
+            Compare::create_revision(owner, CmpOp::Equal, restore::create_revision(self.epoch)),
         ]
     }
 }
@@ -153,6 +165,9 @@ pub struct Ownership {
     /// The revision of this replica's newest owner-key write (a claim or a
     /// release).
     owner_writes: AtomicI64,
+    /// The generation of fencing epochs this replica claims under, read
+    /// (and bumped after an etcd restore) when it joins.
+    generation: AtomicI64,
     /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
     /// The newest record schema this replica understands: clusters with
@@ -192,6 +207,7 @@ impl Ownership {
             adopted,
             metrics,
             owner_writes: AtomicI64::new(0),
+            generation: AtomicI64::new(0),
             draining: AtomicBool::new(false),
             schema,
         });

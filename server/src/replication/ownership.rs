@@ -24,6 +24,7 @@ use super::*;
 use crate::cluster::{from_json, to_json, CacheChange, ClusterCache};
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use tokio::sync::{broadcast, watch};
 
 /// The least time between the starts of two passes. Passes go over every
@@ -163,12 +164,12 @@ impl Ownership {
         let mut owned: HashMap<String, Claim> = owner_of
             .iter()
             .filter(|(_, (owner, _))| owner.lease == lease)
-            .map(|(cluster, (_, epoch))| {
+            .map(|(cluster, (owner, revision))| {
                 (
                     cluster.clone(),
                     Claim {
                         lease,
-                        epoch: *epoch,
+                        epoch: fencing_epoch(owner.generation, *revision),
                     },
                 )
             })
@@ -317,10 +318,12 @@ impl Ownership {
         clusters: &[String],
         lease: LeaseId,
     ) -> crate::store::Result<Vec<(String, Claim)>> {
+        let generation = self.generation.load(Ordering::SeqCst);
         let owner = to_json(&OwnerRecord {
             schema: self.schema,
             replica: self.config.replica_id.clone(),
             lease,
+            generation,
         });
         let txn = Txn::new()
             .when(clusters.iter().map(|c| Compare::absent(self.keys.owner(c))))
@@ -334,12 +337,12 @@ impl Ownership {
             self.wrote_owners(result.revision);
             tracing::info!(
                 clusters = clusters.len(),
-                epoch = result.revision,
+                epoch = fencing_epoch(generation, result.revision),
                 "claimed clusters"
             );
             let claim = Claim {
                 lease,
-                epoch: result.revision,
+                epoch: fencing_epoch(generation, result.revision),
             };
             return Ok(clusters.iter().map(|c| (c.clone(), claim)).collect());
         }
@@ -358,10 +361,12 @@ impl Ownership {
         lease: LeaseId,
     ) -> crate::store::Result<Option<Claim>> {
         let key = self.keys.owner(cluster);
+        let generation = self.generation.load(Ordering::SeqCst);
         let owner = OwnerRecord {
             schema: self.schema,
             replica: self.config.replica_id.clone(),
             lease,
+            generation,
         };
         let txn = Txn::new()
             .when([Compare::absent(&key)])
@@ -371,10 +376,14 @@ impl Ownership {
             return Ok(None);
         }
         self.wrote_owners(result.revision);
-        tracing::info!(cluster, epoch = result.revision, "claimed cluster");
+        tracing::info!(
+            cluster,
+            epoch = fencing_epoch(generation, result.revision),
+            "claimed cluster"
+        );
         Ok(Some(Claim {
             lease,
-            epoch: result.revision,
+            epoch: fencing_epoch(generation, result.revision),
         }))
     }
 

@@ -237,6 +237,9 @@ where
     }
 }
 
+/// How etcd words a write refused under its NOSPACE alarm.
+const NO_SPACE: &str = "database space exceeded";
+
 fn into_store_error(error: etcd_client::Error) -> StoreError {
     use etcd_client::Error;
     match error {
@@ -250,6 +253,11 @@ fn into_store_error(error: etcd_client::Error) -> StoreError {
                 // with the transport error as its source.
                 tonic::Code::Unknown if std::error::Error::source(&status).is_some() => {
                     StoreError::Unavailable(message)
+                }
+                // Refused before applying (the NOSPACE alarm is raised):
+                // nothing of the request was written.
+                tonic::Code::ResourceExhausted if message.contains(NO_SPACE) => {
+                    StoreError::NoSpace(message)
                 }
                 _ if message.contains("required revision has been compacted") => {
                     StoreError::Compacted {
@@ -497,6 +505,20 @@ impl Store for EtcdStore {
         .await
         .map_err(into_store_error)?;
         Ok(Some(status.version().to_string()))
+    }
+
+    async fn raft_progress(&self) -> Result<Option<RaftProgress>> {
+        let status = call(
+            &self.maintenance,
+            Retry::Idempotent,
+            |mut client| async move { client.status().await },
+        )
+        .await
+        .map_err(into_store_error)?;
+        Ok(Some(RaftProgress {
+            raft_index: status.raft_index(),
+            revision: header_revision(status.header()),
+        }))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {

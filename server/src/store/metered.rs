@@ -48,7 +48,9 @@ impl MeteredStore {
             .etcd_request_seconds
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-        if let Err(StoreError::Unavailable(_) | StoreError::Other(_)) = result {
+        if let Err(StoreError::Unavailable(_) | StoreError::NoSpace(_) | StoreError::Other(_)) =
+            result
+        {
             self.metrics
                 .etcd_request_errors
                 .get_or_create(&labels)
@@ -124,6 +126,10 @@ impl Store for MeteredStore {
 
     async fn server_version(&self) -> Result<Option<String>> {
         self.inner.server_version().await
+    }
+
+    async fn raft_progress(&self) -> Result<Option<super::RaftProgress>> {
+        self.inner.raft_progress().await
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {

@@ -52,6 +52,15 @@ pub enum StoreError {
     /// The lease does not exist or has expired.
     #[error("lease {0:x} not found or expired")]
     LeaseNotFound(LeaseId),
+    /// etcd's space quota is exhausted (its NOSPACE alarm is raised): it
+    /// refuses every write before applying it, and serves reads. Retrying
+    /// helps only once an operator has freed space and disarmed the alarm.
+    #[error(
+        "etcd is out of space ({0}): it refuses writes until an operator compacts and \
+         defragments it and runs `etcdctl alarm disarm` (or raises --quota-backend-bytes); \
+         see PRODUCTION.md, \"etcd out of space\""
+    )]
+    NoSpace(String),
     /// A request the store refused as malformed, or an unexpected failure.
     #[error("store error: {0}")]
     Other(String),
@@ -80,6 +89,15 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
     }
+}
+
+/// etcd's raft index and revision, as one member reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftProgress {
+    /// Entries committed to the raft log since it began: only grows in one
+    /// etcd history.
+    pub raft_index: u64,
+    pub revision: i64,
 }
 
 /// Result of a store call.
@@ -131,6 +149,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The version of the etcd server answering (`None`: not etcd).
     async fn server_version(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Where etcd's raft log stands (`None`: no raft log, not etcd); a
+    /// restore from a snapshot shows as a raft index that went back.
+    async fn raft_progress(&self) -> Result<Option<RaftProgress>> {
         Ok(None)
     }
 

@@ -1,0 +1,158 @@
+//! Disaster recovery: etcd restored from a snapshot taken while clusters
+//! existed and an upgrade was in flight, after more work had shown the
+//! provider newer fencing epochs than the snapshot's revision. Drover comes
+//! back on the restored data with no manual edit (replicas stopped before
+//! the restore and started after it, as PRODUCTION.md says): the upgrade in
+//! flight at the snapshot is recovered like an orphan, the provider accepts
+//! the new owners' calls, and the history checker finds nothing wrong.
+//!
+//! Bounded: every wait has a deadline; loopback only; only processes this
+//! test started are signalled.
+
+use drover_client::v1::{self, OperationState as O};
+use drover_client::Client;
+use drover_server::store::Store;
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::{create_running, operations_of, owner, wait_running, TempDir};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn replicas(etcd: &EtcdProcess, sim: &SimProcess, ids: &[&str]) -> Vec<ReplicaProcess> {
+    let provider = sim.endpoint();
+    let args = [
+        "--provider",
+        provider.as_str(),
+        "--lease-ttl",
+        "2",
+        "--scan-interval",
+        "1",
+    ];
+    let mut started = Vec::new();
+    for id in ids {
+        started.push(ReplicaProcess::serve_with(&etcd.endpoint(), id, &args).await);
+    }
+    started
+}
+
+/// Runs a stop then a start of `cluster`, each waited for; both must
+/// succeed.
+async fn stop_and_start(client: &mut Client, cluster: &str) {
+    for stop in [true, false] {
+        let op = if stop {
+            let request = v1::StopClusterRequest {
+                name: cluster.into(),
+                request_id: String::new(),
+            };
+            client.clusters().stop_cluster(request).await
+        } else {
+            let request = v1::StartClusterRequest {
+                name: cluster.into(),
+                request_id: String::new(),
+            };
+            client.clusters().start_cluster(request).await
+        };
+        let op = op.expect("accepted").into_inner();
+        let done = client.wait_operation(&op, WAIT).await.expect("wait");
+        assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    }
+}
+
+/// The owner epoch of `cluster`, once it has an owner.
+async fn epoch_of(replica: &ReplicaProcess, cluster: &str) -> i64 {
+    let mut admin = v1::admin_client::AdminClient::connect(replica.endpoint())
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if let Some(owner) = owner(&mut admin, cluster).await {
+            return owner.epoch;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{cluster} has no owner");
+}
+
+#[tokio::test]
+async fn restoring_etcd_from_a_snapshot_recovers_in_flight_work_and_fencing() {
+    let mut etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let mut before = replicas(&etcd, &sim, &["r1", "r2"]).await;
+    let mut client = before[0].client().await;
+    create_running(&mut client, "dr-busy", 3).await;
+    create_running(&mut client, "dr-idle", 1).await;
+
+    // The snapshot is taken while an upgrade runs.
+    sim.set_latency(Duration::from_millis(300)).await;
+    let upgrade = client
+        .clusters()
+        .upgrade_cluster(v1::UpgradeClusterRequest {
+            name: "dr-busy".into(),
+            version: "1.30.0".into(),
+            request_id: String::new(),
+        })
+        .await
+        .expect("upgrade accepted")
+        .into_inner();
+    wait_running(&client, "dr-busy", &upgrade.id, WAIT).await;
+    let backups = TempDir::new("etcd-backup");
+    let snapshot = backups.path().join("snapshot.db");
+    etcd.snapshot_save(&snapshot);
+    let snapshot_revision = etcd.store().await.get("/").await.unwrap().revision;
+
+    // More work after the snapshot: the upgrade ends, the idle cluster is
+    // stopped and started, then new owners claim every cluster, so the
+    // provider sees epochs above anything the restored etcd has written.
+    let done = client.wait_operation(&upgrade, WAIT).await.expect("wait");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    sim.set_latency(Duration::ZERO).await;
+    stop_and_start(&mut client, "dr-idle").await;
+    for replica in &mut before {
+        replica.kill9();
+    }
+    let later = replicas(&etcd, &sim, &["r3"]).await;
+    let mut later_client = later[0].client().await;
+    stop_and_start(&mut later_client, "dr-idle").await;
+    let newest_seen = epoch_of(&later[0], "dr-idle").await;
+    assert!(newest_seen > snapshot_revision);
+    drop(later);
+
+    // The restore: every replica stopped, etcd restored, replicas started.
+    etcd.restore(&snapshot).await;
+    let after = replicas(&etcd, &sim, &["r1", "r2"]).await;
+    let mut client = after[0].client().await;
+
+    // The upgrade in flight at the snapshot was recovered like an orphan
+    // (resumed, the default policy) and ended.
+    let recovered = client.wait_operation(&upgrade, WAIT).await.expect("wait");
+    assert_eq!(recovered.state, O::Succeeded as i32, "{recovered:?}");
+    assert!(recovered.runs.len() >= 2, "not taken over: {recovered:?}");
+    // The provider accepts the new owners: both clusters work, and a new
+    // cluster reaches RUNNING.
+    stop_and_start(&mut client, "dr-idle").await;
+    stop_and_start(&mut client, "dr-busy").await;
+    create_running(&mut client, "dr-new", 1).await;
+    let epoch = epoch_of(&after[0], "dr-idle").await;
+    assert!(epoch > newest_seen, "epoch {epoch} <= {newest_seen}");
+
+    // The whole history: edges only in the restored etcd; the provider
+    // never accepted a stale token nor a call after its operation ended.
+    let store = etcd.store().await;
+    let history = assert_transitions_are_edges(&store, "/drover/v1/").await;
+    assert_eq!(history.len(), 3);
+    let mut operations = Vec::new();
+    for cluster in ["dr-busy", "dr-idle", "dr-new"] {
+        operations.extend(operations_of(&client, cluster).await);
+    }
+    let audit = sim.audit("").await;
+    let violations = provider_violations(&audit, &ends(&operations));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    eprintln!(
+        "restore: snapshot at revision {snapshot_revision}, provider had seen epoch {newest_seen}, \
+         new epoch {epoch}; {} operations, {} provider calls audited",
+        operations.len(),
+        audit.len()
+    );
+}

@@ -1,0 +1,110 @@
+//! A lost provider: the simulator killed (kill -9) and restarted while an
+//! upgrade runs. The simulator keeps its clusters and fencing epochs in
+//! memory, so the new process has forgotten both: Drover must still end
+//! the operation (no hang), every call the new process accepts carries the
+//! current owner's epoch, and no step runs under two epochs.
+//!
+//! Bounded: every wait has a deadline; loopback only; only processes this
+//! test started are signalled.
+
+use drover_client::v1::{self, OperationState as O};
+use drover_tests::etcd::EtcdProcess;
+use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::{create_running, operations_of, owner, wait_running, wait_until};
+use std::time::Duration;
+
+#[tokio::test]
+async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
+    let etcd = EtcdProcess::start().await;
+    let mut sim = SimProcess::start().await;
+    let provider = sim.endpoint();
+    let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
+    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut client = replica.client().await;
+    let cluster = create_running(&mut client, "lost", 4).await;
+    sim.set_latency(Duration::from_millis(300)).await;
+    let upgrade = client
+        .clusters()
+        .upgrade_cluster(v1::UpgradeClusterRequest {
+            name: "lost".into(),
+            version: "1.30.0".into(),
+            request_id: String::new(),
+        })
+        .await
+        .expect("upgrade accepted")
+        .into_inner();
+    wait_running(&client, "lost", &upgrade.id, Duration::from_secs(20)).await;
+    // Mid-upgrade: at least one node upgraded, more to go.
+    wait_until(Duration::from_secs(20), "a node upgraded", || {
+        let sim = &sim;
+        async move {
+            sim.audit("")
+                .await
+                .iter()
+                .any(|e| e.method == "UpgradeNode")
+        }
+    })
+    .await;
+    sim.restart().await;
+    sim.set_latency(Duration::from_millis(300)).await;
+
+    let done = client
+        .wait_operation(&upgrade, Duration::from_secs(60))
+        .await
+        .expect("the upgrade ends");
+    assert!(done.state >= O::Succeeded as i32, "{done:?}");
+    eprintln!(
+        "lost provider: upgrade ended {:?}: {}",
+        O::try_from(done.state),
+        done.error.as_ref().map_or("", |e| e.message.as_str())
+    );
+
+    // The restarted provider saw only the owner's current epoch, and the
+    // operation ran under one epoch.
+    let mut admin = v1::admin_client::AdminClient::connect(replica.endpoint())
+        .await
+        .unwrap();
+    let epoch = owner(&mut admin, "lost").await.expect("an owner").epoch;
+    let audit = sim.audit("").await;
+    for entry in &audit {
+        let token = entry.token.as_ref().expect("a token");
+        assert_eq!(token.epoch, epoch, "a call under another epoch: {entry:?}");
+    }
+    let epochs: Vec<i64> = done.runs.iter().map(|r| r.epoch).collect();
+    assert!(epochs.iter().all(|&e| e == epoch), "runs {epochs:?}");
+    let operations = operations_of(&client, "lost").await;
+    let violations = provider_violations(&audit, &ends(&operations));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    assert_transitions_are_edges(&etcd.store().await, "/drover/v1/").await;
+
+    // The cluster is usable afterwards: a repair (Recover) or a stop is
+    // accepted and ends.
+    sim.set_latency(Duration::ZERO).await;
+    let stop = client
+        .clusters()
+        .stop_cluster(v1::StopClusterRequest {
+            name: "lost".into(),
+            request_id: String::new(),
+        })
+        .await;
+    if let Ok(stop) = stop {
+        let stopped = client
+            .wait_operation(&stop.into_inner(), Duration::from_secs(30))
+            .await
+            .expect("the stop ends");
+        assert!(stopped.state >= O::Succeeded as i32, "{stopped:?}");
+    }
+    eprintln!(
+        "lost provider: cluster {} ended in {:?}; {} calls audited by the restarted provider",
+        cluster.uid,
+        client
+            .get_cluster("lost")
+            .await
+            .unwrap()
+            .status
+            .map(|s| s.state),
+        audit.len()
+    );
+}

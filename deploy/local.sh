@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# Brings up etcd, the simulated provider and three Drover replicas on
-# loopback, shows them working with droverctl and etcdctl, then keeps them
-# running until Ctrl-C (or exits right away with --no-wait) and stops them
-# cleanly.
+# Brings up etcd, a provider and three Drover replicas on loopback, shows
+# them working with droverctl and etcdctl, then keeps them running until
+# Ctrl-C (or exits right away with --no-wait) and stops them cleanly.
 #
-#   deploy/local.sh [--no-wait]
+#   deploy/local.sh [--provider sim|postgres] [--no-wait]
 #
-# Ports: etcd 127.0.0.1:23790 (peer 23800), simulated provider 127.0.0.1:7080,
-# Drover replicas 127.0.0.1:7070, 7071, 7072 (admin HTTP 9070, 9071, 9072).
+# The provider is the simulator (the default) or the PostgreSQL provider,
+# which runs real PostgreSQL 15 clusters (a primary and streaming standbys)
+# under the work directory, versions 15.0.0 and 15.1.0 both mapped to the
+# installed PostgreSQL 15.
+#
+# Ports: etcd 127.0.0.1:23790 (peer 23800), provider 127.0.0.1:7080
+# (PostgreSQL nodes 54320-54420), Drover replicas 127.0.0.1:7070, 7071, 7072
+# (admin HTTP 9070, 9071, 9072; the web console at /ui).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wait_for_exit=1
-[ "${1:-}" = "--no-wait" ] && wait_for_exit=0
+provider=sim
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-wait) wait_for_exit=0 ;;
+    --provider) provider=${2:?--provider needs sim or postgres}; shift ;;
+    *) echo "usage: deploy/local.sh [--provider sim|postgres] [--no-wait]" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$provider" in sim | postgres) ;; *) echo "--provider: sim or postgres, not $provider" >&2; exit 2 ;; esac
 
 scripts/install-deps.sh
 cargo build --workspace --bins --quiet
@@ -24,6 +38,10 @@ pids=()
 
 stop() {
   echo "stopping (logs in $workdir)"
+  # Real databases outlive their provider: destroy the demo cluster first.
+  if [ "$provider" = postgres ] && [ -n "${name:-}" ]; then
+    target/debug/droverctl --endpoint "$drover_url" cluster delete "$name" --wait >/dev/null 2>&1 || true
+  fi
   # Drover first (SIGTERM: it drains), then etcd.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     kill -TERM "${pids[i]}" 2>/dev/null || true
@@ -50,7 +68,16 @@ etcd --name local --data-dir "$workdir/etcd" \
 pids+=($!)
 wait_for etcd env ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" endpoint health
 
-target/debug/drover-sim-provider --listen 127.0.0.1:7080 >"$workdir/provider.log" 2>&1 &
+if [ "$provider" = postgres ]; then
+  pg_bin=/usr/lib/postgresql/15/bin
+  target/debug/drover-postgres-provider --listen 127.0.0.1:7080 --root "$workdir/postgres" \
+    --pg-version "15.0.0=$pg_bin" --pg-version "15.1.0=$pg_bin" \
+    --port-range 54320-54420 >"$workdir/provider.log" 2>&1 &
+  version=15.0.0 upgrade_to=15.1.0 offering=small location="file:$workdir/backups"
+else
+  target/debug/drover-sim-provider --listen 127.0.0.1:7080 >"$workdir/provider.log" 2>&1 &
+  version=1.29.4 upgrade_to=1.30.0 offering=medium location=dc1:s3:demo-backups
+fi
 pids+=($!)
 for i in 0 1 2; do
   target/debug/drover serve --listen "127.0.0.1:707$i" --etcd-endpoints "$etcd_url" \
@@ -66,11 +93,17 @@ done
 
 name="demo-$(date +%s)"
 show() { echo "+ droverctl $*"; ctl "$@"; }
-show cluster create "$name" --version 1.29.4 --workers 3 --label team=demo --wait
-show cluster upgrade "$name" --version 1.30.0 --wait
-show cluster get "$name"
+show cluster create "$name" --version "$version" --workers 2 --offering "$offering" --label team=demo --wait
+show cluster upgrade "$name" --version "$upgrade_to" --wait
+show cluster describe "$name"
+if [ "$provider" = postgres ]; then
+  # The primary's address is one of the facts the provider reports.
+  primary=$(ctl -o json cluster get "$name" | python3 -c 'import json,sys; c=json.load(sys.stdin); print([n["facts"]["address"] for n in c["status"]["nodes"] if n["role"]=="control"][0])')
+  echo "+ psql -h ${primary%:*} -p ${primary#*:} -U postgres -c 'select version()'"
+  /usr/lib/postgresql/15/bin/psql -X -h "${primary%:*}" -p "${primary#*:}" -U postgres -d postgres -Atc 'select version()'
+fi
 show task put "$name" repair nightly --cron "0 3 * * *" --timezone Europe/Warsaw
-show task put "$name" backup now --location dc1:s3:demo-backups
+show task put "$name" backup now --location "$location"
 wait_for "the backup run" sh -c "target/debug/droverctl --endpoint $drover_url -o json task get $name backup now | grep -q DONE"
 show task list "$name"
 show members
@@ -81,6 +114,6 @@ ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" get --prefix "/drover/v1/clusters/
 
 if [ "$wait_for_exit" -eq 1 ]; then
   echo
-  echo "etcd: $etcd_url   drover: http://127.0.0.1:7070-7072   provider: http://127.0.0.1:7080   (Ctrl-C to stop)"
+  echo "etcd: $etcd_url   drover: http://127.0.0.1:7070-7072   console: http://127.0.0.1:9070/ui   $provider provider: http://127.0.0.1:7080   (Ctrl-C to stop)"
   wait "${pids[@]}"
 fi

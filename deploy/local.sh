@@ -69,6 +69,9 @@ pids+=($!)
 wait_for etcd env ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" endpoint health
 
 if [ "$provider" = postgres ]; then
+  # PostgreSQL runs as its own user (as root: "postgres"), which must be
+  # able to reach the data directories under the work directory.
+  chmod 755 "$workdir"
   pg_bin=/usr/lib/postgresql/15/bin
   target/debug/drover-postgres-provider --listen 127.0.0.1:7080 --root "$workdir/postgres" \
     --pg-version "15.0.0=$pg_bin" --pg-version "15.1.0=$pg_bin" \

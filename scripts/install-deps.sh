@@ -22,6 +22,8 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# The systemd units' test runs `systemd-analyze verify` and `security`.
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # Only the web console's test (tests/tests/console.rs) drives it.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 

@@ -50,14 +50,14 @@ enum Kind {
 
 /// The provider process, kept alive for the run.
 enum Running {
-    Postgres(PgProviderProcess),
+    Postgres(Box<PgProviderProcess>),
     Simulator(SimProcess),
 }
 
 impl Running {
     async fn start(kind: Kind) -> Self {
         match kind {
-            Kind::Postgres => Running::Postgres(PgProviderProcess::start().await),
+            Kind::Postgres => Running::Postgres(Box::new(PgProviderProcess::start().await)),
             Kind::Simulator => Running::Simulator(SimProcess::start().await),
         }
     }

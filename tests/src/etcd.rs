@@ -314,6 +314,8 @@ pub struct EtcdCluster {
 
 struct Member {
     name: String,
+    /// The network namespace it runs in, if not this process's.
+    node: Option<crate::netns::Node>,
     child: Option<Child>,
     data_dir: TempDir,
     client_port: u16,
@@ -321,12 +323,16 @@ struct Member {
 }
 
 impl Member {
+    fn host(&self) -> &str {
+        self.node.as_ref().map_or("127.0.0.1", |n| n.ip.as_str())
+    }
+
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.host(), self.client_port)
     }
 
     fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://{}:{}", self.host(), self.peer_port)
     }
 
     fn kill(&mut self) {
@@ -340,8 +346,19 @@ impl Member {
 impl EtcdCluster {
     /// Starts `size` members and waits until the cluster answers.
     pub async fn start(size: usize) -> Self {
+        Self::start_at(&vec![None; size]).await
+    }
+
+    /// Starts one member in the network namespace of each of `nodes`, on
+    /// its address, and waits until the cluster answers.
+    pub async fn start_in(nodes: &[crate::netns::Node]) -> Self {
+        let nodes: Vec<_> = nodes.iter().cloned().map(Some).collect();
+        Self::start_at(&nodes).await
+    }
+
+    async fn start_at(nodes: &[Option<crate::netns::Node>]) -> Self {
         for attempt in 1.. {
-            let mut cluster = Self::spawn(size);
+            let mut cluster = Self::spawn(nodes);
             match cluster.await_answer().await {
                 Ok(()) => return cluster,
                 Err(report) if attempt < START_ATTEMPTS => {
@@ -355,10 +372,11 @@ impl EtcdCluster {
         unreachable!("the loop returns or panics")
     }
 
-    fn spawn(size: usize) -> Self {
-        let mut members: Vec<Member> = (0..size)
+    fn spawn(nodes: &[Option<crate::netns::Node>]) -> Self {
+        let mut members: Vec<Member> = (0..nodes.len())
             .map(|i| Member {
                 name: format!("m{i}"),
+                node: nodes[i].clone(),
                 child: None,
                 data_dir: TempDir::new("etcd-member"),
                 client_port: free_port(),
@@ -373,7 +391,11 @@ impl EtcdCluster {
         for member in &mut members {
             let log =
                 std::fs::File::create(member.data_dir.path().join("etcd.log")).expect("etcd log");
-            let child = Command::new("etcd")
+            let mut command = match &member.node {
+                Some(node) => node.command("etcd"),
+                None => Command::new("etcd"),
+            };
+            let child = command
                 .args(["--name", &member.name])
                 .arg("--data-dir")
                 .arg(member.data_dir.path().join("data"))

@@ -6,6 +6,7 @@
 //!   injects faults at exact points.
 //! - [`provider`]: the simulated provider process and its control client.
 //! - [`history`]: replays state-key history and checks it against the table.
+//! - [`netns`]: network namespaces on a bridge, cut and healed pairwise.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
 //! - [`scrape`]: reads a `/metrics` endpoint (etcd's, a replica's).
 //! - [`conformance`]: the store conformance suite, run against etcd and the
@@ -16,6 +17,7 @@ pub mod conformance;
 pub mod etcd;
 pub mod history;
 pub mod in_process;
+pub mod netns;
 pub mod pki;
 pub mod postgres;
 pub mod provider;

@@ -10,6 +10,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 pub struct SimProcess {
     child: Child,
+    /// The network namespace it runs in, if not this process's.
+    node: Option<crate::netns::Node>,
     port: u16,
     /// How the harness reaches it when it serves TLS (`--tls-cert` ...).
     tls: Option<ClientTlsConfig>,
@@ -34,12 +36,27 @@ impl SimProcess {
         Self::start_over(extra, Some(tls)).await
     }
 
+    /// As [`Self::start_with`] inside the network namespace of `node`,
+    /// listening on its address.
+    pub async fn start_in(node: &crate::netns::Node, extra: &[&str]) -> Self {
+        Self::start_at(Some(node.clone()), extra, None).await
+    }
+
     async fn start_over(extra: &[&str], tls: Option<ClientTlsConfig>) -> Self {
+        Self::start_at(None, extra, tls).await
+    }
+
+    async fn start_at(
+        node: Option<crate::netns::Node>,
+        extra: &[&str],
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
         let port = free_port();
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn(port, &extra);
+        let child = spawn(node.as_ref(), port, &extra);
         let sim = Self {
             child,
+            node,
             port,
             tls,
             extra,
@@ -54,7 +71,7 @@ impl SimProcess {
     pub async fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn(self.port, &self.extra);
+        self.child = spawn(self.node.as_ref(), self.port, &self.extra);
         self.await_serving().await;
     }
 
@@ -74,7 +91,8 @@ impl SimProcess {
 
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        let host = self.node.as_ref().map_or("127.0.0.1", |n| n.ip.as_str());
+        format!("{scheme}://{host}:{}", self.port)
     }
 
     /// A channel to it, over TLS when it serves TLS.
@@ -196,9 +214,14 @@ impl SimProcess {
     }
 }
 
-fn spawn(port: u16, extra: &[String]) -> Child {
-    Command::new(workspace_binary("drover-sim-provider"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+fn spawn(node: Option<&crate::netns::Node>, port: u16, extra: &[String]) -> Child {
+    let binary = workspace_binary("drover-sim-provider");
+    let (mut command, host) = match node {
+        Some(node) => (node.command(binary), node.ip.as_str()),
+        None => (Command::new(binary), "127.0.0.1"),
+    };
+    command
+        .args(["--listen", &format!("{host}:{port}")])
         .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -13,6 +13,8 @@ use tonic_health::pb::{
 /// One replica.
 pub struct ReplicaProcess {
     child: Child,
+    /// The address it listens on: loopback, or its network namespace's.
+    host: String,
     port: u16,
     admin_port: u16,
     /// How the harness reaches it over TLS, when it serves TLS.
@@ -41,24 +43,47 @@ impl ReplicaProcess {
         Self::serve_over(etcd_endpoint, replica_id, extra, Some(tls)).await
     }
 
+    /// As [`Self::serve_with`] inside the network namespace of `node`,
+    /// listening on its address; `etcd_endpoints` comma-separated.
+    pub async fn serve_in(
+        node: &crate::netns::Node,
+        etcd_endpoints: &str,
+        replica_id: &str,
+        extra: &[&str],
+    ) -> Self {
+        let command = node.command(workspace_binary("drover"));
+        Self::serve_command(command, &node.ip, etcd_endpoints, replica_id, extra, None).await
+    }
+
     async fn serve_over(
         etcd_endpoint: &str,
         replica_id: &str,
         extra: &[&str],
         tls: Option<ClientTlsConfig>,
     ) -> Self {
+        let command = Command::new(workspace_binary("drover"));
+        Self::serve_command(command, "127.0.0.1", etcd_endpoint, replica_id, extra, tls).await
+    }
+
+    async fn serve_command(
+        mut command: Command,
+        host: &str,
+        etcd_endpoint: &str,
+        replica_id: &str,
+        extra: &[&str],
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
         let port = free_port();
-        let mut command = Command::new(workspace_binary("drover"));
         command
             .arg("serve")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen", &format!("{host}:{port}")])
             .args(["--etcd-endpoints", etcd_endpoint])
             .args(["--replica-id", replica_id])
             .args(extra);
         if !extra.contains(&"--lease-ttl") {
             command.args(["--lease-ttl", "2"]);
         }
-        Self::start(command, port, tls).await
+        Self::start(command, host, port, tls).await
     }
 
     /// Starts `drover dev` (embedded mode) and waits until healthy.
@@ -68,12 +93,17 @@ impl ReplicaProcess {
         command
             .arg("dev")
             .args(["--listen", &format!("127.0.0.1:{port}")]);
-        Self::start(command, port, None).await
+        Self::start(command, "127.0.0.1", port, None).await
     }
 
-    async fn start(mut command: Command, port: u16, tls: Option<ClientTlsConfig>) -> Self {
+    async fn start(
+        mut command: Command,
+        host: &str,
+        port: u16,
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
         let admin_port = free_port();
-        command.args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]);
+        command.args(["--admin-listen", &format!("{host}:{admin_port}")]);
         let child = command
             .env(
                 "RUST_LOG",
@@ -85,6 +115,7 @@ impl ReplicaProcess {
             .expect("spawn drover");
         let mut replica = Self {
             child,
+            host: host.to_string(),
             port,
             admin_port,
             tls,
@@ -110,12 +141,12 @@ impl ReplicaProcess {
 
     /// The admin HTTP base URL (/metrics, /healthz, /readyz).
     pub fn admin_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.admin_port)
+        format!("http://{}:{}", self.host, self.admin_port)
     }
 
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        format!("{scheme}://{}:{}", self.host, self.port)
     }
 
     pub async fn client(&self) -> Client {

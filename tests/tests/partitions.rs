@@ -1,0 +1,304 @@
+//! Network partitions: etcd, two replicas and the simulated provider each
+//! in a network namespace of their own (see `drover_tests::netns`), the
+//! test process a client on the bridge. Each test cuts links mid-operation
+//! and then checks the history: every accepted operation ended, no state
+//! change outside the table, no provider call landed under a stale epoch or
+//! after its operation ended, and the status shows the provider's nodes.
+//!
+//! Bounded: every wait has a deadline; addresses only inside namespaces the
+//! test made, all removed on drop; only processes this test started are
+//! killed. Skipped (with a message) where namespaces cannot be made.
+
+use drover_client::v1::{self, OperationState as O};
+use drover_client::Client;
+use drover_tests::etcd::EtcdCluster;
+use drover_tests::history::provider_violations;
+use drover_tests::history::{assert_transitions_are_edges, ends, node_violations};
+use drover_tests::netns::Net;
+use drover_tests::provider::SimProcess;
+use drover_tests::replica::ReplicaProcess;
+use drover_tests::{create_running, operations_of, owner, wait_running, wait_until};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The replicas' lease TTL (seconds) and safety margin (percent).
+const TTL: u64 = 2;
+const MARGIN_PERCENT: u64 = 20;
+
+/// Etcd (one member), two replicas and the provider, each in its own
+/// namespace. Fields drop in order: processes first, the network last.
+struct World {
+    replicas: Vec<ReplicaProcess>,
+    sim: SimProcess,
+    etcd: EtcdCluster,
+    net: Net,
+}
+
+impl World {
+    /// `None` where namespaces cannot be made (the test then skips).
+    async fn start(extra: &[&str]) -> Option<Self> {
+        Self::start_with(&["etcd"], extra).await
+    }
+
+    /// As [`Self::start`] over one etcd member per name in `members`.
+    async fn start_with(members: &[&str], extra: &[&str]) -> Option<Self> {
+        let mut names = members.to_vec();
+        names.extend(["r1", "r2", "sim"]);
+        let net = Net::new(&names)?;
+        let nodes: Vec<_> = members.iter().map(|m| net.node(m).clone()).collect();
+        let etcd = EtcdCluster::start_in(&nodes).await;
+        let sim = SimProcess::start_in(net.node("sim"), &[]).await;
+        let endpoints = etcd.endpoints().join(",");
+        let provider = sim.endpoint();
+        let ttl = TTL.to_string();
+        let margin = MARGIN_PERCENT.to_string();
+        let mut args = vec!["--provider", &provider, "--lease-ttl", &ttl];
+        args.extend(["--lease-margin-percent", &margin, "--scan-interval", "1"]);
+        args.extend(extra);
+        let mut replicas = Vec::new();
+        for id in ["r1", "r2"] {
+            replicas.push(ReplicaProcess::serve_in(net.node(id), &endpoints, id, &args).await);
+        }
+        Some(Self {
+            replicas,
+            sim,
+            etcd,
+            net,
+        })
+    }
+
+    /// The replica (index, id) owning `cluster`, as `via` reports it.
+    async fn owner(&self, via: usize, cluster: &str) -> Option<String> {
+        let endpoint = self.replicas[via].endpoint();
+        let mut admin = v1::admin_client::AdminClient::connect(endpoint)
+            .await
+            .ok()?;
+        owner(&mut admin, cluster).await.map(|o| o.replica)
+    }
+
+    /// Starts a 4-worker cluster and a slow upgrade of it, and waits until
+    /// the first node was upgraded; returns the upgrade and the owner.
+    async fn upgrade_underway(&self, name: &str) -> (v1::Operation, usize) {
+        let mut client = self.replicas[0].client().await;
+        create_running(&mut client, name, 4).await;
+        self.sim.set_latency(Duration::from_millis(400)).await;
+        let upgrade = client
+            .clusters()
+            .upgrade_cluster(v1::UpgradeClusterRequest {
+                name: name.into(),
+                version: "1.30.0".into(),
+                request_id: String::new(),
+            })
+            .await
+            .expect("upgrade accepted")
+            .into_inner();
+        wait_running(&client, name, &upgrade.id, Duration::from_secs(20)).await;
+        wait_until(Duration::from_secs(20), "a node upgraded", || async {
+            let audit = self.sim.audit("").await;
+            audit.iter().any(|e| e.method == "UpgradeNode")
+        })
+        .await;
+        let id = self.owner(0, name).await.expect("an owner");
+        let index = if id == "r1" { 0 } else { 1 };
+        (upgrade, index)
+    }
+
+    /// The history checker over everything: operations ended, transitions
+    /// on the table, the provider's audit log, the status's nodes.
+    async fn check(&self, client: &Client, name: &str) -> Vec<v1::Operation> {
+        let operations = operations_of(client, name).await;
+        for op in &operations {
+            assert!(op.state >= O::Succeeded as i32, "did not end: {op:?}");
+        }
+        let audit = self.sim.audit("").await;
+        let violations = provider_violations(&audit, &ends(&operations));
+        assert!(violations.is_empty(), "{}", violations.join("\n"));
+        assert_transitions_are_edges(&self.etcd.store().await, "/drover/v1/").await;
+        let cluster = client.clone().get_cluster(name).await.expect("get");
+        let shown = cluster.status.map(|s| s.nodes).unwrap_or_default();
+        let real = self.sim.nodes(&cluster.uid).await;
+        if let Some(violation) = node_violations(name, &shown, &real) {
+            panic!("{violation}");
+        }
+        operations
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// A replica cut from etcd (not from its clients nor the provider) while it
+/// runs an upgrade: it stops calling the provider by the time etcd can
+/// expire its lease, the peer takes the cluster over and finishes the
+/// upgrade, and no call of the old epoch lands after the new one's.
+#[tokio::test]
+async fn a_replica_cut_from_etcd_mid_upgrade_stops_and_its_peer_takes_over() {
+    let Some(world) = World::start(&[]).await else {
+        return;
+    };
+    let (upgrade, old) = world.upgrade_underway("cut-etcd").await;
+    let (old_id, peer) = (["r1", "r2"][old], 1 - old);
+    let old_epoch = {
+        let endpoint = world.replicas[peer].endpoint();
+        let mut admin = v1::admin_client::AdminClient::connect(endpoint)
+            .await
+            .unwrap();
+        owner(&mut admin, "cut-etcd").await.expect("an owner").epoch
+    };
+    let cut_at = now_ms();
+    world.net.cut(old_id, "etcd");
+    eprintln!("cut {old_id} (owner, epoch {old_epoch}) from etcd at {cut_at} ms");
+
+    // The peer owns the cluster after the TTL.
+    let peer_id = ["r1", "r2"][peer];
+    wait_until(Duration::from_secs(20), "the peer to take over", || async {
+        world.owner(peer, "cut-etcd").await.as_deref() == Some(peer_id)
+    })
+    .await;
+    let took_over = now_ms() - cut_at;
+    let mut client = world.replicas[peer].client().await;
+    let done = client
+        .wait_operation(&upgrade, Duration::from_secs(60))
+        .await
+        .expect("the upgrade ends");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+
+    // Within its margin: no call of the old epoch landed after etcd could
+    // have expired the lease (the last renewal came before the cut).
+    let audit = world.sim.audit("").await;
+    let stale: Vec<_> = audit
+        .iter()
+        .filter(|e| e.token.as_ref().is_some_and(|t| t.epoch == old_epoch))
+        .filter(|e| e.landed_at_ms > cut_at + TTL * 1000)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "old epoch's calls after its lease: {stale:?}"
+    );
+    let new_calls = audit
+        .iter()
+        .filter(|e| e.token.as_ref().is_some_and(|t| t.epoch > old_epoch))
+        .count();
+    assert!(new_calls > 0, "the peer made no call: {audit:?}");
+
+    world.net.heal(old_id, "etcd");
+    let operations = world.check(&client, "cut-etcd").await;
+    eprintln!(
+        "cut from etcd: peer took over after {took_over} ms; {} operations, {} provider \
+         calls ({new_calls} under the new epoch), lost: none",
+        operations.len(),
+        audit.len()
+    );
+}
+
+/// The operation timeout of upgrades in the gray-failure test, seconds.
+const UPGRADE_TIMEOUT: u64 = 10;
+
+/// A replica cut from the provider only (it keeps its lease): the upgrade
+/// it holds does not hang, it ends (failed, with the provider's error)
+/// within the upgrade's timeout plus a bound, and the history is clean.
+#[tokio::test]
+async fn a_replica_cut_from_the_provider_ends_its_operation_within_a_bound() {
+    let timeout = format!("upgrade={UPGRADE_TIMEOUT}");
+    let Some(world) = World::start(&["--operation-timeout", &timeout]).await else {
+        return;
+    };
+    let (upgrade, old) = world.upgrade_underway("gray").await;
+    let old_id = ["r1", "r2"][old];
+    let started = std::time::Instant::now();
+    world.net.cut(old_id, "sim");
+    let mut client = world.replicas[old].client().await;
+    let bound = Duration::from_secs(UPGRADE_TIMEOUT + 10);
+    let done = client
+        .wait_operation(&upgrade, bound)
+        .await
+        .expect("the upgrade ends within its timeout and a bound");
+    let took = started.elapsed();
+    assert!(done.state >= O::Succeeded as i32, "{done:?}");
+    assert!(took <= bound, "ended after {took:?}");
+    eprintln!(
+        "cut from the provider: the upgrade ended {:?} after {took:?} ({})",
+        O::try_from(done.state),
+        done.error.as_ref().map_or("", |e| e.message.as_str())
+    );
+    world.net.heal(old_id, "sim");
+    world.sim.set_latency(Duration::ZERO).await;
+    // The cluster is usable again once the link is back.
+    let recover = client.clusters().stop_cluster(v1::StopClusterRequest {
+        name: "gray".into(),
+        request_id: String::new(),
+    });
+    if let Ok(stop) = recover.await {
+        let stopped = client
+            .wait_operation(&stop.into_inner(), Duration::from_secs(30))
+            .await
+            .expect("the stop ends");
+        assert!(stopped.state >= O::Succeeded as i32, "{stopped:?}");
+    }
+    let operations = world.check(&client, "gray").await;
+    eprintln!(
+        "cut from the provider: {} operations, lost: none",
+        operations.len()
+    );
+}
+
+/// A 3-member etcd whose first member (the replicas' first endpoint) is cut
+/// from the other two: requests through it fail and are retried on the
+/// majority, so every request ends within a bound and every operation
+/// succeeds.
+///
+/// Fails today (hence ignored until the store retries refused writes): the
+/// replica's lease keep-alives and writes that reach the cut member get
+/// "etcdserver: no leader" or time out and are not retried on the other
+/// members, so the replica loses its lease within a TTL and the second
+/// request answers UNAVAILABLE ("store unavailable: Timeout expired").
+#[tokio::test]
+#[ignore = "writes refused by a minority etcd member are not retried on the majority yet"]
+async fn an_etcd_member_in_the_minority_does_not_stall_requests() {
+    let Some(world) = World::start_with(&["e0", "e1", "e2"], &[]).await else {
+        return;
+    };
+    let mut client = world.replicas[0].client().await;
+    create_running(&mut client, "minority", 1).await;
+    world.net.cut("e0", "e1");
+    world.net.cut("e0", "e2");
+    let bound = Duration::from_secs(10);
+    let mut slowest = Duration::ZERO;
+    for round in 0..6 {
+        let clusters = client.clusters();
+        let started = std::time::Instant::now();
+        let submitted = if round % 2 == 0 {
+            let request = v1::StopClusterRequest {
+                name: "minority".into(),
+                request_id: format!("minority-{round}"),
+            };
+            tokio::time::timeout(bound, clusters.stop_cluster(request)).await
+        } else {
+            let request = v1::StartClusterRequest {
+                name: "minority".into(),
+                request_id: format!("minority-{round}"),
+            };
+            tokio::time::timeout(bound, clusters.start_cluster(request)).await
+        };
+        let op = submitted
+            .unwrap_or_else(|_| panic!("round {round}: no answer within {bound:?}"))
+            .unwrap_or_else(|status| panic!("round {round}: {status:?}"))
+            .into_inner();
+        slowest = slowest.max(started.elapsed());
+        let done = client
+            .wait_operation(&op, Duration::from_secs(30))
+            .await
+            .expect("the operation ends");
+        assert_eq!(done.state, O::Succeeded as i32, "round {round}: {done:?}");
+    }
+    world.net.heal("e0", "e1");
+    world.net.heal("e0", "e2");
+    let operations = world.check(&client, "minority").await;
+    eprintln!(
+        "etcd minority: {} operations, slowest submit {slowest:?}, lost: none",
+        operations.len()
+    );
+}

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
                 listen: args.sim_listen,
                 flags: args.simulator.clone(),
             };
-            (Config::from_dev_args(args), Some(simulator))
+            (Config::from_dev_args(*args), Some(simulator))
         }
         Command::HashToken => return hash_token(),
     };

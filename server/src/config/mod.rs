@@ -95,7 +95,7 @@ pub enum Command {
     /// Run a replica against etcd.
     Serve(Box<ServeArgs>),
     /// Run one replica with an in-memory store on loopback: no etcd needed.
-    Dev(DevArgs),
+    Dev(Box<DevArgs>),
     /// Print the SHA-256 (hex) of the token read from standard input, for
     /// the --auth-tokens file.
     HashToken,

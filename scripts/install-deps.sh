@@ -3,7 +3,8 @@
 # lacks: etcd (server and etcdctl), protoc, make and a C compiler (the
 # replicas' allocator, jemalloc, is built from source), PostgreSQL 15 for
 # the PostgreSQL provider, and, for the Python
-# client test, grpcio + grpcio-tools in the workspace's own virtual
+# client library and its tests, grpcio + grpcio-tools, pytest and the
+# library itself (client/python) in the workspace's own virtual
 # environment (.venv; never the system Python); promtool (Debian's
 # prometheus package) for the alert rules' tests, and kubernetes-validate
 # (in .venv) for the Kubernetes manifests' schema test, and Chromium (headless)
@@ -40,6 +41,13 @@ if ! .venv/bin/python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
   echo "installing: grpcio grpcio-tools (pip, into .venv)" >&2
   python3 -m venv .venv
   .venv/bin/python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
+
+# The Python client library (editable: its stubs come from proto/ here) and
+# pytest, which its tests run under.
+if ! .venv/bin/python3 -c "import drover_client, pytest" >/dev/null 2>&1; then
+  echo "installing: drover_client (client/python) and pytest (pip, into .venv)" >&2
+  .venv/bin/python3 -m pip install --quiet --disable-pip-version-check -e 'client/python[test]'
 fi
 
 if ! .venv/bin/python3 -c "import kubernetes_validate" >/dev/null 2>&1; then

@@ -131,7 +131,8 @@ impl Replica {
             operations.clone(),
             feed,
         );
-        let admin = start_admin(config.admin_listen, &metrics, &incarnation, console).await?;
+        let admin_listener = bind_admin(config.admin_listen, config.admin_listen_fallback).await?;
+        let admin = start_admin(admin_listener, &metrics, &incarnation, console);
         if let Some(interval) = config.compact_interval {
             tokio::spawn(crate::compactor::run(
                 store.clone(),
@@ -266,15 +267,37 @@ struct Admin {
     address: SocketAddr,
 }
 
-/// Serves /metrics, /healthz, /readyz, /liveness (answered by
-/// `incarnation` once set) and the console on `address`.
-async fn start_admin(
+/// Binds the admin port at `address`; with `fallback`, a taken `address`
+/// gives way to a free port on the same interface, said in a warning
+/// (another `drover dev` holds the default).
+async fn bind_admin(
     address: SocketAddr,
+    fallback: bool,
+) -> Result<(TcpListener, SocketAddr), StartError> {
+    match bind(address).await {
+        Err(StartError::Bind { source, .. })
+            if fallback && source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            let bound = bind(SocketAddr::new(address.ip(), 0)).await?;
+            tracing::warn!(
+                taken = %address,
+                address = %bound.1,
+                "the admin port is taken (another instance?): serving admin HTTP on a free port instead; --admin-listen chooses one"
+            );
+            Ok(bound)
+        }
+        bound => bound,
+    }
+}
+
+/// Serves /metrics, /healthz, /readyz, /liveness (answered by
+/// `incarnation` once set) and the console on the bound admin port.
+fn start_admin(
+    (listener, bound): (TcpListener, SocketAddr),
     metrics: &Arc<Metrics>,
     incarnation: &admin_http::Incarnation,
     console: Console,
-) -> Result<Admin, StartError> {
-    let (listener, bound) = bind(address).await?;
+) -> Admin {
     let ready = Arc::new(AtomicBool::new(true));
     let (open, closed) = watch::channel(false);
     tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness, /ui)");
@@ -286,9 +309,9 @@ async fn start_admin(
         Some(Arc::new(console)),
         closed,
     ));
-    Ok(Admin {
+    Admin {
         ready,
         open,
         address: bound,
-    })
+    }
 }

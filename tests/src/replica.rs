@@ -88,11 +88,17 @@ impl ReplicaProcess {
 
     /// Starts `drover dev` (embedded mode) and waits until healthy.
     pub async fn dev() -> Self {
+        Self::dev_with(&[]).await
+    }
+
+    /// As [`Self::dev`], with extra flags (e.g. `--step-latency-ms 300`).
+    pub async fn dev_with(extra: &[&str]) -> Self {
         let port = free_port();
         let mut command = Command::new(workspace_binary("drover"));
         command
             .arg("dev")
-            .args(["--listen", &format!("127.0.0.1:{port}")]);
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra);
         Self::start(command, "127.0.0.1", port, None).await
     }
 

@@ -865,3 +865,161 @@ async fn droverctl_shows_every_field_in_every_format() {
     assert_eq!(event["cluster"]["name"], "shown", "{event}");
     assert_eq!(event["cluster"]["status"]["state"], "CLUSTER_STATE_RUNNING");
 }
+
+/// Two `drover dev` left on the default admin port both start: the one
+/// that finds it taken serves admin HTTP on a free port and logs which.
+/// (Should something else hold the default, both move; still each has
+/// its own.)
+#[tokio::test]
+async fn two_dev_instances_on_the_default_admin_port_both_start() {
+    let instances = [DevLogged::start(), DevLogged::start()];
+    let mut admins = Vec::new();
+    for instance in instances {
+        let endpoint = instance.endpoint.clone();
+        wait_until(Duration::from_secs(20), "drover dev to serve", || {
+            let endpoint = endpoint.clone();
+            async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+        })
+        .await;
+        let admin = tokio::time::timeout(Duration::from_secs(20), instance.admin)
+            .await
+            .expect("drover dev to log its admin address")
+            .expect("an admin address in its log");
+        let (status, _) = fetch(&format!("http://{admin}"), "/healthz")
+            .await
+            .expect("its admin port");
+        assert_eq!(status, 200, "{admin}");
+        // Both keep running until the end of the test.
+        admins.push((admin, instance.child));
+    }
+    assert_ne!(
+        admins[0].0, admins[1].0,
+        "each instance has its own admin port"
+    );
+}
+
+/// `drover dev` on a free gRPC port and the default admin port, its log
+/// lines read as they come.
+struct DevLogged {
+    child: KillOnDrop,
+    endpoint: String,
+    /// The admin address from its log, once it says.
+    admin: tokio::sync::oneshot::Receiver<String>,
+}
+
+impl DevLogged {
+    fn start() -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let port = drover_tests::free_port();
+        let mut child = Command::new(workspace_binary("drover"))
+            .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn drover");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (said, admin) = tokio::sync::oneshot::channel();
+        // Reads to the end (the process's exit), so its logging never
+        // blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut said = Some(said);
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let address = line
+                    .contains("serving admin HTTP")
+                    .then(|| {
+                        line.split_whitespace()
+                            .find_map(|f| f.strip_prefix("address="))
+                    })
+                    .flatten();
+                if let Some(address) = address {
+                    if let Some(said) = said.take() {
+                        let _ = said.send(address.to_string());
+                    }
+                }
+            }
+        });
+        Self {
+            child: KillOnDrop(child),
+            endpoint: format!("http://127.0.0.1:{port}"),
+            admin,
+        }
+    }
+}
+
+/// `drover dev`'s simulator on `--sim-listen` answers reflection with the
+/// services it serves (and not Drover's own API), and `--step-latency-ms`
+/// slows the steps of an operation: its recorded duration is at least one
+/// step's latency (a lower bound only, so a slow machine cannot fail it).
+#[tokio::test]
+async fn dev_simulator_answers_reflection_and_its_latency_slows_steps() {
+    const LATENCY: Duration = Duration::from_millis(400);
+    let sim = format!("127.0.0.1:{}", drover_tests::free_port());
+    let latency = LATENCY.as_millis().to_string();
+    let replica =
+        ReplicaProcess::dev_with(&["--sim-listen", &sim, "--step-latency-ms", &latency]).await;
+    let names = reflected_services(&format!("http://{sim}")).await;
+    for service in [
+        "drover.provider.v1.Provider",
+        "drover.provider.v1.Simulator",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.contains(&service.to_string()),
+            "{service} missing from {names:?}"
+        );
+    }
+    assert!(
+        !names.contains(&"drover.v1.Clusters".to_string()),
+        "{names:?}"
+    );
+
+    let mut client = replica.client().await;
+    let created = create_running(&mut client, "slow", 0).await;
+    let done = client
+        .operations()
+        .list_operations(v1::ListOperationsRequest {
+            cluster: "slow".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .operations;
+    let start = done
+        .iter()
+        .find(|op| op.finished_at.is_some())
+        .expect("a finished operation");
+    let (began, ended) = (start.started_at.unwrap(), start.finished_at.unwrap());
+    let took = Duration::from_millis(
+        ((ended.seconds - began.seconds) * 1000 + i64::from(ended.nanos - began.nanos) / 1_000_000)
+            as u64,
+    );
+    assert!(took >= LATENCY, "{} took {took:?}", created.name);
+}
+
+/// The services a gRPC server lists through reflection.
+async fn reflected_services(endpoint: &str) -> Vec<String> {
+    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("expected a service list, got {response:?}");
+    };
+    list.service.into_iter().map(|s| s.name).collect()
+}

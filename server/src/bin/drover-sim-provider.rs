@@ -1,15 +1,16 @@
 //! The simulated provider as its own process: drover.provider.v1.Provider
-//! plus the Simulator control service (latency, faults, audit log).
-//! Without `--faults` it is kind; with them, hostile from the first call.
+//! plus the Simulator control service (latency, faults, audit log) and
+//! gRPC reflection. Without `--faults` it is kind; with them, hostile from
+//! the first call; `--step-latency-ms` slows every step as a real provider
+//! would.
 //! With `--tls-cert`/`--tls-key` it serves TLS (`--client-ca`: mutual TLS),
 //! with `--token-file` its Provider service requires that bearer token.
 
 use clap::Parser;
 use drover_server::config::{Secret, ServerTls};
-use drover_server::provider::sim::{self, faults::FaultPlan, SimProvider};
+use drover_server::provider::sim::{self, flags::SimFlags};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -21,27 +22,8 @@ struct Args {
     /// gRPC listen address.
     #[arg(long, env = "DROVER_SIM_LISTEN", default_value = "127.0.0.1:7080")]
     listen: std::net::SocketAddr,
-    /// Random faults per method, METHOD:KIND=P[,KIND=P...][;METHOD:...]
-    /// with kinds error, latency, hang, partial, late and "*" for every
-    /// method not named, e.g. "UpgradeNode:error=0.1,late=0.2;*:latency=0.3".
-    /// None by default.
-    #[arg(long, env = "DROVER_SIM_FAULTS", default_value = "")]
-    faults: FaultPlan,
-    /// Seed of the random faults: the same seed draws the same faults.
-    #[arg(long, env = "DROVER_SIM_FAULT_SEED", default_value_t = 0)]
-    fault_seed: u64,
-    /// Upper bound of an injected delay (extra latency, late landing), in
-    /// milliseconds.
-    #[arg(long, env = "DROVER_SIM_FAULT_DELAY_MS", default_value_t = 200)]
-    fault_delay_ms: u64,
-    /// Versions it builds, comma-separated; ValidateSpec refuses others.
-    /// Empty (the default): any.
-    #[arg(long, env = "DROVER_SIM_VERSIONS", value_delimiter = ',')]
-    versions: Vec<String>,
-    /// Node offerings it builds, comma-separated; ValidateSpec refuses
-    /// others. Empty (the default): any.
-    #[arg(long, env = "DROVER_SIM_OFFERINGS", value_delimiter = ',')]
-    offerings: Vec<String>,
+    #[command(flatten)]
+    simulator: SimFlags,
     /// PEM certificate chain: serve TLS (with --tls-key).
     #[arg(long, env = "DROVER_SIM_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -119,8 +101,9 @@ async fn main() -> ExitCode {
     };
     tracing::info!(
         address = %args.listen,
-        faults = !args.faults.is_empty(),
-        seed = args.fault_seed,
+        step_latency_ms = args.simulator.step_latency_ms,
+        faults = !args.simulator.faults.is_empty(),
+        seed = args.simulator.fault_seed,
         tls = security.tls.is_some(),
         token = security.token.is_some(),
         "simulated provider serving"
@@ -133,12 +116,7 @@ async fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
         }
     };
-    let delay = Duration::from_millis(args.fault_delay_ms);
-    let known = sim::Known {
-        versions: args.versions,
-        offerings: args.offerings,
-    };
-    let provider = SimProvider::with_faults(args.faults, args.fault_seed, delay).knowing(known);
+    let provider = args.simulator.provider();
     match sim::serve_secured(provider, listener, security, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

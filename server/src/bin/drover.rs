@@ -3,9 +3,11 @@
 
 use clap::Parser;
 use drover_server::config::{Cli, Command, Config, EXIT_CONFIG};
+use drover_server::provider::sim::flags::SimFlags;
 use drover_server::provider::{self, Providers};
 use drover_server::server;
 use drover_server::store::{EtcdOptions, EtcdStore, MemoryStore, SharedStore, Store};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,8 +44,14 @@ fn main() -> ExitCode {
         }
     };
     let (config, embedded) = match cli.command {
-        Command::Serve(args) => (Config::from_serve_args(*args), false),
-        Command::Dev(args) => (Config::from_dev_args(args), true),
+        Command::Serve(args) => (Config::from_serve_args(*args), None),
+        Command::Dev(args) => {
+            let simulator = Simulator {
+                listen: args.sim_listen,
+                flags: args.simulator.clone(),
+            };
+            (Config::from_dev_args(*args), Some(simulator))
+        }
         Command::HashToken => return hash_token(),
     };
     let config = match config {
@@ -58,38 +66,39 @@ fn main() -> ExitCode {
     runtime.block_on(run(config, embedded))
 }
 
-async fn run(config: Config, embedded: bool) -> ExitCode {
-    let (store, providers): (SharedStore, Option<Arc<Providers>>) = if embedded {
-        tracing::info!(
-            "embedded mode: in-memory store and simulated provider, state is lost on exit"
-        );
-        match start_simulator().await {
-            Ok(providers) => (Arc::new(MemoryStore::new()), Some(Arc::new(providers))),
-            Err(error) => {
-                tracing::error!(%error, "cannot start the simulated provider");
-                return ExitCode::FAILURE;
+async fn run(config: Config, embedded: Option<Simulator>) -> ExitCode {
+    let (store, providers): (SharedStore, Option<Arc<Providers>>) =
+        if let Some(simulator) = embedded {
+            tracing::info!(
+                "embedded mode: in-memory store and simulated provider, state is lost on exit"
+            );
+            match start_simulator(simulator).await {
+                Ok(providers) => (Arc::new(MemoryStore::new()), Some(Arc::new(providers))),
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the simulated provider");
+                    return ExitCode::FAILURE;
+                }
             }
-        }
-    } else {
-        let store = match connect_etcd(&config).await {
-            Some(store) => Arc::new(store),
-            None => return ExitCode::from(EXIT_UNAVAILABLE),
+        } else {
+            let store = match connect_etcd(&config).await {
+                Some(store) => Arc::new(store),
+                None => return ExitCode::from(EXIT_UNAVAILABLE),
+            };
+            let providers = match config
+                .providers
+                .as_ref()
+                .map(Providers::connect)
+                .transpose()
+            {
+                Ok(providers) => providers.map(Arc::new),
+                Err(error) => {
+                    // The configuration checked every link: not expected.
+                    tracing::error!(%error, "cannot set up the providers");
+                    return ExitCode::from(EXIT_CONFIG as u8);
+                }
+            };
+            (store, providers)
         };
-        let providers = match config
-            .providers
-            .as_ref()
-            .map(Providers::connect)
-            .transpose()
-        {
-            Ok(providers) => providers.map(Arc::new),
-            Err(error) => {
-                // The configuration checked every link: not expected.
-                tracing::error!(%error, "cannot set up the providers");
-                return ExitCode::from(EXIT_CONFIG as u8);
-            }
-        };
-        (store, providers)
-    };
     match server::serve(&config, store, providers, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -116,16 +125,31 @@ fn hash_token() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Runs the simulated provider in this process, on a loopback port.
-async fn start_simulator() -> std::io::Result<Providers> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// The simulated provider `drover dev` runs in process: where it listens
+/// and how it behaves.
+struct Simulator {
+    listen: SocketAddr,
+    flags: SimFlags,
+}
+
+/// Runs the simulated provider in this process, on a loopback port a
+/// person can reach too (grpcurl, through reflection), and links the
+/// replica to it.
+async fn start_simulator(simulator: Simulator) -> std::io::Result<Providers> {
+    let listener = tokio::net::TcpListener::bind(simulator.listen).await?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, "simulated provider (Provider and Simulator services)");
-    tokio::spawn(provider::sim::serve(
-        provider::sim::SimProvider::new(),
-        listener,
-        std::future::pending(),
-    ));
+    tracing::info!(
+        %address,
+        step_latency_ms = simulator.flags.step_latency_ms,
+        faults = !simulator.flags.faults.is_empty(),
+        "simulated provider (Provider and Simulator services; try: grpcurl -plaintext {address} list)"
+    );
+    let serve = provider::sim::serve(simulator.flags.provider(), listener, std::future::pending());
+    tokio::spawn(async move {
+        if let Err(error) = serve.await {
+            tracing::error!(%error, "the simulated provider stopped");
+        }
+    });
     let endpoint = format!("http://{address}");
     let client = provider::connect_lazy(&endpoint).expect("a loopback URL");
     Ok(Providers::single(

@@ -30,6 +30,7 @@ pub use providers::{ProviderLink, ProviderLinks, DEFAULT_NAME as DEFAULT_PROVIDE
 pub use security::{EtcdTls, EtcdUser, KeyPair, Secret, Security, ServerTls};
 pub use timeouts::Timeouts;
 
+use crate::provider::sim::flags::SimFlags;
 use clap::{Args, Parser, Subcommand};
 use providers::providers;
 use rules::{
@@ -94,7 +95,7 @@ pub enum Command {
     /// Run a replica against etcd.
     Serve(Box<ServeArgs>),
     /// Run one replica with an in-memory store on loopback: no etcd needed.
-    Dev(DevArgs),
+    Dev(Box<DevArgs>),
     /// Print the SHA-256 (hex) of the token read from standard input, for
     /// the --auth-tokens file.
     HashToken,
@@ -119,9 +120,16 @@ pub struct DevArgs {
     /// Log format: text or json.
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
-    /// Admin HTTP address (/metrics, /healthz, /readyz).
+    /// Admin HTTP address (/metrics, /healthz, /readyz). Not given: the
+    /// default, or a free port when another instance holds it.
     #[arg(long, env = "DROVER_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
+    /// Where the in-process simulated provider listens (its Provider and
+    /// Simulator services and reflection, for grpcurl).
+    #[arg(long, env = "DROVER_SIM_LISTEN", default_value = "127.0.0.1:0")]
+    pub sim_listen: SocketAddr,
+    #[command(flatten)]
+    pub simulator: SimFlags,
 }
 
 /// Declares the settings, one row each:
@@ -325,6 +333,10 @@ pub struct Config {
     pub peer_liveness: bool,
     pub scan_interval: Duration,
     pub admin_listen: SocketAddr,
+    /// When `admin_listen` is taken, serve the admin port on a free port of
+    /// the same address instead of failing: `drover dev` without
+    /// `--admin-listen`, so that a second instance starts.
+    pub admin_listen_fallback: bool,
     /// `None`: Drover does not compact etcd.
     pub compact_interval: Option<Duration>,
     pub task_run_timeout: Duration,
@@ -367,12 +379,17 @@ impl Config {
 
     /// Loads `drover dev` settings (embedded mode).
     pub fn from_dev_args(args: DevArgs) -> Result<Self, ConfigError> {
-        Self::from_settings(Settings {
+        let admin_listen_fallback = args.admin_listen.is_none();
+        let config = Self::from_settings(Settings {
             listen: args.listen,
             log_format: args.log_format,
             admin_listen: args.admin_listen,
             replica_id: Some("dev".to_string()),
             ..Settings::default()
+        })?;
+        Ok(Self {
+            admin_listen_fallback,
+            ..config
         })
     }
 
@@ -412,6 +429,7 @@ impl Config {
             peer_liveness: s.peer_liveness,
             scan_interval: Duration::from_secs(s.scan_interval),
             admin_listen: s.admin_listen,
+            admin_listen_fallback: false,
             compact_interval: s.compact_interval,
             task_run_timeout: Duration::from_secs(s.task_run_timeout),
             handoff_grace: Duration::from_secs(s.handoff_grace),

@@ -36,6 +36,7 @@
 //!   (a token older than the newest by then is refused once it goes on).
 
 pub mod faults;
+pub mod flags;
 
 use drover_proto::provider::v1::{
     self as pb, provider_server::Provider, simulator_server::Simulator,
@@ -996,12 +997,22 @@ impl Simulator for SimProvider {
     }
 }
 
-/// Serves the simulator (Provider + Simulator + health) on `listener`.
+/// Why the simulator stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves the simulator (Provider + Simulator + health + reflection) on
+/// `listener`.
 pub async fn serve(
     provider: SimProvider,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), ServeError> {
     serve_secured(provider, listener, Security::default(), shutdown).await
 }
 
@@ -1045,10 +1056,11 @@ pub async fn serve_secured(
     listener: tokio::net::TcpListener,
     security: Security,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), ServeError> {
     use drover_proto::provider::v1::{
         provider_server::ProviderServer, simulator_server::SimulatorServer,
     };
+    use tonic::server::NamedService;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -1057,13 +1069,27 @@ pub async fn serve_secured(
     if let Some(tls) = &security.tls {
         builder = builder.tls_config(tls.config())?;
     }
+    // So that a person can drive it with grpcurl or grpcui without the
+    // proto files; it lists only the services served here, not the rest
+    // of Drover's API sharing the descriptor set.
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(drover_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name(ProviderServer::<SimProvider>::NAME)
+        .with_service_name(SimulatorServer::<SimProvider>::NAME)
+        .with_service_name(tonic_health::pb::health_server::HealthServer::<
+            tonic_health::server::HealthService,
+        >::NAME)
+        .build_v1()?;
     let checked = ProviderServer::with_interceptor(provider.clone(), RequireToken(security.token));
     builder
         .add_service(health_service)
+        .add_service(reflection)
         .add_service(checked)
         .add_service(SimulatorServer::new(provider))
         .serve_with_incoming_shutdown(crate::net::incoming(listener), shutdown)
-        .await
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -48,25 +48,36 @@ enum Kind {
     Simulator,
 }
 
-/// The provider process, kept alive for the run.
-enum Running {
-    Postgres(Box<PgProviderProcess>),
-    Simulator(SimProcess),
+/// The provider process, kept alive (killed on drop) for the run.
+struct Running {
+    endpoint: String,
+    _process: Box<dyn std::any::Any>,
 }
 
 impl Running {
     async fn start(kind: Kind) -> Self {
         match kind {
-            Kind::Postgres => Running::Postgres(Box::new(PgProviderProcess::start().await)),
-            Kind::Simulator => Running::Simulator(SimProcess::start().await),
+            Kind::Postgres => {
+                let process = PgProviderProcess::start().await;
+                let endpoint = process.endpoint();
+                Running {
+                    endpoint,
+                    _process: Box::new(process),
+                }
+            }
+            Kind::Simulator => {
+                let process = SimProcess::start().await;
+                let endpoint = process.endpoint();
+                Running {
+                    endpoint,
+                    _process: Box::new(process),
+                }
+            }
         }
     }
 
     fn endpoint(&self) -> String {
-        match self {
-            Running::Postgres(p) => p.endpoint(),
-            Running::Simulator(s) => s.endpoint(),
-        }
+        self.endpoint.clone()
     }
 }
 

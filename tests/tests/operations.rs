@@ -1317,7 +1317,11 @@ async fn a_downgrade_is_refused_unless_allowed() {
         "nothing was written"
     );
 
-    let same = f.client.clusters().upgrade_cluster(upgrade("web", "1.29.0")).await;
+    let same = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.29.0"))
+        .await;
     let same = f.finish(same.expect("the same version").into_inner()).await;
     assert_eq!(same.state, O::Succeeded as i32, "{same:?}");
     assert!(same.progress.is_none_or(|p| p.total_steps == 0), "no step");
@@ -1325,14 +1329,20 @@ async fn a_downgrade_is_refused_unless_allowed() {
     let mut down = upgrade("web", "1.28.9");
     down.allow_downgrade = true;
     let down = f.client.clusters().upgrade_cluster(down).await;
-    let down = f.finish(down.expect("an allowed downgrade").into_inner()).await;
+    let down = f
+        .finish(down.expect("an allowed downgrade").into_inner())
+        .await;
     assert_eq!(down.state, O::Succeeded as i32, "{down:?}");
     assert!(down.params.unwrap().allow_downgrade, "on the record");
     let status = f.cluster("web").await.status.unwrap();
     assert_eq!(status.current_version.as_deref(), Some("1.28.9"));
 
     // Ordered as numbers, not as text: 1.100.0 is an upgrade of 1.28.9.
-    let up = f.client.clusters().upgrade_cluster(upgrade("web", "1.100.0")).await;
+    let up = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.100.0"))
+        .await;
     let up = f.finish(up.expect("1.100.0 is higher").into_inner()).await;
     assert_eq!(up.state, O::Succeeded as i32, "{up:?}");
     f.check_history().await;

@@ -683,7 +683,13 @@ async fn droverctl_refuses_what_would_surprise() {
     let ctl = |args: &[&str]| droverctl(&endpoint, args);
     let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
     let out = ctl(&[
-        "cluster", "create", "draft", "--version", "1.29.0", "--label", "team=db",
+        "cluster",
+        "create",
+        "draft",
+        "--version",
+        "1.29.0",
+        "--label",
+        "team=db",
         "--create-only",
     ]);
     assert!(out.status.success(), "{}", said(&out));
@@ -694,7 +700,14 @@ async fn droverctl_refuses_what_would_surprise() {
         "{}",
         said(&out)
     );
-    let out = ctl(&["cluster", "update", "draft", "--label", "a=b", "--clear-labels"]);
+    let out = ctl(&[
+        "cluster",
+        "update",
+        "draft",
+        "--label",
+        "a=b",
+        "--clear-labels",
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
     let labels = |out: std::process::Output| {
         let cluster: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -702,7 +715,14 @@ async fn droverctl_refuses_what_would_surprise() {
     };
     let kept = labels(ctl(&["-o", "json", "cluster", "get", "draft"]));
     assert_eq!(kept["team"], "db", "nothing was changed: {kept}");
-    let cleared = labels(ctl(&["-o", "json", "cluster", "update", "draft", "--clear-labels"]));
+    let cleared = labels(ctl(&[
+        "-o",
+        "json",
+        "cluster",
+        "update",
+        "draft",
+        "--clear-labels",
+    ]));
     assert!(
         cleared.as_object().is_none_or(|labels| labels.is_empty()),
         "{cleared}"
@@ -730,7 +750,11 @@ async fn droverctl_refuses_what_would_surprise() {
     assert!(out.status.success(), "{}", said(&out));
     let out = ctl(&["cluster", "upgrade", "web", "--version", "1.28.0", "--wait"]);
     assert!(out.status.success(), "{}", said(&out));
-    assert!(said(&out).contains("had no steps"), "the same version: {}", said(&out));
+    assert!(
+        said(&out).contains("had no steps"),
+        "the same version: {}",
+        said(&out)
+    );
 }
 
 /// A replica serving TLS with a certificate the CA given did not sign: a

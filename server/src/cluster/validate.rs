@@ -244,7 +244,13 @@ mod tests {
 
     #[test]
     fn versions_are_semantic_versions_without_build_metadata() {
-        for good in ["1.29.4", "0.0.0", "10.200.3000", "1.30.0-rc.1", "2.0.0-alpha"] {
+        for good in [
+            "1.29.4",
+            "0.0.0",
+            "10.200.3000",
+            "1.30.0-rc.1",
+            "2.0.0-alpha",
+        ] {
             assert_eq!(version("version", good), Ok(()), "{good}");
         }
         for bad in [

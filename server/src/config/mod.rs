@@ -357,9 +357,14 @@ fn parse_file(origin: &str, text: &str) -> Result<Settings, ConfigError> {
             return invalid("config", format!("{origin}: {}", error.message()));
         };
         let (line, column) = line_and_column(text, span.start);
-        let key = key_at(text, line).map(|key| format!("{key}: ")).unwrap_or_default();
+        let key = key_at(text, line)
+            .map(|key| format!("{key}: "))
+            .unwrap_or_default();
         let message = error.message().trim_end();
-        invalid("config", format!("{origin}:{line}:{column}: {key}{message}"))
+        invalid(
+            "config",
+            format!("{origin}:{line}:{column}: {key}{message}"),
+        )
     })
 }
 
@@ -786,15 +791,15 @@ mod tests {
                 "replica_id = \"r1\"\nlease_ttl = \"soon\"\n",
                 "drover.toml:2:13: lease_ttl: ",
             ),
-            ("# comment\n\nlease_tll = 3\n", "drover.toml:3:1: lease_tll: "),
+            (
+                "# comment\n\nlease_tll = 3\n",
+                "drover.toml:3:1: lease_tll: ",
+            ),
             (
                 "provider = [\n  \"a=http://127.0.0.1:1\",\n  7,\n]\n",
                 "drover.toml:1:12: provider: ",
             ),
-            (
-                "[x]\nkey = 1\n",
-                "drover.toml:1:2: x: unknown field",
-            ),
+            ("[x]\nkey = 1\n", "drover.toml:1:2: x: unknown field"),
             ("listen = \"127.0.0.1:1\nx", "drover.toml:1:"),
         ];
         for (text, start) in cases {

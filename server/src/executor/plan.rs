@@ -94,9 +94,7 @@ pub fn needs_nodes(operation: &OperationRecord) -> bool {
         OperationKind::Start => operation.from_state == ClusterState::Error,
         OperationKind::Upgrade => true,
         // A cluster never started has no nodes: nothing to look at.
-        OperationKind::Stop => {
-            operation.go_ahead && operation.from_state != ClusterState::Created
-        }
+        OperationKind::Stop => operation.go_ahead && operation.from_state != ClusterState::Created,
         OperationKind::Scale
         | OperationKind::AddNodes
         | OperationKind::RemoveNodes

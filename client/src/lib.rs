@@ -253,14 +253,17 @@ fn explain_connect(endpoint: &str, error: &tonic::transport::Error) -> String {
 }
 
 /// Whether a failed call may be a plaintext connection to a TLS server:
-/// tonic reports the connection the server broke off as CANCELLED (or an
-/// UNKNOWN transport error), not as a failure to connect.
+/// tonic reports the connection the server broke off as CANCELLED, or, when
+/// the server's TLS alert arrived first, as an HTTP/2 protocol error
+/// (INTERNAL); either way a status made on this side, with a source, not
+/// one the server sent.
 pub fn may_be_plaintext_to_tls(error: &ClientError) -> bool {
     match error {
         ClientError::Status(status) => match status.code() {
             tonic::Code::Cancelled => true,
-            tonic::Code::Unknown | tonic::Code::Unavailable => std::error::Error::source(status)
-                .is_some_and(|source| source.is::<tonic::transport::Error>()),
+            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal => {
+                std::error::Error::source(status).is_some()
+            }
             _ => false,
         },
         _ => false,

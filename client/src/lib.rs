@@ -155,6 +155,10 @@ pub enum ClientError {
         endpoint: String,
         source: tonic::transport::Error,
     },
+    /// A plaintext (`http://`) endpoint where the replica speaks TLS: the
+    /// connection is made, and the first call breaks off.
+    #[error("cannot connect to {endpoint}: the replica speaks TLS: use https:// and --ca-cert")]
+    SpeaksTls { endpoint: String },
     /// No endpoint could be connected to: why, for each, in order.
     #[error("no replica answered: {}", join(.0))]
     Unreachable(Vec<ClientError>),
@@ -194,7 +198,9 @@ impl ClientError {
     /// carried out all the same.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            ClientError::Connect { .. } | ClientError::Unreachable(_) => true,
+            ClientError::Connect { .. }
+            | ClientError::SpeaksTls { .. }
+            | ClientError::Unreachable(_) => true,
             ClientError::Status(status) => match status.code() {
                 tonic::Code::Unavailable => true,
                 // A connection that broke mid-call (the replica died).
@@ -244,6 +250,49 @@ fn explain_connect(endpoint: &str, error: &tonic::transport::Error) -> String {
         // The innermost cause is the most specific one.
         causes.last().cloned().unwrap_or_default()
     }
+}
+
+/// Whether a failed call may be a plaintext connection to a TLS server:
+/// tonic reports the connection the server broke off as CANCELLED, or, when
+/// the server's TLS alert arrived first, as an HTTP/2 protocol error
+/// (INTERNAL); either way a status made on this side, with a source, not
+/// one the server sent.
+pub fn may_be_plaintext_to_tls(error: &ClientError) -> bool {
+    match error {
+        ClientError::Status(status) => match status.code() {
+            tonic::Code::Cancelled => true,
+            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal => {
+                std::error::Error::source(status).is_some()
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether the server at the `http://` URL `url` speaks TLS: sent the
+/// HTTP/2 preface, a TLS server answers with a TLS alert record (content
+/// type 21, version 3.x) where an HTTP/2 server answers with its settings.
+/// Bounded by [`CONNECT_TIMEOUT`]; anything else (no answer, a closed
+/// connection) is not taken for TLS.
+pub async fn speaks_tls(url: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let Some(authority) = url
+        .strip_prefix("http://")
+        .map(|rest| rest.split('/').next().unwrap_or(rest).to_string())
+    else {
+        return false;
+    };
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+        stream.write_all(PREFACE).await.ok()?;
+        let mut header = [0u8; 2];
+        stream.read_exact(&mut header).await.ok()?;
+        Some(header)
+    };
+    let answer = tokio::time::timeout(CONNECT_TIMEOUT, probe).await;
+    matches!(answer, Ok(Some([21, 3])))
 }
 
 /// A connection to Drover replicas.

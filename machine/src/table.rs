@@ -4,8 +4,9 @@
 //! The edges are those of the CKS state machine (see the README), plus the
 //! reference PR's additions (Alert -StartRequested-> Starting, Alert ->
 //! Scaling) and Drover's (Error -OperationSucceeded-> Running for a start of an
-//! Error cluster that succeeds; Destroying -OperationSucceeded-> Destroyed is
-//! already an edge).
+//! Error cluster that succeeds; Created -DestroyRequested-> Destroying, so
+//! that a cluster never started can be deleted; Destroying
+//! -OperationSucceeded-> Destroyed is already an edge).
 //!
 //! *Go-ahead* requests are accepted although the table has no edge for them:
 //! start from Error, stop from Created or Error, destroy from Destroying. They
@@ -112,6 +113,9 @@ pub const TRANSITIONS: &[(ClusterState, Event, ClusterState)] = &[
     (Alert, AutoscaleRequested, Scaling),
     // Drover's: a start of an Error cluster that succeeds.
     (Error, OperationSucceeded, Running),
+    // Drover's: a cluster never started is deleted as any other, through
+    // Destroying, but with nothing to delete at the provider.
+    (Created, DestroyRequested, Destroying),
 ];
 
 /// Requests accepted without an edge: they hold the slot, keep the state.
@@ -188,7 +192,7 @@ mod tests {
 
     /// The table exactly as in the reference (anchors §1), written out again
     /// independently: any edit to TRANSITIONS must be made here too.
-    const EXPECTED_EDGES: usize = 46;
+    const EXPECTED_EDGES: usize = 47;
 
     #[test]
     fn every_listed_edge_is_taken() {
@@ -242,6 +246,10 @@ mod tests {
             Some(Admission::GoAhead)
         );
         assert_eq!(admit(Destroyed, DestroyRequested), None);
+        assert_eq!(
+            admit(Created, DestroyRequested),
+            Some(Admission::Moves(Destroying))
+        );
         assert_eq!(admit(Running, StartRequested), None);
         // A failed destroy stays Destroying: there is no failure edge.
         assert_eq!(next(Destroying, OperationFailed), None);

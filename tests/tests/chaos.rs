@@ -102,6 +102,8 @@ async fn cluster_load(
                         name: name.clone(),
                         version: format!("1.{}.0", 30 + turn % 7),
                         request_id: request_id.clone(),
+                        // Random versions: some lower than the last.
+                        allow_downgrade: true,
                     };
                     clusters.upgrade_cluster(request).await
                 }

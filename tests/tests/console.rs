@@ -156,6 +156,7 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
         name: "web".into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     client
         .clusters()

@@ -92,6 +92,7 @@ async fn restoring_etcd_from_a_snapshot_recovers_in_flight_work_and_fencing() {
             name: "dr-busy".into(),
             version: "1.30.0".into(),
             request_id: String::new(),
+            allow_downgrade: false,
         })
         .await
         .expect("upgrade accepted")

@@ -376,6 +376,7 @@ async fn an_upgrade_through_a_lapse_whose_lease_lives_goes_on() {
         name: "db".into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let upgrade = client.clusters().upgrade_cluster(request).await.unwrap();
     let upgrade = upgrade.into_inner();
@@ -718,6 +719,7 @@ async fn a_progress_write_whose_reply_and_recognition_were_lost_goes_on() {
         name: "db".into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let op = f
         .client

@@ -31,6 +31,7 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
             name: "lost".into(),
             version: "1.30.0".into(),
             request_id: String::new(),
+            allow_downgrade: false,
         })
         .await
         .expect("upgrade accepted")

@@ -128,6 +128,7 @@ fn upgrade(name: &str, version: &str) -> v1::UpgradeClusterRequest {
         name: name.into(),
         version: version.into(),
         request_id: String::new(),
+        allow_downgrade: false,
     }
 }
 
@@ -1250,5 +1251,99 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     let op = f.client.clusters().remove_nodes(remove).await;
     let op = op.expect("a real worker can be removed").into_inner();
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
+    f.check_history().await;
+}
+
+/// A cluster never started is stopped and deleted without a single call to
+/// its provider: the stop is a no-op, the delete goes Created ->
+/// Destroying -> Destroyed with no step (a delete of a Created cluster used
+/// to be refused, FAILED_PRECONDITION).
+#[tokio::test]
+async fn a_cluster_never_started_is_stopped_and_deleted_without_its_provider() {
+    let mut f = Fixture::new(&[]).await;
+    let created = f.create("draft", 1, true).await;
+    let stopped = f.client.clusters().stop_cluster(stop("draft")).await;
+    let stopped = f.finish(stopped.expect("stop").into_inner()).await;
+    assert_eq!(stopped.state, O::Succeeded as i32, "{stopped:?}");
+    assert_eq!(stopped.entered_state, S::Created as i32, "a go-ahead");
+    assert!(
+        stopped.progress.is_none_or(|p| p.total_steps == 0),
+        "no step"
+    );
+    assert_eq!(f.state("draft").await, S::Created as i32);
+
+    let destroy = v1::DeleteClusterRequest {
+        name: "draft".into(),
+        request_id: String::new(),
+    };
+    let op = f.client.clusters().delete_cluster(destroy).await;
+    let op = op.expect("a Created cluster can be deleted").into_inner();
+    assert_eq!(op.entered_state, S::Destroying as i32);
+    let op = f.finish(op).await;
+    assert_eq!(op.state, O::Succeeded as i32, "{op:?}");
+    assert!(op.progress.is_none_or(|p| p.total_steps == 0), "no step");
+    wait_for_state(&f.client, "draft", S::Destroyed, WAIT).await;
+    let calls = f.sim.audit(&created.uid).await;
+    assert!(calls.is_empty(), "provider calls: {calls:?}");
+    let history = f.check_history().await;
+    let draft: Vec<_> = history.values().flatten().collect();
+    assert!(
+        draft.contains(&&ClusterState::Destroyed),
+        "replayed: {history:?}"
+    );
+}
+
+/// Versions are semantic versions: an upgrade to a lower one is refused,
+/// naming `version`, unless the request allows a downgrade; the same
+/// version is accepted and has nothing to do.
+#[tokio::test]
+async fn a_downgrade_is_refused_unless_allowed() {
+    let mut f = Fixture::new(&[]).await;
+    create_running(&mut f.client, "web", 1).await;
+    let before = f.cluster("web").await;
+    let refused = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.28.9"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let message = refused.message();
+    assert!(message.starts_with("version: "), "{message}");
+    assert!(message.contains("1.29.0") && message.contains("allow_downgrade"));
+    assert_eq!(
+        f.cluster("web").await.generation,
+        before.generation,
+        "nothing was written"
+    );
+
+    let same = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.29.0"))
+        .await;
+    let same = f.finish(same.expect("the same version").into_inner()).await;
+    assert_eq!(same.state, O::Succeeded as i32, "{same:?}");
+    assert!(same.progress.is_none_or(|p| p.total_steps == 0), "no step");
+
+    let mut down = upgrade("web", "1.28.9");
+    down.allow_downgrade = true;
+    let down = f.client.clusters().upgrade_cluster(down).await;
+    let down = f
+        .finish(down.expect("an allowed downgrade").into_inner())
+        .await;
+    assert_eq!(down.state, O::Succeeded as i32, "{down:?}");
+    assert!(down.params.unwrap().allow_downgrade, "on the record");
+    let status = f.cluster("web").await.status.unwrap();
+    assert_eq!(status.current_version.as_deref(), Some("1.28.9"));
+
+    // Ordered as numbers, not as text: 1.100.0 is an upgrade of 1.28.9.
+    let up = f
+        .client
+        .clusters()
+        .upgrade_cluster(upgrade("web", "1.100.0"))
+        .await;
+    let up = f.finish(up.expect("1.100.0 is higher").into_inner()).await;
+    assert_eq!(up.state, O::Succeeded as i32, "{up:?}");
     f.check_history().await;
 }

@@ -193,6 +193,7 @@ async fn rolling_upgrade(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Nod
         name: "pg".into(),
         version: V2.into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let op = d
         .client

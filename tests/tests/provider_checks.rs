@@ -159,6 +159,7 @@ async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() 
         name: "db".into(),
         version: version.into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let refused = f
         .client

@@ -672,6 +672,91 @@ async fn droverctl_errors_name_the_endpoint_and_the_fix() {
     }
 }
 
+/// No traps: `cluster update` without a change is a usage error (it used
+/// to wipe every label), `--clear-labels` says so on purpose; a stop and a
+/// delete of a cluster never started say they touch nothing; a downgrade
+/// needs `--allow-downgrade`.
+#[tokio::test]
+async fn droverctl_refuses_what_would_surprise() {
+    let replica = ReplicaProcess::dev().await;
+    let endpoint = replica.endpoint();
+    let ctl = |args: &[&str]| droverctl(&endpoint, args);
+    let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let out = ctl(&[
+        "cluster",
+        "create",
+        "draft",
+        "--version",
+        "1.29.0",
+        "--label",
+        "team=db",
+        "--create-only",
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    let out = ctl(&["cluster", "update", "draft"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("--label") && said(&out).contains("--clear-labels"),
+        "{}",
+        said(&out)
+    );
+    let out = ctl(&[
+        "cluster",
+        "update",
+        "draft",
+        "--label",
+        "a=b",
+        "--clear-labels",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    let labels = |out: std::process::Output| {
+        let cluster: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        cluster["spec"]["labels"].clone()
+    };
+    let kept = labels(ctl(&["-o", "json", "cluster", "get", "draft"]));
+    assert_eq!(kept["team"], "db", "nothing was changed: {kept}");
+    let cleared = labels(ctl(&[
+        "-o",
+        "json",
+        "cluster",
+        "update",
+        "draft",
+        "--clear-labels",
+    ]));
+    assert!(
+        cleared.as_object().is_none_or(|labels| labels.is_empty()),
+        "{cleared}"
+    );
+
+    let out = ctl(&["cluster", "stop", "draft", "--wait"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("never started"), "{}", said(&out));
+    assert!(said(&out).contains("no-op"), "{}", said(&out));
+    let out = ctl(&["cluster", "delete", "draft", "--wait"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("without any call to its provider"),
+        "{}",
+        said(&out)
+    );
+
+    let out = ctl(&["cluster", "create", "web", "--version", "1.29.0", "--wait"]);
+    assert!(out.status.success(), "{}", said(&out));
+    let down = ["cluster", "upgrade", "web", "--version", "1.28.0", "--wait"];
+    let out = ctl(&down);
+    assert_eq!(out.status.code(), Some(6), "{}", said(&out));
+    assert!(said(&out).contains("--allow-downgrade"), "{}", said(&out));
+    let out = ctl(&[&down[..], &["--allow-downgrade"]].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    let out = ctl(&["cluster", "upgrade", "web", "--version", "1.28.0", "--wait"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("had no steps"),
+        "the same version: {}",
+        said(&out)
+    );
+}
+
 /// A replica serving TLS with a certificate the CA given did not sign: a
 /// message that says so (it used to read "transport error").
 #[tokio::test]
@@ -696,6 +781,18 @@ async fn droverctl_explains_an_unknown_ca() {
     assert!(stderr.contains(&endpoint), "{stderr}");
     assert!(
         stderr.contains("not signed by the CA given (--ca-cert)"),
+        "{stderr}"
+    );
+    // http:// to a replica that speaks TLS: one line that says so (it used
+    // to read "Cancelled: operation was canceled").
+    let plain = endpoint.replacen("https://", "http://", 1);
+    let out = droverctl(&plain, &["cluster", "list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&plain), "{stderr}");
+    assert!(
+        stderr.contains("the replica speaks TLS: use https:// and --ca-cert"),
         "{stderr}"
     );
 }

@@ -138,6 +138,7 @@ async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
         name: cluster.into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     client
         .clusters()
@@ -346,6 +347,7 @@ async fn sigterm_lets_an_operation_longer_than_the_ttl_finish() {
         name: "busy".into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let op = peer
         .clusters()

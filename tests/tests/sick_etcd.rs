@@ -72,6 +72,7 @@ async fn an_etcd_out_of_space_refuses_writes_clearly_and_recovers_without_restar
             name: "full".into(),
             version: "1.30.0".into(),
             request_id: String::new(),
+            allow_downgrade: false,
         })
         .await
         .expect("upgrade accepted")

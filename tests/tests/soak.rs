@@ -185,6 +185,8 @@ impl Request {
                     name,
                     version,
                     request_id,
+                    // Random versions: some lower than the last.
+                    allow_downgrade: true,
                 };
                 clusters.upgrade_cluster(r).await
             }

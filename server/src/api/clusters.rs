@@ -542,6 +542,7 @@ impl Clusters for ClustersService {
         validate::version("version", &r.version).map_err(ApiError::from)?;
         let params = OperationParams {
             version: Some(r.version),
+            allow_downgrade: r.allow_downgrade,
             ..OperationParams::default()
         };
         Ok(Response::new(

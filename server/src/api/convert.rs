@@ -179,6 +179,7 @@ pub fn operation_to_proto(op: OperationRecord) -> v1::Operation {
             version: op.params.version,
             add_count: op.params.add_count,
             node_ids: op.params.node_ids,
+            allow_downgrade: op.params.allow_downgrade,
         }),
         state: operation_state_to_proto(op.state) as i32,
         from_state: state_to_proto(op.from_state) as i32,

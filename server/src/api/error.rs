@@ -46,6 +46,7 @@ impl From<ApiError> for Status {
                 LifecycleError::NoTransition { .. }
                 | LifecycleError::Ended { .. }
                 | LifecycleError::StoppedClusterScale(_)
+                | LifecycleError::Downgrade { .. }
                 | LifecycleError::NoProvider
                 | LifecycleError::NewerSchema { .. } => Status::failed_precondition(message),
                 LifecycleError::ProviderUnavailable(_) => Status::unavailable(message),

@@ -27,6 +27,7 @@ pub const MAX_CONTROL_NODES: u32 = 7;
 pub const MAX_WORKER_NODES: u32 = 1000;
 pub const MAX_LABELS: usize = 64;
 pub const MAX_REQUEST_ID_LEN: usize = 128;
+pub const MAX_VERSION_LEN: usize = 64;
 
 /// A cluster name: a DNS-1123 label.
 pub fn cluster_name(field: &str, name: &str) -> Validation {
@@ -38,22 +39,35 @@ pub fn provider_name(field: &str, name: &str) -> Validation {
     crate::names::dns_label(name).map_err(|reason| FieldError::new(field, reason))
 }
 
-/// A version: `MAJOR.MINOR.PATCH`, digits only.
+/// A version: a semantic version, `MAJOR.MINOR.PATCH` in digits without
+/// leading zeros, optionally with a pre-release (`1.30.0-rc.1`, ordered
+/// before `1.30.0` as semver says). Build metadata (`+build.5`) is refused:
+/// semver ignores it when ordering, so `1.30.0+a` and `1.30.0+b` would be
+/// neither an upgrade nor a downgrade of each other.
 pub fn version(field: &str, version: &str) -> Validation {
+    parse_version(version)
+        .map(|_| ())
+        .map_err(|reason| FieldError::new(field, reason))
+}
+
+/// Parses a version as [`version`] accepts it; why not, otherwise.
+pub fn parse_version(version: &str) -> Result<semver::Version, String> {
     if version.is_empty() {
-        return Err(FieldError::new(field, "is required"));
+        return Err("is required".into());
     }
-    let parts: Vec<&str> = version.split('.').collect();
-    let numeric = parts
-        .iter()
-        .all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()));
-    if parts.len() != 3 || !numeric {
-        return Err(FieldError::new(
-            field,
-            format!("{version:?} is not a version of the form MAJOR.MINOR.PATCH"),
+    if version.len() > MAX_VERSION_LEN {
+        return Err(format!("must be at most {MAX_VERSION_LEN} characters"));
+    }
+    let parsed = semver::Version::parse(version).map_err(|error| {
+        format!("{version:?} is not a semantic version MAJOR.MINOR.PATCH[-PRERELEASE]: {error}")
+    })?;
+    if !parsed.build.is_empty() {
+        return Err(format!(
+            "{version:?}: build metadata (+{}) is not allowed, it does not order versions",
+            parsed.build
         ));
     }
-    Ok(())
+    Ok(parsed)
 }
 
 /// A node offering name.
@@ -226,6 +240,36 @@ mod tests {
             mutate(&mut s);
             assert_eq!(spec("spec", &s).unwrap_err().field, field);
         }
+    }
+
+    #[test]
+    fn versions_are_semantic_versions_without_build_metadata() {
+        for good in [
+            "1.29.4",
+            "0.0.0",
+            "10.200.3000",
+            "1.30.0-rc.1",
+            "2.0.0-alpha",
+        ] {
+            assert_eq!(version("version", good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "1.2",
+            "1.2.3.4",
+            "v1.2.3",
+            "01.2.3",
+            "1.2.x",
+            "1.2.3+build.5",
+            "1.2.3-",
+            &format!("1.2.3-{}", "a".repeat(64)),
+        ] {
+            let error = version("version", bad).unwrap_err();
+            assert_eq!(error.field, "version", "{bad}");
+        }
+        let order = |a: &str, b: &str| parse_version(a).unwrap() < parse_version(b).unwrap();
+        assert!(order("1.9.0", "1.10.0"), "numeric, not lexical");
+        assert!(order("1.30.0-rc.1", "1.30.0"), "a pre-release comes first");
     }
 
     #[test]

@@ -360,6 +360,68 @@ pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> Confi
     }
 }
 
+/// Parses a configuration file; an error names the file, the line and
+/// column, and the key (`drover.toml:3:13: lease_ttl: invalid type: ...`),
+/// in one line: toml's own report spans several lines and names no key.
+fn parse_file(origin: &str, text: &str) -> Result<Settings, ConfigError> {
+    toml::from_str::<Settings>(text).map_err(|error| {
+        let Some(span) = error.span() else {
+            return invalid("config", format!("{origin}: {}", error.message()));
+        };
+        let (line, column) = line_and_column(text, span.start);
+        let key = key_at(text, line)
+            .map(|key| format!("{key}: "))
+            .unwrap_or_default();
+        let message = error.message().trim_end();
+        invalid(
+            "config",
+            format!("{origin}:{line}:{column}: {key}{message}"),
+        )
+    })
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..text.floor_char_boundary(offset)];
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+/// The key whose value is on (or, for a value over several lines, starts
+/// above) 1-based `line`, dotted with its table's name: `tls.cert`.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().take(line).collect();
+    let header = |l: &str| {
+        let l = l.trim();
+        let name = l.strip_prefix('[')?.strip_suffix(']')?;
+        Some(name.trim_matches(['[', ']', ' ']).to_string())
+    };
+    // A table where none belongs: the table is the key.
+    if let Some(table) = lines.last().and_then(|l| header(l)) {
+        return Some(table);
+    }
+    // Only a key before the `=`: a string in an array may hold one too.
+    let is_key = |key: &str| {
+        let bare = !key.is_empty()
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        let quoted = key.len() >= 2 && key.starts_with('"') && key.ends_with('"');
+        bare || quoted
+    };
+    let (index, key) = lines.iter().enumerate().rev().find_map(|(i, l)| {
+        let (key, _) = l.split_once('=')?;
+        let key = key.trim();
+        is_key(key).then(|| (i, key.trim_matches('"')))
+    })?;
+    let table = lines[..index].iter().rev().find_map(|l| header(l));
+    Some(match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    })
+}
+
 impl Config {
     /// Loads `drover serve` settings: flags/environment over the file.
     pub fn from_serve_args(args: ServeArgs) -> Result<Self, ConfigError> {
@@ -368,9 +430,7 @@ impl Config {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     invalid("config", format!("cannot read {}: {e}", path.display()))
                 })?;
-                toml::from_str::<Settings>(&text).map_err(|e| {
-                    invalid("config", format!("{}: {}", path.display(), e.message()))
-                })?
+                parse_file(&path.display().to_string(), &text)?
             }
             None => Settings::default(),
         };
@@ -739,5 +799,35 @@ mod tests {
     #[test]
     fn unknown_file_keys_are_refused() {
         assert!(toml::from_str::<Settings>("lease_tll = 3").is_err());
+    }
+
+    /// A file error names the line, the column and the key, in one line.
+    #[test]
+    fn a_file_error_names_the_key_and_the_line() {
+        let cases = [
+            (
+                "replica_id = \"r1\"\nlease_ttl = \"soon\"\n",
+                "drover.toml:2:13: lease_ttl: ",
+            ),
+            (
+                "# comment\n\nlease_tll = 3\n",
+                "drover.toml:3:1: lease_tll: ",
+            ),
+            (
+                "provider = [\n  \"a=http://127.0.0.1:1\",\n  7,\n]\n",
+                "drover.toml:1:12: provider: ",
+            ),
+            ("[x]\nkey = 1\n", "drover.toml:1:2: x: unknown field"),
+            ("listen = \"127.0.0.1:1\nx", "drover.toml:1:"),
+        ];
+        for (text, start) in cases {
+            let error = parse_file("drover.toml", text).unwrap_err();
+            assert_eq!(error.setting, "config");
+            let message = error.to_string();
+            assert!(message.contains(start), "{text:?}: {message}");
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+        let (line, column) = line_and_column("a = 1\né = 2", 9);
+        assert_eq!((line, column), (2, 3), "columns count characters");
     }
 }

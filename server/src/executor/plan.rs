@@ -93,7 +93,8 @@ pub fn needs_nodes(operation: &OperationRecord) -> bool {
         // provisioning new, empty ones.
         OperationKind::Start => operation.from_state == ClusterState::Error,
         OperationKind::Upgrade => true,
-        OperationKind::Stop => operation.go_ahead,
+        // A cluster never started has no nodes: nothing to look at.
+        OperationKind::Stop => operation.go_ahead && operation.from_state != ClusterState::Created,
         OperationKind::Scale
         | OperationKind::AddNodes
         | OperationKind::RemoveNodes
@@ -153,7 +154,8 @@ pub fn plan(
             vec![Step::CreateNodes, Step::HealthCheck]
         }
         OperationKind::Start => vec![Step::StartNodes, Step::HealthCheck],
-        // A cluster that was never provisioned has nothing to stop.
+        // A cluster that was never provisioned has nothing to stop (a
+        // Created one never was: the provider is not even asked).
         OperationKind::Stop if nodes.is_empty() && operation.go_ahead => vec![],
         OperationKind::Stop => vec![Step::StopNodes],
         OperationKind::Scale => vec![Step::Resize {
@@ -187,6 +189,9 @@ pub fn plan(
             offering: None,
         }],
         OperationKind::RemoveNodes => vec![Step::DeleteNodes(params.node_ids.clone())],
+        // A cluster never started has nothing at the provider: deleting it
+        // calls nothing.
+        OperationKind::Destroy if operation.from_state == ClusterState::Created => vec![],
         OperationKind::Destroy => vec![Step::DeleteNodes(Vec::new())],
         // The provider restarts or rebuilds what is down; then, as for any
         // operation that ends with the cluster up, every node must be ready.
@@ -270,6 +275,38 @@ mod tests {
             plan(&failed, &Spec::default(), &nodes, CONTROL_FIRST),
             powered_on
         );
+    }
+
+    #[test]
+    fn a_cluster_never_started_is_stopped_and_deleted_without_the_provider() {
+        let never_started = |kind, event, entered| {
+            OperationRecord::pending(
+                "op".into(),
+                "c",
+                "uid",
+                kind,
+                event,
+                OperationParams::default(),
+                ClusterState::Created,
+                entered,
+                "",
+                String::new(),
+            )
+        };
+        let stop = never_started(
+            OperationKind::Stop,
+            Event::StopRequested,
+            ClusterState::Created,
+        );
+        assert!(!needs_nodes(&stop), "not even a look at the nodes");
+        assert_eq!(plan(&stop, &Spec::default(), &[], CONTROL_FIRST), vec![]);
+        let delete = never_started(
+            OperationKind::Destroy,
+            Event::DestroyRequested,
+            ClusterState::Destroying,
+        );
+        assert!(!needs_nodes(&delete));
+        assert_eq!(plan(&delete, &Spec::default(), &[], CONTROL_FIRST), vec![]);
     }
 
     #[test]

@@ -91,6 +91,40 @@ pub fn request_field(kind: OperationKind, spec_field: &str) -> String {
     }
 }
 
+/// The highest version the cluster runs, as far as Drover saw: its
+/// current version and every node's (a failed upgrade leaves some nodes
+/// ahead of the current version). Versions that do not parse (written
+/// before versions were semantic) are left out: they cannot be compared.
+fn running_version(cluster: &ClusterRecord) -> Option<semver::Version> {
+    let status = cluster.status.as_ref()?;
+    let nodes = status.nodes.iter().map(|node| &node.version);
+    status
+        .current_version
+        .iter()
+        .chain(nodes)
+        .filter_map(|version| validate::parse_version(version).ok())
+        .max()
+}
+
+/// Refuses an upgrade to a version lower than the one the cluster runs,
+/// unless the caller allowed a downgrade. The same version is allowed: it
+/// completes an interrupted upgrade (nodes already there are skipped).
+fn check_downgrade(cluster: &ClusterRecord, params: &OperationParams) -> Result<()> {
+    let target = params.version.as_deref().unwrap_or_default();
+    let (Some(current), Ok(parsed)) = (running_version(cluster), validate::parse_version(target))
+    else {
+        return Ok(());
+    };
+    if parsed < current && !params.allow_downgrade {
+        return Err(LifecycleError::Downgrade {
+            cluster: cluster.spec.name.clone(),
+            current: current.to_string(),
+            target: target.to_string(),
+        });
+    }
+    Ok(())
+}
+
 fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted> {
     let name = &cluster.spec.name;
     let state = cluster.state.state;
@@ -106,6 +140,9 @@ fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted
         OperationKind::Recover => Event::RecoveryRequested,
     };
     let desired = desired_spec(spec, request.kind, &request.params)?;
+    if request.kind == OperationKind::Upgrade {
+        check_downgrade(cluster, &request.params)?;
+    }
     if request.kind == OperationKind::Scale {
         if state == ClusterState::Created {
             // Nothing exists yet: scaling only edits what will be created.

@@ -70,6 +70,12 @@ pub enum LifecycleError {
     },
     #[error("cluster {0:?} is Stopped: a stopped cluster can only change its node offering")]
     StoppedClusterScale(String),
+    #[error("version: {target} is lower than cluster {cluster:?}'s current version {current}; a downgrade needs allow_downgrade (droverctl cluster upgrade --allow-downgrade)")]
+    Downgrade {
+        cluster: String,
+        current: String,
+        target: String,
+    },
     #[error("this replica has no provider configured (--provider): it cannot run operations")]
     NoProvider,
     #[error("cluster {cluster:?} was written by a newer Drover (record schema {schema}, this replica knows {known}); use a newer replica")]

@@ -43,6 +43,9 @@ pub struct OperationParams {
     /// A start that provisions the cluster's nodes first (the first start).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub provision: bool,
+    /// An upgrade whose caller accepted that it may lower the version.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_downgrade: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

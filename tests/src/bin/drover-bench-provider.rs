@@ -181,6 +181,7 @@ impl Request {
                     name,
                     version: V2.into(),
                     request_id: String::new(),
+                    allow_downgrade: false,
                 };
                 clusters.upgrade_cluster(r).await
             }

@@ -1286,6 +1286,7 @@ async fn kill_mid_upgrade(bench: &mut Bench, name: &str) -> Kill {
         name: name.into(),
         version: "1.30.0".into(),
         request_id: String::new(),
+        allow_downgrade: false,
     };
     let op = client.clusters().upgrade_cluster(request).await;
     let op = op.expect("upgrade").into_inner();

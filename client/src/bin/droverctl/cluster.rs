@@ -34,11 +34,14 @@ pub enum ClusterCommand {
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
-    /// Rolling upgrade to a version.
+    /// Rolling upgrade to a version (a semantic version, e.g. 1.30.0).
     Upgrade {
         name: String,
         #[arg(long)]
         version: String,
+        /// Allow a version lower than the cluster's (refused otherwise).
+        #[arg(long)]
+        allow_downgrade: bool,
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
@@ -64,7 +67,8 @@ pub enum ClusterCommand {
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
-    /// Replace a cluster's labels (bumps its generation).
+    /// Replace a cluster's labels (bumps its generation): give the new
+    /// labels (--label), or --clear-labels to remove them all.
     Update(UpdateArgs),
     /// Destroy a cluster.
     Delete {
@@ -106,12 +110,18 @@ pub struct CreateArgs {
     lifecycle: Lifecycle,
 }
 
+/// An update names what it changes: with no flag it would replace the
+/// labels with none, wiping them by accident.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("change").required(true).args(["labels", "clear_labels"])))]
 pub struct UpdateArgs {
     name: String,
     /// A label, key=value; repeatable. The labels given replace all.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+    /// Remove every label.
+    #[arg(long, conflicts_with = "labels")]
+    clear_labels: bool,
     /// Apply only if the cluster is still at this generation.
     #[arg(long, default_value_t = 0)]
     expected_generation: i64,
@@ -271,12 +281,14 @@ pub async fn run(
         ClusterCommand::Upgrade {
             name,
             version,
+            allow_downgrade,
             lifecycle,
         } => {
             let request = |request_id| v1::UpgradeClusterRequest {
                 name,
                 version,
                 request_id,
+                allow_downgrade,
             };
             lifecycle.run(client, output, request).await
         }
@@ -363,9 +375,12 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
 }
 
 async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result<(), ClientError> {
+    // `clear_labels` is the same request as no labels: the flag only says
+    // that no labels is what is meant.
     let UpdateArgs {
         name,
         labels,
+        clear_labels: _,
         expected_generation,
     } = args;
     let request = v1::UpdateClusterRequest {

@@ -176,7 +176,9 @@ pub fn write_line(line: std::fmt::Arguments) {
 fn exit_code(error: &ClientError) -> u8 {
     use tonic::Code;
     match error {
-        ClientError::Connect { .. } | ClientError::Unreachable(_) => 8,
+        ClientError::Connect { .. }
+        | ClientError::SpeaksTls { .. }
+        | ClientError::Unreachable(_) => 8,
         ClientError::OperationFailed { .. } => 9,
         ClientError::StillRunning { .. } => 12,
         ClientError::Status(status) => match status.code() {
@@ -249,7 +251,25 @@ async fn run(connection: &Connection, output: Output, command: Remote) -> Result
             from_revision,
         } => cluster::watch(&mut client, output, name, from_revision).await,
     };
-    Ok(done?)
+    match done {
+        Err(error) if drover_client::may_be_plaintext_to_tls(&error) => {
+            Err(explain_plaintext(&connection.endpoint, error).await.into())
+        }
+        done => Ok(done?),
+    }
+}
+
+/// `error`, or that an `http://` endpoint is a replica speaking TLS when
+/// one is: the call then broke off with a bare "operation was canceled".
+async fn explain_plaintext(endpoints: &[String], error: ClientError) -> ClientError {
+    for endpoint in endpoints.iter().filter(|e| e.starts_with("http://")) {
+        if drover_client::speaks_tls(endpoint).await {
+            return ClientError::SpeaksTls {
+                endpoint: endpoint.clone(),
+            };
+        }
+    }
+    error
 }
 
 /// Sends a request, again while no replica answers (another endpoint may;

@@ -129,6 +129,7 @@ pub async fn follow(
     op: v1::Operation,
     wait: bool,
 ) -> Result<(), ClientError> {
+    note_never_started(&op);
     if !wait {
         print_operation(output, &op);
         return Ok(());
@@ -149,7 +150,42 @@ pub async fn follow(
     };
     progress.finish(&last);
     print_operation(output, &last);
+    note_no_steps(&last);
     operation_outcome(&last)
+}
+
+/// Says on standard error (so that `-o json` stays one document) what a
+/// stop or delete of a cluster never started does: nothing at the
+/// provider, since nothing was ever built there.
+fn note_never_started(op: &v1::Operation) {
+    if op.from_state != v1::ClusterState::Created as i32 {
+        return;
+    }
+    let cluster = &op.cluster;
+    let note = match v1::OperationKind::try_from(op.kind) {
+        Ok(v1::OperationKind::Stop) => format!(
+            "cluster {cluster} was never started (CREATED): there is nothing to stop, the stop is a no-op"
+        ),
+        Ok(v1::OperationKind::Destroy) => format!(
+            "cluster {cluster} was never started (CREATED): it is deleted without any call to its provider"
+        ),
+        _ => return,
+    };
+    let _ = writeln!(std::io::stderr(), "droverctl: {note}");
+}
+
+/// Says when an operation that succeeded had no step: nothing was done at
+/// the provider (an upgrade to the version every node already runs, a stop
+/// of a cluster never provisioned).
+fn note_no_steps(op: &v1::Operation) {
+    let stepless = op.progress.as_ref().is_none_or(|p| p.total_steps == 0);
+    if op.state == v1::OperationState::Succeeded as i32 && stepless {
+        let _ = writeln!(
+            std::io::stderr(),
+            "droverctl: operation {} had no steps: nothing was done at the provider",
+            op.id
+        );
+    }
 }
 
 /// Polls `op` until it ends, showing each step as it starts.

@@ -87,6 +87,7 @@ impl World {
                 name: name.into(),
                 version: "1.30.0".into(),
                 request_id: String::new(),
+                allow_downgrade: false,
             })
             .await
             .expect("upgrade accepted")

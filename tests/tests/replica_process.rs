@@ -1120,3 +1120,70 @@ async fn reflected_services(endpoint: &str) -> Vec<String> {
     };
     list.service.into_iter().map(|s| s.name).collect()
 }
+
+/// Ctrl-C while droverctl waits stops the waiting, not the operation: it
+/// exits 130 and says how to follow the operation again, which goes on to
+/// its end.
+#[tokio::test]
+async fn ctrl_c_while_waiting_says_how_to_follow_the_operation_that_goes_on() {
+    let replica = ReplicaProcess::dev_with(&["--step-latency-ms", "400"]).await;
+    let mut client = replica.client().await;
+    client
+        .create_cluster(create_only("slow"))
+        .await
+        .expect("create");
+    let mut waiting = Command::new(workspace_binary("droverctl"))
+        .args(["--endpoint", &replica.endpoint()])
+        .args(["cluster", "start", "slow", "--wait"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run droverctl");
+    let stderr = waiting.stderr.take().expect("piped");
+    let said = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::BufReader::new(stderr), &mut text).map(|_| text)
+    });
+    // Its start is running (400 ms a step): droverctl is waiting on it.
+    wait_until(Duration::from_secs(10), "the start to be running", || {
+        let client = client.clone();
+        async move {
+            let ops = drover_tests::operations_of(&client, "slow").await;
+            ops.iter()
+                .any(|op| op.state == v1::OperationState::Running as i32)
+        }
+    })
+    .await;
+    // And droverctl catches SIGINT by now (its handler is installed once it
+    // follows the operation): /proc shows the caught signals.
+    let pid = waiting.id();
+    wait_until(Duration::from_secs(10), "droverctl to catch SIGINT", || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        std::future::ready(caught & (1 << (2 - 1)) != 0)
+    })
+    .await;
+    let interrupted = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let status = waiting.wait().expect("droverctl exits");
+    let said = said.await.unwrap().expect("its standard error");
+    assert_eq!(status.code(), Some(130), "{said}");
+    assert!(said.contains("droverctl op wait slow"), "{said}");
+    let op = drover_tests::operations_of(&client, "slow").await.remove(0);
+    let done = client
+        .wait_operation(&op, Duration::from_secs(30))
+        .await
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        v1::OperationState::Succeeded as i32,
+        "it went on"
+    );
+}

@@ -659,3 +659,43 @@ fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
     }
     table.print();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(desired: &str, current: Option<&str>) -> v1::Cluster {
+        v1::Cluster {
+            spec: Some(v1::ClusterSpec {
+                version: desired.into(),
+                ..Default::default()
+            }),
+            status: Some(v1::ClusterStatus {
+                current_version: current.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// After a cancelled or failed upgrade the table must not show the
+    /// desired version as if it ran.
+    #[test]
+    fn the_version_column_shows_where_an_upgrade_stands() {
+        assert_eq!(
+            version_shown(&cluster("1.30.0", Some("1.29.4"))),
+            "1.29.4 -> 1.30.0"
+        );
+        assert_eq!(version_shown(&cluster("1.30.0", Some("1.30.0"))), "1.30.0");
+        assert_eq!(version_shown(&cluster("1.30.0", None)), "1.30.0");
+    }
+
+    #[test]
+    fn states_are_read_in_any_case_and_prefix() {
+        for text in ["running", "Running", "CLUSTER_STATE_RUNNING"] {
+            assert_eq!(parse_state(text), Ok(v1::ClusterState::Running), "{text}");
+        }
+        assert!(parse_state("unspecified").is_err());
+        assert!(parse_state("sleeping").unwrap_err().contains("sleeping"));
+    }
+}

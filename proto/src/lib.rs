@@ -1,7 +1,8 @@
 //! The Drover gRPC contract.
 //!
 //! - [`v1`]: the public API (`drover.v1`): Clusters, Operations, Tasks, Admin.
-//! - [`provider::v1`]: the provider plugin API (`drover.provider.v1`).
+//! - [`provider::v1`]: the provider plugin API (`drover.provider.v1`), and
+//!   [`provider::deadline`]: how a provider reads a call's deadline.
 //! - [`FILE_DESCRIPTOR_SET`]: every file above, for gRPC server reflection.
 //! - [`REASON_METADATA`]: the metadata key that tells apart errors sharing
 //!   a status code.
@@ -19,6 +20,9 @@ pub mod provider {
         tonic::include_proto!("drover.provider.v1");
         include!(concat!(env!("OUT_DIR"), "/drover.provider.v1.serde.rs"));
     }
+
+    /// The deadline of a fenced call, as a provider reads it.
+    pub mod deadline;
 }
 
 /// `google.protobuf.Timestamp` as the messages carry it: prost's, plus

@@ -13,7 +13,7 @@ use tonic::{Request, Status};
 
 /// The metadata key of a call's deadline as wall-clock time, milliseconds
 /// since the Unix epoch (see provider.proto, "Deadlines").
-pub const APPLY_BY: &str = "drover-apply-by";
+pub use drover_proto::provider::deadline::APPLY_BY;
 
 /// A client of the provider under test.
 pub type Provider = ProviderClient<InterceptedService<Channel, Bearer>>;

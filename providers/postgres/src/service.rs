@@ -10,12 +10,9 @@ use drover_proto::provider::v1::{self as pb, provider_server::Provider};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-
-/// Metadata key of Drover's wall-clock deadline (ms since the Unix epoch).
-const APPLY_BY: &str = "drover-apply-by";
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -230,36 +227,8 @@ fn checked_token(token: Option<pb::FencingToken>) -> Result<pb::FencingToken, St
 /// The end of a request's deadline: the earlier of its gRPC deadline and
 /// Drover's wall-clock one, if it has either.
 fn deadline<T>(request: &Request<T>) -> Option<Instant> {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64;
-    let apply_by = request
-        .metadata()
-        .get(APPLY_BY)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .map(|at| Duration::from_millis(at.saturating_sub(now_ms)));
-    let left = match (grpc_timeout(request), apply_by) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    left.map(|left| Instant::now() + left)
-}
-
-/// A request's `grpc-timeout` header (digits and a unit, H M S m u n).
-fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
-    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    let left = drover_proto::provider::deadline::time_left(request.metadata())?;
+    Some(Instant::now() + left)
 }
 
 impl PostgresProvider {

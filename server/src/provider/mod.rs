@@ -228,7 +228,7 @@ pub fn due_by<T>(deadline: std::time::Instant, message: T) -> tonic::Request<T> 
 
 /// The metadata key of a provider call's deadline as wall-clock time (see
 /// [`due_by`]).
-pub const APPLY_BY: &str = "drover-apply-by";
+pub use drover_proto::provider::deadline::APPLY_BY;
 
 /// A node that is powered on and reports healthy.
 pub fn node_ready(node: &ProviderNode) -> bool {

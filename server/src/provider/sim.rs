@@ -59,35 +59,10 @@ const MULTI_NODE: [&str; 5] = [
 /// How long before its gRPC deadline a late call lands.
 const LAND_BEFORE_DEADLINE: Duration = Duration::from_millis(5);
 
-/// The time left of a request's deadline: the earlier of its gRPC deadline
-/// and Drover's wall-clock one (`drover-apply-by`), if it has either.
+/// The time left of a request's deadline (see
+/// [`drover_proto::provider::deadline`]).
 fn time_left<T>(request: &Request<T>) -> Option<Duration> {
-    let apply_by = request
-        .metadata()
-        .get(crate::provider::APPLY_BY)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
-    match (grpc_timeout(request), apply_by) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// A request's gRPC deadline as time left (its `grpc-timeout` header:
-/// digits and a unit, H M S m u n), if it has one.
-fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
-    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    drover_proto::provider::deadline::time_left(request.metadata())
 }
 
 #[derive(Default)]
@@ -1096,36 +1071,9 @@ pub async fn serve_secured(
 mod tests {
     use super::*;
 
+    /// What Drover sends is read back as the deadline it meant.
     #[test]
-    fn a_grpc_deadline_reads_in_every_unit() {
-        let with = |value: &str| {
-            let mut request = Request::new(());
-            request
-                .metadata_mut()
-                .insert("grpc-timeout", value.parse().unwrap());
-            time_left(&request)
-        };
-        assert_eq!(with("1500m"), Some(Duration::from_millis(1500)));
-        assert_eq!(with("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(with("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(with("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(with("x"), None);
-        assert_eq!(time_left(&Request::new(())), None);
-    }
-
-    #[test]
-    fn the_earlier_of_the_two_deadlines_counts() {
-        let mut request = Request::new(());
-        request
-            .metadata_mut()
-            .insert("grpc-timeout", "60S".parse().unwrap());
-        let apply_by = now_ms() + 1_000;
-        let value = apply_by.to_string().parse().unwrap();
-        request
-            .metadata_mut()
-            .insert(crate::provider::APPLY_BY, value);
-        let left = time_left(&request).unwrap();
-        assert!(left <= Duration::from_secs(1), "{left:?}");
+    fn a_call_due_by_a_deadline_reads_as_its_time_left() {
         let sent = crate::provider::due_by(std::time::Instant::now() + Duration::from_secs(2), ());
         let left = time_left(&sent).unwrap();
         assert!(left > Duration::from_millis(1500) && left <= Duration::from_secs(2));

@@ -16,6 +16,9 @@ missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# The well-known types (google/protobuf/timestamp.proto): protoc only
+# recommends them, and recommends are not installed below.
+[ -f /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
 command -v make >/dev/null 2>&1 || missing+=(make)
 # The PostgreSQL provider drives real PostgreSQL 15 (its tests too).
 [ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql)

@@ -134,6 +134,8 @@ pub struct Metrics {
     /// Store requests that returned an error (etcd unreachable, timed out).
     pub etcd_request_errors: Family<RequestLabels, Counter>,
     pub provider_request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// Provider calls sent again because the provider was unavailable.
+    pub provider_request_retries: Family<RequestLabels, Counter>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
     pub ownership_passes: Counter,
@@ -211,6 +213,12 @@ impl Metrics {
             "provider_request_duration_seconds",
             "Provider call latency by call, answered or not",
             provider_request_seconds.clone(),
+        );
+        let provider_request_retries = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "provider_request_retries",
+            "Provider calls sent again because the provider was unavailable (restarting, unreachable) or busy, by call",
+            provider_request_retries.clone(),
         );
         let keepalive_failures = Counter::default();
         registry.register(
@@ -306,6 +314,7 @@ impl Metrics {
             etcd_request_seconds,
             etcd_request_errors,
             provider_request_seconds,
+            provider_request_retries,
             keepalive_failures,
             clusters_owned,
             ownership_passes,

@@ -207,22 +207,21 @@ pub async fn operations_of(
     client: &drover_client::Client,
     cluster: &str,
 ) -> Vec<drover_client::v1::Operation> {
-    let request = drover_client::v1::ListOperationsRequest {
-        cluster: cluster.into(),
-        page_size: 100,
-        page_token: String::new(),
-    };
+    // A fault just healed may still refuse a read or two: asked again.
     client
-        .clone()
-        .operations()
-        .list_operations(request)
+        .retrying_unavailable(|mut client| async move {
+            let request = drover_client::v1::ListOperationsRequest {
+                cluster: cluster.into(),
+                page_size: 100,
+                page_token: String::new(),
+            };
+            let answer = client.operations().list_operations(request).await?;
+            Ok(answer.into_inner().operations)
+        })
         .await
         .expect("list operations")
-        .into_inner()
-        .operations
 }
 
-/// A request to create a small cluster without starting it.
 pub fn create_only(name: &str) -> drover_client::v1::CreateClusterRequest {
     drover_client::v1::CreateClusterRequest {
         name: name.into(),

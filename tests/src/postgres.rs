@@ -22,6 +22,7 @@ pub const V2: &str = "15.1.0";
 pub struct PgProviderProcess {
     child: Child,
     port: u16,
+    node_ports: (u16, u16),
     root: TempDir,
 }
 
@@ -35,27 +36,35 @@ impl PgProviderProcess {
         );
         let root = TempDir::new("pg-provider");
         let port = free_port();
-        let (from, to) = free_range(40);
-        let child = Command::new(workspace_binary("drover-postgres-provider"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--root")
-            .arg(root.path())
-            .args(["--pg-version", &format!("{V1}={BIN}")])
-            .args(["--pg-version", &format!("{V2}={BIN}")])
-            .args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
-            .args(["--port-range", &format!("{from}-{to}"), "--unsafe-no-fsync"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn drover-postgres-provider");
-        let provider = Self { child, port, root };
-        let endpoint = provider.endpoint();
+        let node_ports = free_range(40);
+        let child = spawn(root.path(), port, node_ports);
+        let provider = Self {
+            child,
+            port,
+            node_ports,
+            root,
+        };
+        provider.wait_serving().await;
+        provider
+    }
+
+    /// Kills the provider process (kill -9, the postgres processes it runs
+    /// are left running) and starts it again on the same port and root,
+    /// as a supervisor would; returns once it serves.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.root.path(), self.port, self.node_ports);
+        self.wait_serving().await;
+    }
+
+    async fn wait_serving(&self) {
+        let endpoint = self.endpoint();
         wait_until(Duration::from_secs(20), "the PostgreSQL provider", || {
             let endpoint = endpoint.clone();
             async move { health(&endpoint).await == Some(ServingStatus::Serving) }
         })
         .await;
-        provider
     }
 
     pub fn endpoint(&self) -> String {
@@ -85,6 +94,21 @@ impl Drop for PgProviderProcess {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
+}
+
+fn spawn(root: &Path, port: u16, (from, to): (u16, u16)) -> Child {
+    Command::new(workspace_binary("drover-postgres-provider"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(root)
+        .args(["--pg-version", &format!("{V1}={BIN}")])
+        .args(["--pg-version", &format!("{V2}={BIN}")])
+        .args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
+        .args(["--port-range", &format!("{from}-{to}"), "--unsafe-no-fsync"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn drover-postgres-provider")
 }
 
 /// A range of `n` ports nothing listens on, starting at one the kernel

@@ -11,7 +11,7 @@ use drover_tests::postgres::{
     address, data_dir, postmaster_pid, psql, writable, PgProviderProcess, BIN, V1, V2,
 };
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{wait_for_state, wait_until};
+use drover_tests::{scrape, wait_for_state, wait_until};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +22,7 @@ const ROWS: u32 = 100;
 /// Three replicas in front of the PostgreSQL provider, and a client.
 struct Deployment {
     provider: PgProviderProcess,
-    _replicas: Vec<ReplicaProcess>,
+    replicas: Vec<ReplicaProcess>,
     client: Client,
     _etcd: EtcdProcess,
 }
@@ -50,7 +50,7 @@ impl Deployment {
         let client = replicas[0].client().await;
         Self {
             provider,
-            _replicas: replicas,
+            replicas,
             client,
             _etcd: etcd,
         }
@@ -113,6 +113,91 @@ async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
     kill_a_standby_and_recover(&mut d, &nodes).await;
     backup_and_restore(&mut d).await;
     destroy(&mut d, &nodes).await;
+}
+
+/// The provider process killed (kill -9) while it runs one of an upgrade's
+/// node steps, then started again as a supervisor would: Drover asks the
+/// unavailable provider again under the same epoch, the restarted provider
+/// (its fencing state and topology in its redb file) answers, and the
+/// upgrade finishes: every node at the new version, one primary, the rows
+/// everywhere, one run under one epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
+    let mut d = Deployment::start().await;
+    let nodes = create(&mut d).await;
+    let sql = format!(
+        "CREATE TABLE items (id int PRIMARY KEY); \
+         INSERT INTO items SELECT generate_series(1, {ROWS})"
+    );
+    psql(&address(&primary(&nodes)), &sql).expect("write rows");
+    let request = v1::UpgradeClusterRequest {
+        name: "pg".into(),
+        version: V2.into(),
+        request_id: String::new(),
+        allow_downgrade: false,
+    };
+    let upgrade = d
+        .client
+        .clusters()
+        .upgrade_cluster(request)
+        .await
+        .expect("upgrade")
+        .into_inner();
+    // Mid-upgrade: the second node's step has begun (the first node is
+    // done), more to go.
+    wait_until(Duration::from_secs(60), "the second upgrade step", || {
+        let mut client = d.client.clone();
+        let request = v1::GetOperationRequest {
+            cluster: "pg".into(),
+            id: upgrade.id.clone(),
+        };
+        async move {
+            let op = client.operations().get_operation(request).await;
+            let progress = op.ok().and_then(|op| op.into_inner().progress);
+            progress.is_some_and(|p| p.step >= 2 && p.step_name.starts_with("upgrade"))
+        }
+    })
+    .await;
+    d.provider.restart().await;
+
+    let done = d
+        .client
+        .wait_operation(&upgrade, OPERATION)
+        .await
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        v1::OperationState::Succeeded as i32,
+        "{done:#?}"
+    );
+    assert_eq!(done.runs.len(), 1, "one run, one epoch: {:#?}", done.runs);
+    let retries = provider_retries(&d.replicas).await;
+    assert!(retries > 0.0, "the upgrade went on without asking again");
+    eprintln!(
+        "lost provider (PostgreSQL): upgrade succeeded after {retries} provider calls asked again"
+    );
+
+    let nodes = d.nodes().await;
+    assert!(
+        nodes.iter().all(|n| n.version == V2 && n.ready),
+        "{nodes:#?}"
+    );
+    assert_eq!(writable(&nodes), vec![primary(&nodes).id]);
+    rows_everywhere(&nodes).await;
+}
+
+/// Provider calls the replicas sent again, by their metrics.
+async fn provider_retries(replicas: &[ReplicaProcess]) -> f64 {
+    let mut total = 0.0;
+    for replica in replicas {
+        let metrics = scrape::metrics(&replica.admin_endpoint()).await;
+        total += metrics
+            .iter()
+            .filter(|(series, _)| series.starts_with("drover_provider_request_retries_total"))
+            .map(|(_, value)| value)
+            .sum::<f64>();
+    }
+    total
 }
 
 async fn create(d: &mut Deployment) -> Vec<v1::Node> {

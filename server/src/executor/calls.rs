@@ -15,9 +15,14 @@ use tonic::Code;
 /// due (see `Holding::call`).
 const OPERATION_DEADLINE_SLACK: Duration = Duration::from_millis(200);
 
-/// Attempts at describing the nodes (before planning, after a failed step)
-/// when the provider's error says it may pass.
-const LOOK_ATTEMPTS: u32 = 3;
+/// The first wait before asking the provider again after an answer that
+/// may pass (see [`is_transient`]); each wait doubles, up to
+/// [`RETRY_MAX_WAIT`].
+const RETRY_FIRST_WAIT: Duration = Duration::from_millis(200);
+
+/// The longest wait between two attempts: a provider back from a restart
+/// is asked again within this.
+const RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 impl Holding<'_> {
     /// Runs `step` at the provider, under this replica's claim and by the
@@ -29,7 +34,7 @@ impl Holding<'_> {
         operation_deadline: tokio::time::Instant,
     ) -> Result<(), tonic::Status> {
         if *step == Step::HealthCheck {
-            return self.health_check().await;
+            return self.health_check(operation_deadline).await;
         }
         // The provider learns a deadline a little before the operation's: a
         // deadline travels as time left, so the provider's clock for it
@@ -37,6 +42,7 @@ impl Holding<'_> {
         // must not land after this replica has written the operation off.
         let cutoff = operation_deadline.into_std() - OPERATION_DEADLINE_SLACK;
         let started = Instant::now();
+        let mut backoff = Backoff::default();
         let response = loop {
             let deadline = self.claim_deadline().await?.min(cutoff);
             match self.send(step, deadline).await {
@@ -47,6 +53,16 @@ impl Holding<'_> {
                 // away, ends the step (the caller bounds it by that deadline).
                 Err(status) if cut_at_claim_end(&status, deadline) => {
                     std::future::pending::<()>().await;
+                }
+                // Unreachable or restarting: the call is idempotent (the
+                // provider contract), so it is sent again, under the same
+                // token, until the provider answers or the operation's
+                // deadline passes. A step is never failed for a provider
+                // that is only briefly gone.
+                Err(status) if unavailable(&status) && backoff.fits(cutoff) => {
+                    tracing::warn!(cluster = %self.cluster.spec.name, step = %step.name(), %status, retry_in = ?backoff.wait, "the provider is unavailable; asking again");
+                    self.executor.count_retry(step.provider_call());
+                    backoff.sleep().await;
                 }
                 other => break other,
             }
@@ -146,11 +162,22 @@ impl Holding<'_> {
     /// run) lists the nodes as it left them: when it shows every node ready
     /// there is nothing more to learn. Otherwise, or when this execution
     /// resumed at the check, the cluster is described (fenced).
-    async fn health_check(&mut self) -> Result<(), tonic::Status> {
+    async fn health_check(
+        &mut self,
+        operation_deadline: tokio::time::Instant,
+    ) -> Result<(), tonic::Status> {
         if self.nodes_fresh && !self.nodes.is_empty() && self.nodes.iter().all(node_ready) {
             return Ok(());
         }
-        let nodes = self.describe().await?;
+        let nodes = match self.look(operation_deadline).await {
+            Ok(nodes) => nodes,
+            Err(Some(status)) => return Err(status),
+            Err(None) => {
+                return Err(tonic::Status::deadline_exceeded(
+                    "no answer from the provider",
+                ))
+            }
+        };
         let unhealthy: Vec<&str> = nodes
             .iter()
             .filter(|n| !node_ready(n))
@@ -236,27 +263,25 @@ impl Holding<'_> {
         }
     }
 
-    /// Describes the nodes by `deadline`, asking again (with backoff) when
-    /// the provider's error says it may pass (UNAVAILABLE,
-    /// RESOURCE_EXHAUSTED), [`LOOK_ATTEMPTS`] times in all. `Err(None)`: no
-    /// answer by the deadline.
+    /// Describes the nodes by `deadline`, asking again (with backoff) while
+    /// the provider's error says it may pass (see [`is_transient`]).
+    /// `Err(None)`: no answer by the deadline.
     async fn look(
         &mut self,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<pb::ProviderNode>, Option<tonic::Status>> {
         let looking = async {
-            let mut delay = Duration::from_millis(200);
-            for _ in 1..LOOK_ATTEMPTS {
+            let mut backoff = Backoff::default();
+            loop {
                 match self.describe().await {
-                    Err(status) if is_transient(&status) => {
-                        tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?delay, "describing the nodes failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay *= 2;
+                    Err(status) if is_transient(&status) && backoff.fits(deadline.into_std()) => {
+                        tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?backoff.wait, "describing the nodes failed; asking again");
+                        self.executor.count_retry("DescribeCluster");
+                        backoff.sleep().await;
                     }
                     answer => return answer,
                 }
             }
-            self.describe().await
         };
         match tokio::time::timeout_at(deadline, looking).await {
             Ok(answer) => answer.map_err(Some),
@@ -335,7 +360,47 @@ fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> boo
     status.code() == Code::Cancelled && std::time::Instant::now() >= deadline
 }
 
-/// Whether the provider's error says that asking again may work.
+/// Whether the provider's error says that asking again may work: it is
+/// unavailable, or busy. A mutating step is asked again only when the
+/// provider is [`unavailable`]: RESOURCE_EXHAUSTED from a create or a
+/// resize may be a quota that does not pass by itself.
 fn is_transient(status: &tonic::Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::ResourceExhausted)
+    unavailable(status) || status.code() == Code::ResourceExhausted
+}
+
+/// The provider could not be reached or the connection broke mid-call (a
+/// provider killed while it worked): tonic reports the latter as UNKNOWN
+/// with the transport error as its source, not as the provider's answer.
+fn unavailable(status: &tonic::Status) -> bool {
+    match status.code() {
+        Code::Unavailable => true,
+        Code::Unknown => std::error::Error::source(status).is_some(),
+        _ => false,
+    }
+}
+
+/// The waits between attempts at a provider call: doubling from
+/// [`RETRY_FIRST_WAIT`] up to [`RETRY_MAX_WAIT`].
+struct Backoff {
+    wait: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            wait: RETRY_FIRST_WAIT,
+        }
+    }
+}
+
+impl Backoff {
+    /// Whether the next wait ends before `cutoff`, leaving time to ask.
+    fn fits(&self, cutoff: std::time::Instant) -> bool {
+        Instant::now() + self.wait < cutoff
+    }
+
+    async fn sleep(&mut self) {
+        tokio::time::sleep(self.wait).await;
+        self.wait = (self.wait * 2).min(RETRY_MAX_WAIT);
+    }
 }

@@ -158,6 +158,17 @@ impl Executor {
             .observe(started.elapsed().as_secs_f64());
     }
 
+    /// Counts a provider call sent again after an answer that may pass.
+    fn count_retry(&self, call: &str) {
+        self.operations
+            .metrics()
+            .provider_request_retries
+            .get_or_create(&crate::metrics::RequestLabels {
+                request: call.to_string(),
+            })
+            .inc();
+    }
+
     /// Operations running on this replica now.
     pub fn in_flight(&self) -> usize {
         self.work.in_flight()

@@ -12,6 +12,9 @@ use tokio::sync::watch;
 
 const REJOIN_DELAY: Duration = Duration::from_millis(500);
 
+/// Attempts at one keep-alive when attempts hang (see `keep_alive`).
+const KEEPALIVE_ATTEMPTS: u32 = 3;
+
 impl Ownership {
     /// Keeps this replica a member: joins (again) until `shutdown` turns
     /// true, and renews the lease it holds until it resigns, so that the
@@ -59,7 +62,7 @@ impl Ownership {
             return false;
         }
         let sent = Instant::now();
-        match self.store.keep_alive(lease).await {
+        match self.keep_alive(lease).await {
             Ok(ttl) => {
                 let ttl = Duration::from_secs(ttl as u64);
                 self.renewed(lease, self.config.valid_until(sent, ttl));
@@ -75,6 +78,31 @@ impl Ownership {
             }
         }
         current(self)
+    }
+
+    /// One keep-alive of `lease`, each attempt bounded by a third of the
+    /// TTL and sent again at once when it hangs, [`KEEPALIVE_ATTEMPTS`]
+    /// times. A member cut off from its peers holds a request until it
+    /// learns it has no leader (an election timeout or more), longer than
+    /// a short lease lasts; the next attempt most likely reaches another
+    /// member. Keep-alives are idempotent: an abandoned one costs nothing.
+    async fn keep_alive(&self, lease: LeaseId) -> crate::store::Result<i64> {
+        let attempt = self.config.lease_ttl / 3;
+        for _ in 1..KEEPALIVE_ATTEMPTS {
+            match tokio::time::timeout(attempt, self.store.keep_alive(lease)).await {
+                Ok(answer) => return answer,
+                Err(_) => tracing::warn!(
+                    ?attempt,
+                    "a lease keep-alive got no answer; sending it again"
+                ),
+            }
+        }
+        match tokio::time::timeout(attempt, self.store.keep_alive(lease)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer to {KEEPALIVE_ATTEMPTS} keep-alives of {attempt:?} each"
+            ))),
+        }
     }
 
     /// After keep-alives failed for longer than the belief lasts: whether

@@ -121,6 +121,23 @@ fn never_sent(error: &etcd_client::Error) -> bool {
     }
 }
 
+/// Whether the member refused the request before proposing it: one cut
+/// off from its peers (in the minority of a partition) knows no leader and
+/// says so at once (`with_require_leader`). Nothing was applied, so any
+/// request, a write included, can go again: the balancer sends it to
+/// another member.
+fn refused_without_leader(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().contains(NO_LEADER)
+        }
+        _ => false,
+    }
+}
+
+/// How etcd words a request refused by a member that knows no leader.
+const NO_LEADER: &str = "no leader";
+
 fn unreachable(error: &etcd_client::Error) -> bool {
     match error {
         etcd_client::Error::GRpcStatus(status) => match status.code() {
@@ -226,6 +243,7 @@ where
             Err(error)
                 if attempt < ATTEMPTS
                     && (never_sent(&error)
+                        || refused_without_leader(&error)
                         || (retry == Retry::Idempotent && unreachable(&error))) =>
             {
                 attempt += 1;

@@ -38,6 +38,18 @@ use crate::task::TaskType;
 const OPERATION_RESULTS: [&str; 3] = ["succeeded", "failed", "cancelled"];
 /// Final statuses of a task run, as `drover_task_runs_total` labels them.
 const RUN_STATUSES: [&str; 4] = ["done", "error", "stopped", "aborted"];
+/// The provider calls an operation sends again when the provider is
+/// unavailable, as `drover_provider_request_retries_total` labels them.
+pub const RETRIED_PROVIDER_CALLS: [&str; 8] = [
+    "CreateNodes",
+    "StartNodes",
+    "StopNodes",
+    "ResizeNodes",
+    "UpgradeNode",
+    "DeleteNodes",
+    "RepairNodes",
+    "DescribeCluster",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
@@ -347,6 +359,12 @@ impl Metrics {
                     .get_or_create(&OperationLabels { kind, result });
             }
             let _ = self.oldest_running.get_or_create(&KindLabels { kind });
+        }
+        for call in RETRIED_PROVIDER_CALLS {
+            let request = call.to_string();
+            let _ = self
+                .provider_request_retries
+                .get_or_create(&RequestLabels { request });
         }
         for task_type in TaskType::ALL {
             for status in RUN_STATUSES {

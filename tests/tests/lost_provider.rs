@@ -109,3 +109,81 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
         audit.len()
     );
 }
+
+/// A provider that answers UNAVAILABLE to every node upgrade: the owner
+/// keeps asking (the upgrade waits, it does not fail at the first refusal)
+/// and counts each retry; a cancel request ends the wait at once, not at
+/// the operation's timeout.
+#[tokio::test]
+async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let provider = sim.endpoint();
+    let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
+    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut client = replica.client().await;
+    create_running(&mut client, "waiting", 2).await;
+    sim.set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
+        .await;
+    let upgrade = client
+        .clusters()
+        .upgrade_cluster(v1::UpgradeClusterRequest {
+            name: "waiting".into(),
+            version: "1.30.0".into(),
+            request_id: String::new(),
+            allow_downgrade: false,
+        })
+        .await
+        .expect("upgrade accepted")
+        .into_inner();
+    let metrics = replica.admin_endpoint();
+    wait_until(Duration::from_secs(30), "three retries", || {
+        let metrics = metrics.clone();
+        async move { upgrade_retries(&metrics).await >= 3.0 }
+    })
+    .await;
+    let waiting = client
+        .operations()
+        .get_operation(v1::GetOperationRequest {
+            cluster: "waiting".into(),
+            id: upgrade.id.clone(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(waiting.state, O::Running as i32, "{waiting:?}");
+
+    client
+        .operations()
+        .cancel_operation(v1::CancelOperationRequest {
+            cluster: "waiting".into(),
+            id: upgrade.id.clone(),
+        })
+        .await
+        .expect("cancel accepted");
+    // Retries are at most 5 s apart: the cancel is seen by the next one.
+    let done = client
+        .wait_operation(&upgrade, Duration::from_secs(15))
+        .await
+        .expect("the upgrade ends");
+    assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
+    let message = done.error.as_ref().map_or("", |e| e.message.as_str());
+    assert!(
+        message.contains("cancelled while waiting for the provider"),
+        "{message}"
+    );
+    let operations = operations_of(&client, "waiting").await;
+    let violations = provider_violations(&sim.audit("").await, &ends(&operations));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    assert_transitions_are_edges(&etcd.store().await, "/drover/v1/").await;
+}
+
+/// `drover_provider_request_retries_total{request="UpgradeNode"}` of a
+/// replica.
+async fn upgrade_retries(admin: &str) -> f64 {
+    let metrics = drover_tests::scrape::metrics(admin).await;
+    metrics
+        .get("drover_provider_request_retries_total{request=\"UpgradeNode\"}")
+        .copied()
+        .unwrap_or_default()
+}

@@ -60,6 +60,10 @@ impl Holding<'_> {
                 // deadline passes. A step is never failed for a provider
                 // that is only briefly gone.
                 Err(status) if unavailable(&status) && backoff.fits(cutoff) => {
+                    // Waiting may be long: a cancel request ends it.
+                    if self.cancel_seen().await {
+                        return Err(cancelled_waiting(&status));
+                    }
                     tracing::warn!(cluster = %self.cluster.spec.name, step = %step.name(), %status, retry_in = ?backoff.wait, "the provider is unavailable; asking again");
                     self.executor.count_retry(step.provider_call());
                     backoff.sleep().await;
@@ -275,6 +279,9 @@ impl Holding<'_> {
             loop {
                 match self.describe().await {
                     Err(status) if is_transient(&status) && backoff.fits(deadline.into_std()) => {
+                        if self.cancel_seen().await {
+                            return Err(cancelled_waiting(&status));
+                        }
                         tracing::warn!(cluster = %self.cluster.spec.name, %status, retry_in = ?backoff.wait, "describing the nodes failed; asking again");
                         self.executor.count_retry("DescribeCluster");
                         backoff.sleep().await;
@@ -377,6 +384,15 @@ fn unavailable(status: &tonic::Status) -> bool {
         Code::Unknown => std::error::Error::source(status).is_some(),
         _ => false,
     }
+}
+
+/// The error that ends a call waiting for an unavailable provider when the
+/// operation is cancelled (`Holding::cancel_seen`).
+fn cancelled_waiting(status: &tonic::Status) -> tonic::Status {
+    tonic::Status::cancelled(format!(
+        "cancelled while waiting for the provider ({})",
+        status.message()
+    ))
 }
 
 /// The waits between attempts at a provider call: doubling from

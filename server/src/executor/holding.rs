@@ -125,6 +125,17 @@ impl<'e> Holding<'e> {
             tracing::warn!(%error, operation = %self.operation.id, "write failed");
             return Interrupt::Lost;
         }
+        if self.cancel_seen().await {
+            Interrupt::Cancelled
+        } else {
+            Interrupt::Lost
+        }
+    }
+
+    /// Whether the operation record, read now, carries a cancel request
+    /// while the cluster and the run are still as this executor holds
+    /// them. If so, the final write compares the record the cancel wrote.
+    pub(super) async fn cancel_seen(&mut self) -> bool {
         let name = self.cluster.spec.name.clone();
         match self
             .executor
@@ -146,13 +157,13 @@ impl<'e> Holding<'e> {
                     .await
                     .is_ok_and(|c| c.state_revision == self.cluster.state_revision);
                 if !state_unchanged {
-                    return Interrupt::Lost;
+                    return false;
                 }
                 self.operation.cancel_requested = true;
                 self.operation_revision = revision;
-                Interrupt::Cancelled
+                true
             }
-            _ => Interrupt::Lost,
+            _ => false,
         }
     }
 

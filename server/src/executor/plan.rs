@@ -432,4 +432,33 @@ mod tests {
         });
         assert_eq!(resume_index(&op, &steps), 0);
     }
+
+    /// Every call a step sends has its retry series created at 0 (the
+    /// alert on provider retries compares increases).
+    #[test]
+    fn every_step_call_is_a_labelled_retry_series() {
+        let steps = [
+            Step::CreateNodes,
+            Step::StartNodes,
+            Step::StopNodes,
+            Step::Resize {
+                workers: None,
+                offering: None,
+            },
+            Step::UpgradeNode {
+                node_id: String::new(),
+                version: String::new(),
+            },
+            Step::DeleteNodes(Vec::new()),
+            Step::RepairNodes,
+            Step::HealthCheck,
+        ];
+        for step in steps {
+            let call = step.provider_call();
+            assert!(
+                crate::metrics::RETRIED_PROVIDER_CALLS.contains(&call),
+                "{call} has no retry series"
+            );
+        }
+    }
 }

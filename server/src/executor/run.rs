@@ -79,9 +79,12 @@ impl Executor {
             // the cluster next decides, nothing is written here.
             Err(_) if !holding.holds_claim() => return Ok(()),
             Err(failure) => {
-                return holding
-                    .finish(OperationState::Failed, Event::OperationFailed, failure)
-                    .await
+                let state = if holding.operation.cancel_requested {
+                    OperationState::Cancelled
+                } else {
+                    OperationState::Failed
+                };
+                return holding.finish(state, Event::OperationFailed, failure).await;
             }
         };
         // Resumed under the claim that ran it: from the persisted step.
@@ -212,11 +215,14 @@ impl Holding<'_> {
         if step.is_mutating() {
             self.look_after_failure(deadline).await;
         }
-        Err(StepEnd::Ended(
-            OperationState::Failed,
-            step.failure_event(),
-            failure,
-        ))
+        // Cancelled while the step waited for the provider: what the step
+        // did is unknown, as after a failure, and it ends so.
+        let state = if self.operation.cancel_requested {
+            OperationState::Cancelled
+        } else {
+            OperationState::Failed
+        };
+        Err(StepEnd::Ended(state, step.failure_event(), failure))
     }
 
     /// Success only as the provider shows it: an upgrade ends with every

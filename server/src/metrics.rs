@@ -150,6 +150,9 @@ pub struct Metrics {
     pub provider_request_retries: Family<RequestLabels, Counter>,
     pub keepalive_failures: Counter,
     pub clusters_owned: Gauge,
+    /// Providers this replica has not reached for longer than its
+    /// `--provider-handover-after`.
+    pub providers_unreachable: Gauge,
     pub ownership_passes: Counter,
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
@@ -237,6 +240,12 @@ impl Metrics {
             "lease_keepalive_failures",
             "Failed lease keep-alives",
             keepalive_failures.clone(),
+        );
+        let providers_unreachable = Gauge::default();
+        registry.register(
+            "providers_unreachable",
+            "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)",
+            providers_unreachable.clone(),
         );
         let clusters_owned = Gauge::default();
         registry.register(
@@ -329,6 +338,7 @@ impl Metrics {
             provider_request_retries,
             keepalive_failures,
             clusters_owned,
+            providers_unreachable,
             ownership_passes,
             clusters,
             orphan_recoveries,

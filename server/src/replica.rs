@@ -178,7 +178,8 @@ impl Replica {
         })
     }
 
-    /// Joins as a member and starts ownership, the peers' liveness
+    /// Joins as a member and starts ownership, the provider probes (unless
+    /// `--provider-handover-after 0`), the peers' liveness
     /// connections (unless `--peer-liveness=off`), the executor, the task scheduler and the scanner, all
     /// until `work_stopped`. `admin_address` (where the admin port listens)
     /// goes into the member record for the peers' liveness connections.
@@ -205,6 +206,15 @@ impl Replica {
         tokio::spawn(
             Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
         );
+        if let Some(after) = config.provider_handover_after {
+            let probes = Arc::clone(&replication).run_provider_probes(
+                Arc::clone(&providers),
+                Arc::clone(&self.cache),
+                after,
+                work_stopped.clone(),
+            );
+            tokio::spawn(probes);
+        }
         // Off, a crashed peer is left to its lease TTL (the /liveness
         // endpoint still answers, for peers that do watch).
         if config.peer_liveness {

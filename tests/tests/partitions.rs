@@ -198,22 +198,71 @@ async fn a_replica_cut_from_etcd_mid_upgrade_stops_and_its_peer_takes_over() {
     );
 }
 
-/// The operation timeout of upgrades in the gray-failure test, seconds.
+/// The operation timeout of upgrades in the gray-failure tests, seconds.
 const UPGRADE_TIMEOUT: u64 = 10;
+/// How long a replica goes without reaching the provider before it hands
+/// its clusters over, in the gray-failure tests (seconds).
+const HANDOVER_AFTER: u64 = 2;
 
-/// A replica cut from the provider only (it keeps its lease): the upgrade
-/// it holds does not hang, it ends (failed, with the provider's error)
-/// within the upgrade's timeout plus a bound, and the history is clean.
+/// A replica cut from the provider only (it keeps its lease, a gray
+/// failure) mid-upgrade: after `--provider-handover-after` it hands the
+/// cluster to its peer, which reaches the provider, resumes the upgrade
+/// from its last persisted step and finishes it, long before the
+/// upgrade's timeout; the history is clean.
 #[tokio::test]
-async fn a_replica_cut_from_the_provider_ends_its_operation_within_a_bound() {
-    let timeout = format!("upgrade={UPGRADE_TIMEOUT}");
-    let Some(world) = World::start(&["--operation-timeout", &timeout]).await else {
+async fn a_replica_cut_from_the_provider_hands_its_operation_to_a_peer() {
+    let handover = HANDOVER_AFTER.to_string();
+    let Some(world) = World::start(&["--provider-handover-after", &handover]).await else {
         return;
     };
     let (upgrade, old) = world.upgrade_underway("gray").await;
-    let old_id = ["r1", "r2"][old];
+    let (old_id, new_id) = (["r1", "r2"][old], ["r1", "r2"][1 - old]);
     let started = std::time::Instant::now();
     world.net.cut(old_id, "sim");
+    let mut client = world.replicas[old].client().await;
+    // The hand-over, a probe period, an ownership pass and the rest of the
+    // upgrade (three more nodes at 400 ms).
+    let bound = Duration::from_secs(HANDOVER_AFTER + TTL + 15);
+    let done = client
+        .wait_operation(&upgrade, bound)
+        .await
+        .expect("the upgrade ends, run by the peer");
+    let took = started.elapsed();
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    let runners: Vec<&str> = done.runs.iter().map(|r| r.replica.as_str()).collect();
+    assert_eq!(runners, [old_id, new_id], "{:#?}", done.runs);
+    assert_eq!(world.owner(1 - old, "gray").await.as_deref(), Some(new_id));
+    eprintln!("cut from the provider: {new_id} finished the upgrade {took:?} after the cut");
+    world.net.heal(old_id, "sim");
+    world.sim.set_latency(Duration::ZERO).await;
+    let operations = world.check(&client, "gray").await;
+    eprintln!(
+        "cut from the provider: {} operations, lost: none",
+        operations.len()
+    );
+}
+
+/// The provider cut from both replicas: it is down as far as anyone can
+/// tell, so nobody hands the cluster around; the upgrade waits for it and
+/// ends (failed) at its timeout plus a bound, run by one replica; the
+/// cluster is usable once the links are back; the history is clean.
+#[tokio::test]
+async fn a_provider_no_replica_reaches_is_waited_for_not_handed_around() {
+    let timeout = format!("upgrade={UPGRADE_TIMEOUT}");
+    let handover = HANDOVER_AFTER.to_string();
+    let args = [
+        "--operation-timeout",
+        &timeout,
+        "--provider-handover-after",
+        &handover,
+    ];
+    let Some(world) = World::start(&args).await else {
+        return;
+    };
+    let (upgrade, old) = world.upgrade_underway("down").await;
+    let started = std::time::Instant::now();
+    world.net.cut("r1", "sim");
+    world.net.cut("r2", "sim");
     let mut client = world.replicas[old].client().await;
     let bound = Duration::from_secs(UPGRADE_TIMEOUT + 10);
     let done = client
@@ -221,32 +270,33 @@ async fn a_replica_cut_from_the_provider_ends_its_operation_within_a_bound() {
         .await
         .expect("the upgrade ends within its timeout and a bound");
     let took = started.elapsed();
-    assert!(done.state >= O::Succeeded as i32, "{done:?}");
-    assert!(took <= bound, "ended after {took:?}");
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_eq!(done.runs.len(), 1, "handed around: {:#?}", done.runs);
     eprintln!(
-        "cut from the provider: the upgrade ended {:?} after {took:?} ({})",
-        O::try_from(done.state),
+        "provider down: the upgrade failed after {took:?} ({})",
         done.error.as_ref().map_or("", |e| e.message.as_str())
     );
-    world.net.heal(old_id, "sim");
+    world.net.heal("r1", "sim");
+    world.net.heal("r2", "sim");
     world.sim.set_latency(Duration::ZERO).await;
-    // The cluster is usable again once the link is back.
-    let recover = client.clusters().stop_cluster(v1::StopClusterRequest {
-        name: "gray".into(),
-        request_id: String::new(),
-    });
-    if let Ok(stop) = recover.await {
-        let stopped = client
-            .wait_operation(&stop.into_inner(), Duration::from_secs(30))
-            .await
-            .expect("the stop ends");
-        assert!(stopped.state >= O::Succeeded as i32, "{stopped:?}");
-    }
-    let operations = world.check(&client, "gray").await;
-    eprintln!(
-        "cut from the provider: {} operations, lost: none",
-        operations.len()
-    );
+    // The cluster is usable again once the links are back.
+    let stop = client
+        .retrying(|mut client| async move {
+            let request = v1::StopClusterRequest {
+                name: "down".into(),
+                request_id: "stop-down".into(),
+            };
+            Ok(client.clusters().stop_cluster(request).await?.into_inner())
+        })
+        .await
+        .expect("a stop accepted");
+    let stopped = client
+        .wait_operation(&stop, Duration::from_secs(30))
+        .await
+        .expect("the stop ends");
+    assert!(stopped.state >= O::Succeeded as i32, "{stopped:?}");
+    let operations = world.check(&client, "down").await;
+    eprintln!("provider down: {} operations, lost: none", operations.len());
 }
 
 /// A 3-member etcd whose first member (the replicas' first endpoint) is cut

@@ -67,6 +67,10 @@ pub const DEFAULT_TASK_RUN_TIMEOUT_SECONDS: u64 = 86_400;
 /// 10 s drain of in-flight requests.
 pub const DEFAULT_HANDOFF_GRACE_SECONDS: u64 = 5;
 const HANDOFF_GRACE_RANGE: std::ops::RangeInclusive<u64> = 0..=86_400;
+/// Long enough that a provider restarting (a deploy, a crash) is waited
+/// for, short against the default operation timeout.
+pub const DEFAULT_PROVIDER_HANDOVER_SECONDS: u64 = 30;
+const PROVIDER_HANDOVER_RANGE: std::ops::RangeInclusive<u64> = 0..=86_400;
 const TASK_RUN_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=604_800;
 const LEASE_TTL_RANGE: std::ops::RangeInclusive<i64> = 2..=60;
 /// The share of the lease TTL a replica stops believing in its lease before
@@ -256,6 +260,13 @@ settings! {
     /// those still running after it as orphans [default: 5].
     handoff_grace: u64 = "DROVER_HANDOFF_GRACE",
         within(DEFAULT_HANDOFF_GRACE_SECONDS, HANDOFF_GRACE_RANGE, "seconds") => u64;
+    /// Seconds this replica may go without reaching a provider (probed
+    /// every few seconds) before it hands its clusters to peers that reach
+    /// every provider, 0-86400, 0 never: a gray failure (the replica keeps
+    /// its lease but cannot work). When no replica reaches a provider it is
+    /// down, and nobody hands over [default: 30].
+    provider_handover_after: u64 = "DROVER_PROVIDER_HANDOVER_AFTER",
+        within(DEFAULT_PROVIDER_HANDOVER_SECONDS, PROVIDER_HANDOVER_RANGE, "seconds") => u64;
     /// PEM certificate chain for TLS on the gRPC port (with tls_key).
     tls_cert: PathBuf = "DROVER_TLS_CERT", given => Option<PathBuf>;
     /// PEM private key of tls_cert.
@@ -342,6 +353,9 @@ pub struct Config {
     pub task_run_timeout: Duration,
     /// How long the operations running at SIGTERM may take to finish here.
     pub handoff_grace: Duration,
+    /// How long a provider may go unreached before this replica hands its
+    /// clusters over; `None`: never.
+    pub provider_handover_after: Option<Duration>,
     pub security: Security,
 }
 
@@ -493,6 +507,8 @@ impl Config {
             compact_interval: s.compact_interval,
             task_run_timeout: Duration::from_secs(s.task_run_timeout),
             handoff_grace: Duration::from_secs(s.handoff_grace),
+            provider_handover_after: (s.provider_handover_after > 0)
+                .then(|| Duration::from_secs(s.provider_handover_after)),
             security,
         })
     }
@@ -535,6 +551,10 @@ mod tests {
         assert_eq!(config.compact_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.task_run_timeout, Duration::from_secs(86_400));
         assert_eq!(config.handoff_grace, Duration::from_secs(5));
+        assert_eq!(
+            config.provider_handover_after,
+            Some(Duration::from_secs(30))
+        );
         assert!(config.peer_liveness);
         for kind in OperationKind::ALL {
             let expected = match kind {
@@ -744,6 +764,13 @@ mod tests {
                     ..settings()
                 },
                 "handoff_grace",
+            ),
+            (
+                Settings {
+                    provider_handover_after: Some(86_401),
+                    ..settings()
+                },
+                "provider_handover_after",
             ),
         ];
         for (settings, setting) in cases {

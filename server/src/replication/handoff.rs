@@ -18,7 +18,7 @@
 //! any of its other clusters for that hour.
 
 use super::*;
-use crate::cluster::{from_json, to_json, ClusterCache, StateRecord};
+use crate::cluster::{from_json, ClusterCache, StateRecord};
 use crate::store::{KeyValue, Op, Txn};
 use std::sync::atomic::Ordering;
 
@@ -32,29 +32,10 @@ impl Ownership {
     /// claim the clusters it releases.
     pub async fn begin_draining(&self) -> crate::store::Result<()> {
         self.draining.store(true, Ordering::SeqCst);
-        let Some(lease) = self.live_lease() else {
+        if self.live_lease().is_none() {
             return Ok(());
-        };
-        let member = MemberRecord {
-            schema: self.schema,
-            id: self.config.replica_id.clone(),
-            address: self.config.address.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            lease,
-            admin_address: self.config.admin_address.clone(),
-            draining: true,
-        };
-        let key = self.keys.member(&self.config.replica_id);
-        let marked = self
-            .store
-            .txn(
-                Txn::new()
-                    .when([Compare::lease(&key, CmpOp::Equal, lease)])
-                    .and_then([Op::put_with_lease(key, to_json(&member), lease)]),
-            )
-            .await?
-            .succeeded;
-        if marked {
+        }
+        if self.rewrite_member_record().await? {
             tracing::info!("draining: handing over the clusters that run nothing here");
         } else {
             tracing::warn!("member record not bound to this replica's lease: not marked draining");
@@ -174,7 +155,7 @@ impl Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{ClusterState, OperationSlot};
+    use crate::cluster::{to_json, ClusterState, OperationSlot};
     use crate::store::MemoryStore;
 
     /// A replica that joined `store` and owns `clusters`, each with a state

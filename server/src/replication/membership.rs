@@ -133,15 +133,7 @@ impl Ownership {
         self.generation
             .store(generation, std::sync::atomic::Ordering::SeqCst);
         let lease = self.store.grant_lease(ttl).await?;
-        let member = MemberRecord {
-            schema: self.schema,
-            id: self.config.replica_id.clone(),
-            address: self.config.address.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            lease,
-            admin_address: self.config.admin_address.clone(),
-            draining: false,
-        };
+        let member = self.member_record(lease);
         let key = self.keys.member(&self.config.replica_id);
         // Before the new member key exists: the first ownership pass that
         // sees this incarnation then finds the old owner keys gone.
@@ -159,6 +151,38 @@ impl Ownership {
         });
         tracing::info!(lease, ttl, "joined as a member");
         Ok(lease)
+    }
+
+    /// This replica's member record under `lease`, as it stands now
+    /// (draining, providers it cannot reach).
+    pub(super) fn member_record(&self, lease: LeaseId) -> MemberRecord {
+        let reach = lock(&self.provider_reach).clone();
+        MemberRecord {
+            schema: self.schema,
+            id: self.config.replica_id.clone(),
+            address: self.config.address.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            lease,
+            admin_address: self.config.admin_address.clone(),
+            draining: self.is_draining(),
+            failing_providers: reach.failing,
+            unreachable_providers: reach.unreachable,
+        }
+    }
+
+    /// Rewrites this replica's member record as [`Self::member_record`]
+    /// says, only while it is still bound to the session's lease. False
+    /// when it is not (no session, or the record is another lease's).
+    pub(super) async fn rewrite_member_record(&self) -> crate::store::Result<bool> {
+        let Some(lease) = self.live_lease() else {
+            return Ok(false);
+        };
+        let key = self.keys.member(&self.config.replica_id);
+        let member = self.member_record(lease);
+        let txn = Txn::new()
+            .when([Compare::lease(&key, CmpOp::Equal, lease)])
+            .and_then([Op::put_with_lease(key, to_json(&member), lease)]);
+        Ok(self.store.txn(txn).await?.succeeded)
     }
 
     /// Revokes the lease `members/<this id>` was bound to before this join:

@@ -31,6 +31,7 @@
 //!   PRODUCTION.md) may end a lease before its TTL; the margin does not
 //!   cover an arbitrarily slow leader.
 
+mod gray_failure;
 mod handoff;
 mod liveness;
 mod membership;
@@ -74,6 +75,22 @@ pub struct MemberRecord {
     /// other cluster over; peers prefer it for none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// Providers its last probe did not reach (see `gray_failure`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing_providers: Vec<String>,
+    /// Providers it has not reached for longer than its
+    /// `--provider-handover-after`: while another member reaches every
+    /// provider, peers prefer it for no cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable_providers: Vec<String>,
+}
+
+/// The providers a replica's last probe did not reach, and those it has
+/// not reached for longer than its `--provider-handover-after`, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderReach {
+    pub failing: Vec<String>,
+    pub unreachable: Vec<String>,
 }
 
 /// `owners/<cluster>`.
@@ -170,6 +187,9 @@ pub struct Ownership {
     generation: AtomicI64,
     /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
+    /// What this replica's member record says of the providers it cannot
+    /// reach (see `gray_failure`).
+    provider_reach: Mutex<ProviderReach>,
     /// The newest record schema this replica understands: clusters with
     /// newer records are left to replicas that do.
     schema: u32,
@@ -209,6 +229,7 @@ impl Ownership {
             owner_writes: AtomicI64::new(0),
             generation: AtomicI64::new(0),
             draining: AtomicBool::new(false),
+            provider_reach: Mutex::new(ProviderReach::default()),
             schema,
         });
         (replication, adoptions)

@@ -18,6 +18,7 @@
 //!   same way; for a record every member understands, that is all of them,
 //!   as before member records said what they understand.
 
+use super::gray_failure;
 use super::owners_view::OwnersView;
 use super::state_memo::{Member, StateMemo};
 use super::*;
@@ -140,11 +141,11 @@ impl Ownership {
             .collect();
         let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
         // A draining member still owns what it runs, but is preferred for
-        // nothing: its idle clusters go to the others.
-        let live: Vec<Member> = members_read
+        // nothing: its idle clusters go to the others. So is a member cut
+        // off from a provider while another reaches it (see gray_failure).
+        let live: Vec<Member> = gray_failure::preferable(&members_read)
             .into_iter()
-            .filter(|m| !m.draining)
-            .map(|m| (m.id, m.schema))
+            .map(|m| (m.id.clone(), m.schema))
             .collect();
         if self.is_draining() || !live.iter().any(|(id, _)| id == &self.config.replica_id) {
             // Not (yet) visible as a member, or draining: claim nothing.
@@ -258,7 +259,7 @@ impl Ownership {
         Ok(())
     }
 
-    fn is_draining(&self) -> bool {
+    pub(super) fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -472,6 +473,8 @@ mod tests {
             lease,
             admin_address: String::new(),
             draining: false,
+            failing_providers: Vec::new(),
+            unreachable_providers: Vec::new(),
         };
         let put = Op::put_with_lease(keys.member(id), to_json(&member), lease);
         store.txn(Txn::new().and_then([put])).await.unwrap();

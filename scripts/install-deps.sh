@@ -8,7 +8,8 @@
 # environment (.venv; never the system Python); promtool (Debian's
 # prometheus package) for the alert rules' tests, and kubernetes-validate
 # (in .venv) for the Kubernetes manifests' schema test, and Chromium (headless)
-# for the web console's browser test. Does nothing when present.
+# for the web console's browser test, and nftables for the partition tests'
+# packet loss. Does nothing when present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,8 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # Only the web console's test (tests/tests/console.rs) drives it.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# The partition tests drop packets at random with nftables (no netem here).
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
 
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

@@ -6,7 +6,9 @@
 //!   injects faults at exact points.
 //! - [`provider`]: the simulated provider process and its control client.
 //! - [`history`]: replays state-key history and checks it against the table.
-//! - [`netns`]: network namespaces on a bridge, cut and healed pairwise.
+//! - [`netns`]: network namespaces on a bridge, cut and healed pairwise,
+//!   with random packet loss (nftables).
+//! - [`relay`]: a TCP relay adding latency per chunk, where netem is missing.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
 //! - [`scrape`]: reads a `/metrics` endpoint (etcd's, a replica's).
 //! - [`conformance`]: the store conformance suite, run against etcd and the
@@ -21,6 +23,7 @@ pub mod netns;
 pub mod pki;
 pub mod postgres;
 pub mod provider;
+pub mod relay;
 pub mod replica;
 pub mod scrape;
 

@@ -12,6 +12,9 @@
 //!   directions, touching no other pair.
 //! - [`Net::isolate`] / [`Net::rejoin`]: the node's veth down, a cut from
 //!   every other node and from the test process.
+//! - [`Net::lose`] / [`Net::stop_losing`]: random packet loss, a percentage
+//!   of the packets a node sends to and receives from one address (and
+//!   port), dropped by an nftables rule in the node's namespace.
 //!
 //! Guarantees: every namespace and link is deleted when the [`Net`] drops,
 //! a failed test included; namespaces left by a test process that was
@@ -23,10 +26,12 @@
 //! `ip netns`) with `ip` (iproute2) installed. Where namespaces cannot be
 //! made, [`Net::new`] says why and returns `None`: the test skips.
 //!
-//! Caveats: the kernel this suite is run on may lack `sch_netem` (delay,
-//! loss): see [`Net::netem_available`]; cuts need nothing beyond veth and
-//! bridge. Processes started in a node are the caller's to kill; the net
-//! only removes the namespaces.
+//! Caveats: the kernel this suite is run on lacks `sch_netem`, so loss is
+//! made with nftables (`numgen random`; needs the `nft` tool and the
+//! kernel's nf_tables, see [`Net::nft_available`]) and delay in user space
+//! by a relay (`crate::relay`) the nodes connect through; cuts need nothing
+//! beyond veth and bridge. Processes started in a node are the caller's to
+//! kill; the net only removes the namespaces (and the loss rules with them).
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -36,6 +41,9 @@ const PREFIX: &str = "drvn";
 
 /// A hardware address no interface has: frames sent to it are lost.
 const NOWHERE: &str = "02:00:5e:00:de:ad";
+
+/// The nftables table holding a node's loss rules, in its namespace.
+const LOSS_TABLE: &str = "drover_loss";
 
 /// Networks made by this test process so far (names and subnets).
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -193,17 +201,70 @@ impl Net {
             .unwrap_or_else(|| panic!("no node {name}"))
     }
 
-    /// Whether the kernel has `sch_netem` (delay, loss, reordering).
-    pub fn netem_available(&self) -> bool {
+    /// Whether nftables can drop packets at random here (the `nft` tool,
+    /// nf_tables and its `numgen` expression in the kernel): a rule is
+    /// loaded and removed again in the first node's namespace.
+    pub fn nft_available(&self) -> bool {
         let at = &self.nodes[0].netns;
-        let added = sh(&[
-            "ip", "netns", "exec", at, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
-            "1ms",
-        ]);
-        let _ = sh(&[
-            "ip", "netns", "exec", at, "tc", "qdisc", "del", "dev", "lo", "root",
-        ]);
-        added.is_ok()
+        let probe = format!(
+            "table inet {LOSS_TABLE}probe {{ chain output {{ type filter hook output \
+             priority 0; policy accept; ip daddr 127.0.0.2 numgen random mod 100 < 1 drop; }}; }}"
+        );
+        let loaded = nft(at, &probe);
+        let _ = unload(at, &format!("{LOSS_TABLE}probe"));
+        if let Err(why) = &loaded {
+            eprintln!("nftables cannot drop packets here: {why}");
+        }
+        loaded.is_ok()
+    }
+
+    /// Drops `percent` of the packets between `node` and `peer_ip` (only
+    /// those to and from `peer_port`, if given), each packet drawn on its
+    /// own, both directions, in `node`'s namespace. Replaces an earlier
+    /// loss of `node`.
+    pub fn lose(&self, node: &str, peer_ip: &str, peer_port: Option<u16>, percent: u8) {
+        assert!(percent <= 100, "a loss of {percent} %");
+        let at = &self.node(node).netns;
+        let (to_port, from_port) = match peer_port {
+            Some(port) => (format!("tcp dport {port}"), format!("tcp sport {port}")),
+            None => (String::new(), String::new()),
+        };
+        // Counted, so that a test can show the loss happened (`Self::dropped`).
+        let drop = format!("numgen random mod 100 < {percent} counter drop");
+        // Deleting the table first (when there is one) makes this a
+        // replacement; `nft -f` applies the whole file atomically.
+        let _ = unload(at, LOSS_TABLE);
+        let rules = format!(
+            "table inet {LOSS_TABLE} {{\n\
+             chain input {{ type filter hook input priority 0; policy accept; \
+             ip saddr {peer_ip} {from_port} {drop}; }}\n\
+             chain output {{ type filter hook output priority 0; policy accept; \
+             ip daddr {peer_ip} {to_port} {drop}; }}\n}}\n"
+        );
+        nft(at, &rules).unwrap_or_else(|why| panic!("loss at {node}: {why}"));
+    }
+
+    /// How many packets the loss of `node` (see [`Self::lose`]) dropped so
+    /// far, both directions.
+    pub fn dropped(&self, node: &str) -> u64 {
+        let at = &self.node(node).netns;
+        let rules = sh(&[
+            "ip", "netns", "exec", at, "nft", "list", "table", "inet", LOSS_TABLE,
+        ])
+        .unwrap_or_else(|why| panic!("read the loss at {node}: {why}"));
+        // Each rule reads `... counter packets N bytes M drop`.
+        let words: Vec<_> = rules.split_whitespace().collect();
+        words
+            .windows(2)
+            .filter(|pair| pair[0] == "packets")
+            .map(|pair| pair[1].parse::<u64>().expect("a packet count"))
+            .sum()
+    }
+
+    /// Undoes [`Self::lose`].
+    pub fn stop_losing(&self, node: &str) {
+        let at = &self.node(node).netns;
+        unload(at, LOSS_TABLE).unwrap_or_else(|why| panic!("end the loss at {node}: {why}"));
     }
 }
 
@@ -272,6 +333,39 @@ fn free_subnet() -> Option<String> {
     }
     eprintln!("SKIPPED: no free private /24 for the test network");
     None
+}
+
+/// Deletes the nftables `table` of `netns`.
+fn unload(netns: &str, table: &str) -> Result<String, String> {
+    sh(&[
+        "ip", "netns", "exec", netns, "nft", "delete", "table", "inet", table,
+    ])
+}
+
+/// Loads `rules` (an nftables file) into `netns`, atomically.
+fn nft(netns: &str, rules: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("nft: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin
+        .write_all(rules.as_bytes())
+        .map_err(|e| format!("nft: {e}"))?;
+    drop(stdin);
+    let output = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`nft -f -`: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
 }
 
 /// Runs a command, its standard output on success, what went wrong if not.

@@ -80,29 +80,59 @@ impl Ownership {
         current(self)
     }
 
-    /// One keep-alive of `lease`, each attempt bounded by a third of the
-    /// TTL and sent again at once when it hangs, [`KEEPALIVE_ATTEMPTS`]
-    /// times. A member cut off from its peers holds a request until it
-    /// learns it has no leader (an election timeout or more), longer than
-    /// a short lease lasts; the next attempt most likely reaches another
-    /// member. Keep-alives are idempotent: an abandoned one costs nothing.
+    /// One keep-alive of `lease`, hedged: when an attempt has no answer
+    /// after a third of the TTL, another is sent beside it (up to
+    /// [`KEEPALIVE_ATTEMPTS`]), and the first answer wins. A member cut off
+    /// from its peers holds a request until it learns it has no leader (an
+    /// election timeout or more), longer than a short lease lasts; the next
+    /// attempt most likely reaches another member. A slow etcd still
+    /// answers the first. Keep-alives are idempotent: the attempts left
+    /// over are dropped.
     async fn keep_alive(&self, lease: LeaseId) -> crate::store::Result<i64> {
-        let attempt = self.config.lease_ttl / 3;
-        for _ in 1..KEEPALIVE_ATTEMPTS {
-            match tokio::time::timeout(attempt, self.store.keep_alive(lease)).await {
-                Ok(answer) => return answer,
-                Err(_) => tracing::warn!(
-                    ?attempt,
-                    "a lease keep-alive got no answer; sending it again"
-                ),
+        let hedge_after = self.config.lease_ttl / 3;
+        let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
+        let mut attempts = tokio::task::JoinSet::new();
+        let (mut sent, mut last_error) = (0, None);
+        loop {
+            if attempts.is_empty() {
+                if sent == KEEPALIVE_ATTEMPTS {
+                    let error = "every keep-alive failed".to_string();
+                    return Err(last_error.unwrap_or(StoreError::Unavailable(error)));
+                }
+                self.send_keep_alive(&mut attempts, lease);
+                sent += 1;
+            }
+            let hedge_at = match sent < KEEPALIVE_ATTEMPTS {
+                true => (tokio::time::Instant::now() + hedge_after).min(give_up),
+                false => give_up,
+            };
+            match tokio::time::timeout_at(hedge_at, attempts.join_next()).await {
+                Ok(Some(Ok(Ok(ttl)))) => return Ok(ttl),
+                Ok(Some(Ok(Err(error @ StoreError::LeaseNotFound(_))))) => return Err(error),
+                Ok(Some(Ok(Err(error)))) => last_error = Some(error),
+                Ok(Some(Err(join))) => last_error = Some(StoreError::Other(join.to_string())),
+                Ok(None) => {}
+                Err(_) if hedge_at >= give_up => {
+                    let waited = self.config.lease_ttl;
+                    let error = format!("no answer to {sent} keep-alives within {waited:?}");
+                    return Err(StoreError::Unavailable(error));
+                }
+                Err(_) => {
+                    tracing::warn!(after = ?hedge_after, "a lease keep-alive got no answer yet; sending another beside it");
+                    self.send_keep_alive(&mut attempts, lease);
+                    sent += 1;
+                }
             }
         }
-        match tokio::time::timeout(attempt, self.store.keep_alive(lease)).await {
-            Ok(answer) => answer,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer to {KEEPALIVE_ATTEMPTS} keep-alives of {attempt:?} each"
-            ))),
-        }
+    }
+
+    fn send_keep_alive(
+        &self,
+        attempts: &mut tokio::task::JoinSet<crate::store::Result<i64>>,
+        lease: LeaseId,
+    ) {
+        let store = Arc::clone(&self.store);
+        attempts.spawn(async move { store.keep_alive(lease).await });
     }
 
     /// After keep-alives failed for longer than the belief lasts: whether
@@ -263,6 +293,10 @@ mod tests {
         inner: MemoryStore,
         lose: AtomicBool,
         renew: AtomicBool,
+        /// Each keep-alive takes this long (milliseconds) to arrive.
+        slow_ms: std::sync::atomic::AtomicU64,
+        /// The next keep-alive never arrives nor answers.
+        hang_next: AtomicBool,
     }
 
     #[async_trait::async_trait]
@@ -280,6 +314,11 @@ mod tests {
             self.inner.grant_lease(ttl_seconds).await
         }
         async fn keep_alive(&self, lease: LeaseId) -> crate::store::Result<i64> {
+            if self.hang_next.swap(false, Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            let slow = self.slow_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(slow)).await;
             if !self.lose.load(Ordering::SeqCst) {
                 return self.inner.keep_alive(lease).await;
             }
@@ -340,6 +379,8 @@ mod tests {
             inner: MemoryStore::new(),
             lose: AtomicBool::new(false),
             renew: AtomicBool::new(renew),
+            slow_ms: std::sync::atomic::AtomicU64::new(0),
+            hang_next: AtomicBool::new(false),
         })
     }
 
@@ -361,6 +402,42 @@ mod tests {
         let back = wait_for(|| replication.claim("c"), "claim after the lapse").await;
         assert_eq!(back, claim);
         assert_eq!(replication.session_lease(), Some(claim.lease));
+    }
+
+    /// Keep-alives slower than a third of the TTL (etcd far away, or slow)
+    /// still renew the lease: an attempt is never abandoned for a slow
+    /// answer, only joined by another.
+    #[tokio::test]
+    async fn slow_keep_alives_keep_the_lease() {
+        let store = lossy(true);
+        let (replication, claim, _stop) = member(Arc::clone(&store)).await;
+        let slow = TTL / 3 + Duration::from_millis(200);
+        store
+            .slow_ms
+            .store(slow.as_millis() as u64, Ordering::SeqCst);
+        tokio::time::sleep(3 * TTL).await;
+        assert_eq!(replication.session_lease(), Some(claim.lease));
+        let lives = store.inner.lease_time_to_live(claim.lease).await.unwrap();
+        assert!(lives.is_some(), "the lease expired");
+    }
+
+    /// A keep-alive that hangs (sent to a member cut off from its peers) is
+    /// joined by another, which renews the lease in time: the claim is
+    /// never given up.
+    #[tokio::test]
+    async fn a_hanging_keep_alive_is_hedged_within_the_ttl() {
+        let store = lossy(true);
+        let (replication, claim, _stop) = member(Arc::clone(&store)).await;
+        store.hang_next.store(true, Ordering::SeqCst);
+        let until = Instant::now() + 2 * TTL;
+        while Instant::now() < until {
+            assert_eq!(replication.claim("c"), Some(claim), "the claim lapsed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !store.hang_next.load(Ordering::SeqCst),
+            "no keep-alive hung"
+        );
     }
 
     /// A lapse in which the lease did expire ends the session: its claims

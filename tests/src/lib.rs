@@ -205,6 +205,23 @@ pub async fn create_running(
     client.get_cluster(name).await.expect("get the new cluster")
 }
 
+/// Asks for an upgrade of `cluster` to `version` and returns the accepted
+/// operation (panics if it is refused).
+pub async fn start_upgrade(
+    client: &mut drover_client::Client,
+    cluster: &str,
+    version: &str,
+) -> drover_client::v1::Operation {
+    let request = drover_client::v1::UpgradeClusterRequest {
+        name: cluster.into(),
+        version: version.into(),
+        request_id: String::new(),
+        allow_downgrade: false,
+    };
+    let accepted = client.clusters().upgrade_cluster(request).await;
+    accepted.expect("upgrade accepted").into_inner()
+}
+
 /// The first 100 operations of `cluster`, newest first.
 pub async fn operations_of(
     client: &drover_client::Client,

@@ -16,7 +16,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, operations_of, owner, wait_running, TempDir};
+use drover_tests::{create_running, operations_of, owner, start_upgrade, wait_running, TempDir};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -86,17 +86,7 @@ async fn restoring_etcd_from_a_snapshot_recovers_in_flight_work_and_fencing() {
 
     // The snapshot is taken while an upgrade runs.
     sim.set_latency(Duration::from_millis(300)).await;
-    let upgrade = client
-        .clusters()
-        .upgrade_cluster(v1::UpgradeClusterRequest {
-            name: "dr-busy".into(),
-            version: "1.30.0".into(),
-            request_id: String::new(),
-            allow_downgrade: false,
-        })
-        .await
-        .expect("upgrade accepted")
-        .into_inner();
+    let upgrade = start_upgrade(&mut client, "dr-busy", "1.30.0").await;
     wait_running(&client, "dr-busy", &upgrade.id, WAIT).await;
     let backups = TempDir::new("etcd-backup");
     let snapshot = backups.path().join("snapshot.db");

@@ -12,7 +12,7 @@ use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, operations_of, owner, wait_running, wait_until};
+use drover_tests::{create_running, operations_of, owner, start_upgrade, wait_running, wait_until};
 use std::time::Duration;
 
 #[tokio::test]
@@ -25,17 +25,7 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
     let mut client = replica.client().await;
     let cluster = create_running(&mut client, "lost", 4).await;
     sim.set_latency(Duration::from_millis(300)).await;
-    let upgrade = client
-        .clusters()
-        .upgrade_cluster(v1::UpgradeClusterRequest {
-            name: "lost".into(),
-            version: "1.30.0".into(),
-            request_id: String::new(),
-            allow_downgrade: false,
-        })
-        .await
-        .expect("upgrade accepted")
-        .into_inner();
+    let upgrade = start_upgrade(&mut client, "lost", "1.30.0").await;
     wait_running(&client, "lost", &upgrade.id, Duration::from_secs(20)).await;
     // Mid-upgrade: at least one node upgraded, more to go.
     wait_until(Duration::from_secs(20), "a node upgraded", || {
@@ -125,17 +115,7 @@ async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
     create_running(&mut client, "waiting", 2).await;
     sim.set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
         .await;
-    let upgrade = client
-        .clusters()
-        .upgrade_cluster(v1::UpgradeClusterRequest {
-            name: "waiting".into(),
-            version: "1.30.0".into(),
-            request_id: String::new(),
-            allow_downgrade: false,
-        })
-        .await
-        .expect("upgrade accepted")
-        .into_inner();
+    let upgrade = start_upgrade(&mut client, "waiting", "1.30.0").await;
     let metrics = replica.admin_endpoint();
     wait_until(Duration::from_secs(30), "three retries", || {
         let metrics = metrics.clone();

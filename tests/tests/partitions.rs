@@ -18,7 +18,7 @@ use drover_tests::netns::Net;
 use drover_tests::provider::SimProcess;
 use drover_tests::relay::Relay;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, operations_of, owner, wait_running, wait_until};
+use drover_tests::{create_running, operations_of, owner, start_upgrade, wait_running, wait_until};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -118,17 +118,7 @@ impl World {
         let mut client = self.replicas[0].client().await;
         create_running(&mut client, name, 4).await;
         self.sim.set_latency(Duration::from_millis(400)).await;
-        let upgrade = client
-            .clusters()
-            .upgrade_cluster(v1::UpgradeClusterRequest {
-                name: name.into(),
-                version: "1.30.0".into(),
-                request_id: String::new(),
-                allow_downgrade: false,
-            })
-            .await
-            .expect("upgrade accepted")
-            .into_inner();
+        let upgrade = start_upgrade(&mut client, name, "1.30.0").await;
         wait_running(&client, name, &upgrade.id, Duration::from_secs(20)).await;
         wait_until(Duration::from_secs(20), "a node upgraded", || async {
             let audit = self.sim.audit("").await;

@@ -11,7 +11,7 @@ use drover_tests::postgres::{
     address, data_dir, postmaster_pid, psql, writable, PgProviderProcess, BIN, V1, V2,
 };
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{scrape, wait_for_state, wait_until};
+use drover_tests::{scrape, start_upgrade, wait_for_state, wait_until};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,8 +61,8 @@ impl Deployment {
         cluster.status.unwrap_or_default().nodes
     }
 
-    /// Waits for `op` to end and asserts it succeeded.
-    async fn succeeds(&mut self, op: v1::Operation) {
+    /// Waits for `op` to end, asserts it succeeded, and returns it ended.
+    async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation {
         let done = self
             .client
             .wait_operation(&op, OPERATION)
@@ -73,6 +73,7 @@ impl Deployment {
             v1::OperationState::Succeeded as i32,
             "{done:#?}"
         );
+        done
     }
 }
 
@@ -130,19 +131,7 @@ async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
          INSERT INTO items SELECT generate_series(1, {ROWS})"
     );
     psql(&address(&primary(&nodes)), &sql).expect("write rows");
-    let request = v1::UpgradeClusterRequest {
-        name: "pg".into(),
-        version: V2.into(),
-        request_id: String::new(),
-        allow_downgrade: false,
-    };
-    let upgrade = d
-        .client
-        .clusters()
-        .upgrade_cluster(request)
-        .await
-        .expect("upgrade")
-        .into_inner();
+    let upgrade = start_upgrade(&mut d.client, "pg", V2).await;
     // Mid-upgrade: the second node's step has begun (the first node is
     // done), more to go.
     wait_until(Duration::from_secs(60), "the second upgrade step", || {
@@ -160,16 +149,7 @@ async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
     .await;
     d.provider.restart().await;
 
-    let done = d
-        .client
-        .wait_operation(&upgrade, OPERATION)
-        .await
-        .expect("wait");
-    assert_eq!(
-        done.state,
-        v1::OperationState::Succeeded as i32,
-        "{done:#?}"
-    );
+    let done = d.succeeds(upgrade).await;
     assert_eq!(done.runs.len(), 1, "one run, one epoch: {:#?}", done.runs);
     let retries = provider_retries(&d.replicas).await;
     assert!(retries > 0.0, "the upgrade went on without asking again");
@@ -274,19 +254,8 @@ async fn rolling_upgrade(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Nod
             }
         })
     };
-    let request = v1::UpgradeClusterRequest {
-        name: "pg".into(),
-        version: V2.into(),
-        request_id: String::new(),
-        allow_downgrade: false,
-    };
-    let op = d
-        .client
-        .clusters()
-        .upgrade_cluster(request)
-        .await
-        .expect("upgrade");
-    d.succeeds(op.into_inner()).await;
+    let op = start_upgrade(&mut d.client, "pg", V2).await;
+    d.succeeds(op).await;
     stop.store(true, Ordering::SeqCst);
     sampler.await.unwrap();
     let most = most_writable.lock().unwrap().clone();

@@ -164,6 +164,32 @@ async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
     );
     assert_eq!(writable(&nodes), vec![primary(&nodes).id]);
     rows_everywhere(&nodes).await;
+    stale_epochs_are_still_refused(&mut d, done.runs[0].epoch).await;
+}
+
+/// The restarted provider still knows the newest epoch it saw before the
+/// kill: a call under an older one is refused, and changes nothing.
+async fn stale_epochs_are_still_refused(d: &mut Deployment, epoch: i64) {
+    use drover_proto::provider::v1 as pb;
+    let uid = d.client.get_cluster("pg").await.expect("get").uid;
+    let mut provider = pb::provider_client::ProviderClient::connect(d.provider.endpoint())
+        .await
+        .expect("connect to the provider");
+    let stale = pb::PowerRequest {
+        token: Some(pb::FencingToken {
+            cluster_uid: uid,
+            epoch: epoch - 1,
+            operation_id: "stale".into(),
+        }),
+    };
+    let refused = provider.stop_nodes(stale).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    let nodes = d.nodes().await;
+    assert!(nodes.iter().all(|n| n.ready), "{nodes:#?}");
 }
 
 /// Provider calls the replicas sent again, by their metrics.

@@ -228,8 +228,11 @@ async fn a_replica_cut_from_etcd_mid_upgrade_stops_and_its_peer_takes_over() {
 /// The operation timeout of upgrades in the gray-failure tests, seconds.
 const UPGRADE_TIMEOUT: u64 = 10;
 /// How long a replica goes without reaching the provider before it hands
-/// its clusters over, in the gray-failure tests (seconds).
-const HANDOVER_AFTER: u64 = 2;
+/// its clusters over, in the gray-failure tests (seconds). Probes go every
+/// second then: when the provider goes away for both replicas, each sees
+/// its probes fail within two seconds, a second before either has failed
+/// for this long (the margin the second test relies on).
+const HANDOVER_AFTER: u64 = 3;
 
 /// A replica cut from the provider only (it keeps its lease, a gray
 /// failure) mid-upgrade: after `--provider-handover-after` it hands the

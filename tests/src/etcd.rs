@@ -4,6 +4,7 @@
 use crate::pki::{Issued, Pki};
 use crate::{free_port, TempDir};
 use drover_server::store::{EtcdOptions, EtcdStore, Store};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -18,6 +19,11 @@ pub struct EtcdProcess {
     pprof: bool,
     /// More flags for etcd (e.g. `--quota-backend-bytes`).
     extra: Vec<String>,
+    /// Where its data lives, if not in `data_dir` (a slow disk, say).
+    data: Option<PathBuf>,
+    /// The `cgroup.procs` file of the cgroup etcd runs in from its first
+    /// instruction, if not this process's.
+    cgroup_procs: Option<PathBuf>,
 }
 
 /// Certificates for an etcd that serves clients over TLS and requires
@@ -73,8 +79,23 @@ impl EtcdProcess {
         Self::start_over(tls, pprof, &[]).await
     }
 
+    /// Starts etcd with its data in `data` (a directory it may create),
+    /// running in the cgroup whose `cgroup.procs` is `cgroup_procs` from
+    /// before its first write, so that the cgroup's limits (blkio
+    /// throttles) apply to all its I/O.
+    pub async fn start_in_cgroup(data: PathBuf, cgroup_procs: PathBuf) -> Self {
+        let mut etcd = Self::unstarted(None, false, &[]);
+        etcd.data = Some(data);
+        etcd.cgroup_procs = Some(cgroup_procs);
+        etcd.launch().await
+    }
+
     async fn start_over(tls: Option<EtcdTlsFiles>, pprof: bool, extra: &[&str]) -> Self {
-        let mut etcd = Self {
+        Self::unstarted(tls, pprof, extra).launch().await
+    }
+
+    fn unstarted(tls: Option<EtcdTlsFiles>, pprof: bool, extra: &[&str]) -> Self {
+        Self {
             child: None,
             data_dir: TempDir::new("etcd"),
             client_port: free_port(),
@@ -82,23 +103,37 @@ impl EtcdProcess {
             tls,
             pprof,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
+            data: None,
+            cgroup_procs: None,
+        }
+    }
+
+    async fn launch(mut self) -> Self {
         for attempt in 1.. {
-            match etcd.spawn().await {
+            match self.spawn().await {
                 Ok(()) => break,
                 Err(report) if attempt < START_ATTEMPTS => {
                     // A port free a moment ago may have been taken since
-                    // (another test's connection): start over on new ones.
+                    // (another test's connection): start over on new ones,
+                    // with no data.
                     eprintln!("etcd did not start ({report}); retrying on new ports");
-                    etcd.kill();
-                    etcd.data_dir = TempDir::new("etcd");
-                    etcd.client_port = free_port();
-                    etcd.peer_port = free_port();
+                    self.kill();
+                    let _ = std::fs::remove_dir_all(self.data_path());
+                    self.data_dir = TempDir::new("etcd");
+                    self.client_port = free_port();
+                    self.peer_port = free_port();
                 }
                 Err(report) => panic!("etcd did not start: {report}"),
             }
         }
-        etcd
+        self
+    }
+
+    /// Its data directory.
+    fn data_path(&self) -> PathBuf {
+        self.data
+            .clone()
+            .unwrap_or_else(|| self.data_dir.path().join("data"))
     }
 
     /// The etcd process id, while it runs.
@@ -189,8 +224,8 @@ impl EtcdProcess {
     /// starts etcd on it, on the same ports.
     pub async fn restore(&mut self, snapshot: &std::path::Path) {
         self.kill();
-        let data = self.data_dir.path().join("data");
-        std::fs::rename(&data, self.data_dir.path().join("data.before-restore"))
+        let data = self.data_path();
+        std::fs::rename(&data, data.with_extension("before-restore"))
             .expect("move the data directory aside");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let output = Command::new("etcdctl")
@@ -217,7 +252,18 @@ impl EtcdProcess {
     async fn spawn(&mut self) -> Result<(), String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.data_dir.path().join("etcd.log")).expect("etcd log");
-        let mut command = Command::new("etcd");
+        let mut command = match &self.cgroup_procs {
+            // The shell joins the cgroup, then becomes etcd (same pid).
+            Some(procs) => {
+                let mut shell = Command::new("sh");
+                shell
+                    .arg("-c")
+                    .arg(r#"echo $$ > "$0" && exec etcd "$@""#)
+                    .arg(procs);
+                shell
+            }
+            None => Command::new("etcd"),
+        };
         if let Some(tls) = &self.tls {
             command
                 .arg("--cert-file")
@@ -234,7 +280,7 @@ impl EtcdProcess {
         let child = command
             .args(["--name", "test"])
             .arg("--data-dir")
-            .arg(self.data_dir.path().join("data"))
+            .arg(self.data_path())
             .args(["--listen-client-urls", &self.endpoint()])
             .args(["--advertise-client-urls", &self.endpoint()])
             .args(["--listen-peer-urls", &peer])

@@ -11,6 +11,9 @@
 //! - [`relay`]: a TCP relay adding latency per chunk, where netem is missing.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
 //! - [`scrape`]: reads a `/metrics` endpoint (etcd's, a replica's).
+//! - [`slow_disk`]: etcd on a loop device whose writes a blkio cgroup
+//!   throttles.
+//! - [`load`]: a bounded load of stops and starts, and its figures.
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
@@ -19,6 +22,7 @@ pub mod conformance;
 pub mod etcd;
 pub mod history;
 pub mod in_process;
+pub mod load;
 pub mod netns;
 pub mod pki;
 pub mod postgres;
@@ -26,6 +30,7 @@ pub mod provider;
 pub mod relay;
 pub mod replica;
 pub mod scrape;
+pub mod slow_disk;
 
 use std::future::Future;
 use std::net::TcpListener;

@@ -66,3 +66,73 @@ pub fn sum(samples: &BTreeMap<String, f64>, name: &str, label: &str) -> f64 {
         .map(|(_, value)| value)
         .sum()
 }
+
+/// The cumulative buckets of histogram `name` (`name_bucket{le="..."}`),
+/// upper bound first, in ascending order; `+Inf` last.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram(Vec<(f64, f64)>);
+
+impl Histogram {
+    /// Histogram `name` as `samples` hold it (empty if absent).
+    pub fn of(samples: &BTreeMap<String, f64>, name: &str) -> Self {
+        let prefix = format!("{name}_bucket{{");
+        let mut buckets: Vec<(f64, f64)> = samples
+            .iter()
+            .filter_map(|(series, count)| {
+                let labels = series.strip_prefix(&prefix)?;
+                let bound = labels.split("le=\"").nth(1)?.split('"').next()?;
+                let bound = if bound == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    bound.parse().ok()?
+                };
+                Some((bound, *count))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Self(buckets)
+    }
+
+    /// What was observed after `earlier` (a scrape of the same series).
+    pub fn since(&self, earlier: &Histogram) -> Histogram {
+        let before = |bound: f64| {
+            earlier
+                .0
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .map_or(0.0, |(_, c)| *c)
+        };
+        Self(self.0.iter().map(|&(b, c)| (b, c - before(b))).collect())
+    }
+
+    /// How many observations.
+    pub fn count(&self) -> f64 {
+        self.0.last().map_or(0.0, |(_, c)| *c)
+    }
+
+    /// The `q` quantile (0..=1), interpolated within its bucket as
+    /// Prometheus's `histogram_quantile` does; `None` without observations.
+    /// Past the last finite bound it is that bound.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let rank = q * self.count();
+        if self.count() == 0.0 {
+            return None;
+        }
+        let (mut lower, mut below) = (0.0, 0.0);
+        for &(bound, count) in &self.0 {
+            if count >= rank {
+                if bound.is_infinite() {
+                    return Some(lower);
+                }
+                let share = if count > below {
+                    (rank - below) / (count - below)
+                } else {
+                    0.0
+                };
+                return Some(lower + (bound - lower) * share);
+            }
+            (lower, below) = (bound, count);
+        }
+        Some(lower)
+    }
+}

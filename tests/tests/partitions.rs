@@ -14,6 +14,7 @@ use drover_client::Client;
 use drover_tests::etcd::EtcdCluster;
 use drover_tests::history::provider_violations;
 use drover_tests::history::{assert_transitions_are_edges, ends, node_violations};
+use drover_tests::load::{assert_accepted_once, resumed, stops_and_starts, Figures};
 use drover_tests::netns::Net;
 use drover_tests::provider::SimProcess;
 use drover_tests::relay::Relay;
@@ -400,123 +401,19 @@ const RELAYED_TTL: u64 = 6;
 const LOADED_CLUSTERS: usize = 3;
 const OPERATIONS_PER_CLUSTER: usize = 4;
 
-/// How long one submit attempt may go unanswered before the client asks
-/// again (under the same request id), and one operation may take.
-const ATTEMPT_BOUND: Duration = Duration::from_secs(10);
-const OPERATION_BOUND: Duration = Duration::from_secs(60);
-
-/// What one phase of load measured.
-#[derive(Default)]
-struct Figures {
-    wall: Duration,
-    /// Submit (accepted) and end-to-end (submit to end) latency, per
-    /// operation.
-    submits: Vec<Duration>,
-    ends: Vec<Duration>,
-    /// Submit attempts the client made again (UNAVAILABLE, no answer).
-    retried: u32,
-    /// Every operation accepted: (request id, operation id).
-    accepted: Vec<(String, String)>,
-}
-
-impl Figures {
-    fn line(&self, phase: &str) -> String {
-        let rate = self.ends.len() as f64 / self.wall.as_secs_f64();
-        let ms = |samples: &[Duration], p| percentile(samples, p).as_millis();
-        format!(
-            "{phase}: {} operations in {:.1} s, {rate:.2} ops/s; submit p50 {} ms p99 {} ms; \
-             end-to-end p50 {} ms p99 {} ms; {} submits retried",
-            self.ends.len(),
-            self.wall.as_secs_f64(),
-            ms(&self.submits, 50),
-            ms(&self.submits, 99),
-            ms(&self.ends, 50),
-            ms(&self.ends, 99),
-            self.retried
-        )
-    }
-}
-
-/// The nearest-rank `p`th percentile (with a dozen samples, p99 is the
-/// slowest).
-fn percentile(samples: &[Duration], p: usize) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    let rank = (sorted.len() * p).div_ceil(100).max(1);
-    sorted.get(rank - 1).copied().unwrap_or_default()
-}
-
-/// Submits one stop or start under `request_id`, sent again while the
-/// answer is UNAVAILABLE or does not come within [`ATTEMPT_BOUND`]; the
-/// operation and how many attempts were made again.
-async fn submit(client: &Client, name: &str, stop: bool, request_id: &str) -> (v1::Operation, u32) {
-    let attempts = std::sync::atomic::AtomicU32::new(0);
-    let op = client
-        .retrying_unavailable(|mut client| {
-            attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let (name, request_id) = (name.to_string(), request_id.to_string());
-            async move {
-                let answer = if stop {
-                    let request = v1::StopClusterRequest { name, request_id };
-                    tokio::time::timeout(ATTEMPT_BOUND, client.clusters().stop_cluster(request))
-                        .await
-                } else {
-                    let request = v1::StartClusterRequest { name, request_id };
-                    tokio::time::timeout(ATTEMPT_BOUND, client.clusters().start_cluster(request))
-                        .await
-                };
-                let silent =
-                    || tonic::Status::unavailable(format!("no answer in {ATTEMPT_BOUND:?}"));
-                Ok(answer.map_err(|_| silent())??.into_inner())
-            }
-        })
-        .await
-        .unwrap_or_else(|error| panic!("{request_id}: {error}"));
-    (op, attempts.into_inner() - 1)
-}
-
 /// One phase: on each loaded cluster, through r1 or r2 in turn, stops and
-/// starts it [`OPERATIONS_PER_CLUSTER`] times, each waited for; the
-/// clusters go concurrently. Every operation must succeed.
+/// starts it [`OPERATIONS_PER_CLUSTER`] times. The faults are between the
+/// replicas and etcd only: the provider answers every call, so every
+/// operation must succeed.
 async fn load(world: &World, phase: &str) -> Figures {
-    let started = Instant::now();
-    let mut runs = tokio::task::JoinSet::new();
-    for c in 0..LOADED_CLUSTERS {
-        let mut client = world.replicas[c % 2].client().await;
-        let phase = phase.to_string();
-        runs.spawn(async move {
-            let mut figures = Figures::default();
-            let name = format!("loaded-{c}");
-            for n in 0..OPERATIONS_PER_CLUSTER {
-                let request_id = format!("{phase}-{name}-{n}");
-                let begun = Instant::now();
-                let (op, retried) = submit(&client, &name, n % 2 == 0, &request_id).await;
-                figures.submits.push(begun.elapsed());
-                figures.retried += retried;
-                let done = client
-                    .wait_operation(&op, OPERATION_BOUND)
-                    .await
-                    .unwrap_or_else(|error| panic!("{request_id}: {error}"));
-                // The faults are between the replicas and etcd only: the
-                // provider answers every call, so slowness (or a takeover)
-                // may delay an operation but never give it a reason to fail.
-                assert_eq!(done.state, O::Succeeded as i32, "{request_id}: {done:?}");
-                figures.ends.push(begun.elapsed());
-                figures.accepted.push((request_id, op.id));
-            }
-            figures
-        });
+    let mut clients = Vec::new();
+    for replica in &world.replicas {
+        clients.push(replica.client().await);
     }
-    let mut all = Figures::default();
-    while let Some(run) = runs.join_next().await {
-        let run = run.expect("a load run");
-        all.submits.extend(run.submits);
-        all.ends.extend(run.ends);
-        all.retried += run.retried;
-        all.accepted.extend(run.accepted);
-    }
-    all.wall = started.elapsed();
-    all
+    let clusters: Vec<String> = (0..LOADED_CLUSTERS)
+        .map(|c| format!("loaded-{c}"))
+        .collect();
+    stops_and_starts(&clients, &clusters, OPERATIONS_PER_CLUSTER, phase).await
 }
 
 /// The seed of the relay's delays: `DROVER_TEST_SEED`, or the clock.
@@ -585,20 +482,10 @@ async fn latency_and_loss_between_replicas_and_etcd_lose_nothing() {
     }
     // Once each: every request id names one operation, the one accepted.
     let accepted: Vec<_> = baseline.accepted.iter().chain(&faulty.accepted).collect();
-    for (request_id, id) in &accepted {
-        let named: Vec<_> = operations
-            .iter()
-            .filter(|op| &op.request_id == request_id)
-            .collect();
-        assert_eq!(named.len(), 1, "{request_id}: {named:?}");
-        assert_eq!(&named[0].id, id, "{request_id}");
-    }
+    assert_accepted_once(&operations, &accepted);
     // Nothing else ran: the first starts and the operations accepted.
     assert_eq!(operations.len(), LOADED_CLUSTERS + accepted.len());
-    let resumed: usize = operations
-        .iter()
-        .map(|op| op.runs.len().saturating_sub(1))
-        .sum();
+    let resumed = resumed(&operations);
     eprintln!(
         "latency and loss: {} operations, all succeeded once ({resumed} resumed by a new \
          owner), lost: none",

@@ -1,18 +1,29 @@
-//! A sick etcd: its space quota exhausted (the NOSPACE alarm raised) while
-//! an operation runs. Requests that write fail with RESOURCE_EXHAUSTED and
-//! say what to do, nothing is half written, reads are still served, the
-//! replica keeps its lease and its clusters; once an operator compacts,
-//! defragments and disarms the alarm, everything resumes without a restart.
+//! A sick etcd.
+//!
+//! - Its space quota exhausted (the NOSPACE alarm raised) while an
+//!   operation runs. Requests that write fail with RESOURCE_EXHAUSTED and
+//!   say what to do, nothing is half written, reads are still served, the
+//!   replica keeps its lease and its clusters; once an operator compacts,
+//!   defragments and disarms the alarm, everything resumes without a
+//!   restart.
+//! - Its disk slow (a throttled loop device, see
+//!   `drover_tests::slow_disk`): every fsync waits. Keep-alives keep up, or
+//!   a replica that misses them steps down and its peer takes over; either
+//!   way no operation is lost or run twice.
 //!
 //! Bounded: the fill stops at the alarm or after a fixed number of writes;
-//! every wait has a deadline; loopback only.
+//! the load is a fixed number of operations; every wait has a deadline;
+//! loopback only.
 
 use drover_client::v1::{self, OperationState as O};
 use drover_server::store::{Op, Store, StoreError, Txn};
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
+use drover_tests::load::{assert_accepted_once, resumed, stops_and_starts, Figures};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
+use drover_tests::scrape::{self, Histogram};
+use drover_tests::slow_disk::SlowEtcd;
 use drover_tests::{create_running, operations_of, owner, wait_running};
 use std::time::{Duration, Instant};
 
@@ -155,5 +166,162 @@ async fn an_etcd_out_of_space_refuses_writes_clearly_and_recovers_without_restar
         upgrade.id,
         full_since.elapsed(),
         operations.len()
+    );
+}
+
+/// etcd's writes to its disk, a second, in the slow phase: each WAL fsync
+/// then waits for a slot, 77-96 ms at the median (measured, see
+/// BENCHMARKS.md); unthrottled, the same disk syncs in about a millisecond.
+const SLOW_WRITE_IOPS: u32 = 20;
+/// In the crawling phase: fsyncs of a second and more. Keep-alives (which
+/// etcd 3.4 answers once it has applied what it committed) miss the TTL,
+/// the replicas lose their leases over and over, and no operation makes
+/// progress until the disk recovers ([`CRAWL_WINDOW`] later).
+const CRAWL_WRITE_IOPS: u32 = 3;
+const CRAWL_WINDOW: Duration = Duration::from_secs(6);
+/// The replicas' lease TTL (seconds): the other tests' 2 s, the shortest
+/// the project's tests give keep-alives.
+const SLOW_TTL: &str = "2";
+/// Clusters under load, and stops and starts on each per phase.
+const SLOW_CLUSTERS: usize = 3;
+const SLOW_OPERATIONS_PER_CLUSTER: usize = 4;
+
+/// etcd's WAL fsyncs and the replicas' keep-alive failures so far.
+struct Probe {
+    fsyncs: Histogram,
+    keepalive_failures: f64,
+}
+
+impl Probe {
+    async fn take(slow: &SlowEtcd, replicas: &[ReplicaProcess]) -> Self {
+        let mut keepalive_failures = 0.0;
+        for replica in replicas {
+            let samples = scrape::metrics(&replica.admin_endpoint()).await;
+            keepalive_failures +=
+                scrape::sum(&samples, "drover_lease_keepalive_failures_total", "");
+        }
+        Self {
+            fsyncs: slow.wal_fsyncs().await,
+            keepalive_failures,
+        }
+    }
+
+    /// The phase since `earlier`: fsync p50 and p99 (seconds), how many
+    /// fsyncs and keep-alive failures.
+    fn since(&self, earlier: &Probe) -> (Histogram, f64) {
+        let failures = self.keepalive_failures - earlier.keepalive_failures;
+        (self.fsyncs.since(&earlier.fsyncs), failures)
+    }
+}
+
+/// One phase's report line: the load's figures, etcd's WAL fsyncs (p50,
+/// p99) and the replicas' keep-alive failures.
+fn report(phase: &str, load: &Figures, (fsyncs, failures): &(Histogram, f64)) {
+    let ms = |q| fsyncs.quantile(q).map_or(f64::NAN, |s| s * 1000.0);
+    eprintln!(
+        "{}; etcd WAL {} fsyncs p50 {:.1} ms p99 {:.1} ms; {failures} keep-alive failures",
+        load.line(phase),
+        fsyncs.count(),
+        ms(0.5),
+        ms(0.99)
+    );
+}
+
+/// etcd on a slow disk under a bounded load of stops and starts through two
+/// replicas, in three phases on the same disk: unthrottled (the baseline),
+/// slow ([`SLOW_WRITE_IOPS`]: keep-alives keep up) and crawling
+/// ([`CRAWL_WRITE_IOPS`] for [`CRAWL_WINDOW`]: the replicas lose their
+/// leases and step down, and the load resumes once the disk recovers).
+/// Every operation accepted once under its request id and succeeded, the
+/// transitions on the table, no provider call under a stale epoch.
+#[tokio::test]
+async fn an_etcd_on_a_slow_disk_loses_no_operation() {
+    let Some(slow) = SlowEtcd::start().await else {
+        return;
+    };
+    let sim = SimProcess::start().await;
+    let (provider, etcd) = (sim.endpoint(), slow.etcd.endpoint());
+    let args = ["--provider", provider.as_str(), "--lease-ttl", SLOW_TTL];
+    let replicas = [
+        ReplicaProcess::serve_with(&etcd, "r1", &args).await,
+        ReplicaProcess::serve_with(&etcd, "r2", &args).await,
+    ];
+    let mut clients = Vec::new();
+    for replica in &replicas {
+        clients.push(replica.client().await);
+    }
+    let clusters: Vec<String> = (0..SLOW_CLUSTERS).map(|c| format!("slow-{c}")).collect();
+    for name in &clusters {
+        create_running(&mut clients[0], name, 1).await;
+    }
+    let load = |phase| stops_and_starts(&clients, &clusters, SLOW_OPERATIONS_PER_CLUSTER, phase);
+    let bounded = |seconds| Duration::from_secs(seconds);
+
+    let start = Probe::take(&slow, &replicas).await;
+    let baseline = tokio::time::timeout(bounded(30), load("baseline")).await;
+    let fast = Probe::take(&slow, &replicas).await;
+    let baseline = baseline.expect("the baseline within 30 s");
+    report("baseline", &baseline, &fast.since(&start));
+
+    slow.disk.throttle_writes(SLOW_WRITE_IOPS);
+    let slowed = tokio::time::timeout(bounded(40), load("slow")).await;
+    let slow_end = Probe::take(&slow, &replicas).await;
+    let slowed = slowed.expect("the slow phase within 40 s");
+    let phase = format!("{SLOW_WRITE_IOPS} writes/s");
+    let slow_figures = slow_end.since(&fast);
+    report(&phase, &slowed, &slow_figures);
+    // Without this the test would prove nothing: the throttle must slow
+    // etcd's fsyncs well past the unthrottled disk's.
+    let slow_p50 = slow_figures.0.quantile(0.5).expect("fsyncs");
+    assert!(slow_p50 > 0.02, "fsyncs not slowed: p50 {slow_p50} s");
+
+    slow.disk.throttle_writes(CRAWL_WRITE_IOPS);
+    let recover = async {
+        tokio::time::sleep(CRAWL_WINDOW).await;
+        let probe = Probe::take(&slow, &replicas).await;
+        slow.disk.throttle_writes(0);
+        probe
+    };
+    let crawled = tokio::time::timeout(bounded(50), async { tokio::join!(load("crawl"), recover) });
+    let (crawled, crawl_end) = crawled.await.expect("the crawl and recovery within 50 s");
+    let crawl_figures = crawl_end.since(&slow_end);
+    let phase = format!("{CRAWL_WRITE_IOPS} writes/s for {CRAWL_WINDOW:?}, then unthrottled");
+    report(&phase, &crawled, &crawl_figures);
+    // The phase is there to make the replicas step down: they must have.
+    assert!(crawl_figures.1 > 0.0, "no keep-alive failed while crawling");
+
+    let phases = [&baseline, &slowed, &crawled];
+    check_history(&slow, &sim, &clients[0], &clusters, &phases).await;
+}
+
+/// Every accepted operation once under its request id and succeeded,
+/// nothing else ran, the transitions on the table, no provider call under a
+/// stale epoch; prints how many runs a new owner resumed.
+async fn check_history(
+    slow: &SlowEtcd,
+    sim: &SimProcess,
+    client: &drover_client::Client,
+    clusters: &[String],
+    phases: &[&Figures],
+) {
+    let mut operations = Vec::new();
+    for name in clusters {
+        operations.extend(operations_of(client, name).await);
+    }
+    let accepted: Vec<_> = phases.iter().flat_map(|p| &p.accepted).collect();
+    assert_accepted_once(&operations, &accepted);
+    // Nothing else ran: the first starts and the operations accepted.
+    assert_eq!(operations.len(), clusters.len() + accepted.len());
+    for op in &operations {
+        assert_eq!(op.state, O::Succeeded as i32, "{op:?}");
+    }
+    let violations = provider_violations(&sim.audit("").await, &ends(&operations));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    assert_transitions_are_edges(&slow.etcd.store().await, "/drover/v1/").await;
+    eprintln!(
+        "slow disk: {} operations, all succeeded once, {} runs resumed by a new owner; \
+         lost: none",
+        accepted.len(),
+        resumed(&operations)
     );
 }

@@ -149,6 +149,8 @@ pub struct Metrics {
     /// Provider calls sent again because the provider was unavailable.
     pub provider_request_retries: Family<RequestLabels, Counter>,
     pub keepalive_failures: Counter,
+    /// Leases this replica lost (found expired): every claim dropped at once.
+    pub leases_lost: Counter,
     pub clusters_owned: Gauge,
     /// Providers this replica has not reached for longer than its
     /// `--provider-handover-after`.
@@ -247,6 +249,12 @@ impl Metrics {
             "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)",
             providers_unreachable.clone(),
         );
+        let leases_lost = Counter::default();
+        registry.register(
+            "leases_lost",
+            "Replica leases found expired (keep-alives failed for longer than the TTL): every cluster dropped at once and a new lease joined",
+            leases_lost.clone(),
+        );
         let clusters_owned = Gauge::default();
         registry.register(
             "clusters_owned",
@@ -337,6 +345,7 @@ impl Metrics {
             provider_request_seconds,
             provider_request_retries,
             keepalive_failures,
+            leases_lost,
             clusters_owned,
             providers_unreachable,
             ownership_passes,

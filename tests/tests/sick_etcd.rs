@@ -186,40 +186,46 @@ const SLOW_TTL: &str = "2";
 const SLOW_CLUSTERS: usize = 3;
 const SLOW_OPERATIONS_PER_CLUSTER: usize = 4;
 
-/// etcd's WAL fsyncs and the replicas' keep-alive failures so far.
+/// etcd's WAL fsyncs, the replicas' keep-alive failures and the leases
+/// they lost so far.
 struct Probe {
     fsyncs: Histogram,
     keepalive_failures: f64,
+    leases_lost: f64,
 }
 
 impl Probe {
     async fn take(slow: &SlowEtcd, replicas: &[ReplicaProcess]) -> Self {
-        let mut keepalive_failures = 0.0;
+        let (mut keepalive_failures, mut leases_lost) = (0.0, 0.0);
         for replica in replicas {
             let samples = scrape::metrics(&replica.admin_endpoint()).await;
             keepalive_failures +=
                 scrape::sum(&samples, "drover_lease_keepalive_failures_total", "");
+            leases_lost += scrape::sum(&samples, "drover_leases_lost_total", "");
         }
         Self {
             fsyncs: slow.wal_fsyncs().await,
             keepalive_failures,
+            leases_lost,
         }
     }
 
-    /// The phase since `earlier`: fsync p50 and p99 (seconds), how many
-    /// fsyncs and keep-alive failures.
-    fn since(&self, earlier: &Probe) -> (Histogram, f64) {
+    /// The phase since `earlier`: its fsyncs, keep-alive failures and
+    /// leases lost.
+    fn since(&self, earlier: &Probe) -> (Histogram, f64, f64) {
         let failures = self.keepalive_failures - earlier.keepalive_failures;
-        (self.fsyncs.since(&earlier.fsyncs), failures)
+        let lost = self.leases_lost - earlier.leases_lost;
+        (self.fsyncs.since(&earlier.fsyncs), failures, lost)
     }
 }
 
 /// One phase's report line: the load's figures, etcd's WAL fsyncs (p50,
-/// p99) and the replicas' keep-alive failures.
-fn report(phase: &str, load: &Figures, (fsyncs, failures): &(Histogram, f64)) {
+/// p99), the replicas' keep-alive failures and the leases they lost.
+fn report(phase: &str, load: &Figures, (fsyncs, failures, lost): &(Histogram, f64, f64)) {
     let ms = |q| fsyncs.quantile(q).map_or(f64::NAN, |s| s * 1000.0);
     eprintln!(
-        "{}; etcd WAL {} fsyncs p50 {:.1} ms p99 {:.1} ms; {failures} keep-alive failures",
+        "{}; etcd WAL {} fsyncs p50 {:.1} ms p99 {:.1} ms; {failures} keep-alive failures, \
+         {lost} leases lost",
         load.line(phase),
         fsyncs.count(),
         ms(0.5),

@@ -402,6 +402,7 @@ mod tests {
         let back = wait_for(|| replication.claim("c"), "claim after the lapse").await;
         assert_eq!(back, claim);
         assert_eq!(replication.session_lease(), Some(claim.lease));
+        assert_eq!(replication.metrics.leases_lost.get(), 0);
     }
 
     /// Keep-alives slower than a third of the TTL (etcd far away, or slow)
@@ -465,6 +466,7 @@ mod tests {
         assert_ne!(lease, claim.lease);
         assert_eq!(replication.claim("c"), None);
         assert!(replication.owned_clusters().is_empty());
+        assert_eq!(replication.metrics.leases_lost.get(), 1);
     }
 
     /// A provider call made while the session has lapsed waits for the

@@ -346,6 +346,7 @@ impl Ownership {
     fn drop_session(&self, why: &str) {
         if lock(&self.session).take().is_some() {
             tracing::warn!(why, "lost the replica lease: no longer acting as an owner");
+            self.metrics.leases_lost.inc();
         }
         lock(&self.owned).clear();
         self.metrics.clusters_owned.set(0);

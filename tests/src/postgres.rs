@@ -112,14 +112,20 @@ fn spawn(root: &Path, port: u16, (from, to): (u16, u16)) -> Child {
 }
 
 /// A range of `n` ports nothing listens on, starting at one the kernel
-/// handed out.
+/// handed out, and overlapping no range handed to another provider of this
+/// test process: tests run side by side, and two providers choosing node
+/// ports from one range would race for them (a node then cannot start).
 fn free_range(n: u16) -> (u16, u16) {
+    static GIVEN: std::sync::Mutex<Vec<(u16, u16)>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     for _ in 0..50 {
         let from = free_port();
         let Some(to) = from.checked_add(n) else {
             continue;
         };
-        if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+        let overlaps = given.iter().any(|&(a, b)| from <= b && a <= to);
+        if !overlaps && (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            given.push((from, to));
             return (from, to);
         }
     }

@@ -100,50 +100,108 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
     );
 }
 
+/// A replica over etcd and a simulator that answers UNAVAILABLE to every
+/// node upgrade, and an upgrade of cluster `name` (2 workers) accepted.
+struct Refusing {
+    etcd: EtcdProcess,
+    sim: SimProcess,
+    replica: ReplicaProcess,
+    client: drover_client::Client,
+    upgrade: v1::Operation,
+}
+
+impl Refusing {
+    async fn start(name: &str) -> Self {
+        let etcd = EtcdProcess::start().await;
+        let sim = SimProcess::start().await;
+        let provider = sim.endpoint();
+        let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
+        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+        let mut client = replica.client().await;
+        create_running(&mut client, name, 2).await;
+        sim.set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
+            .await;
+        let upgrade = start_upgrade(&mut client, name, "1.30.0").await;
+        Self {
+            etcd,
+            sim,
+            replica,
+            client,
+            upgrade,
+        }
+    }
+
+    /// Every accepted operation ended, no provider call stale or late, the
+    /// transitions on the table.
+    async fn check(&self, name: &str) {
+        let operations = operations_of(&self.client, name).await;
+        let audit = self.sim.audit("").await;
+        let violations = provider_violations(&audit, &ends(&operations));
+        assert!(violations.is_empty(), "{}", violations.join("\n"));
+        assert_transitions_are_edges(&self.etcd.store().await, "/drover/v1/").await;
+    }
+}
+
+/// A provider that keeps answering UNAVAILABLE (it is up, and says the
+/// call may pass, but it does not): the step is asked again a bounded
+/// number of times, about 16 s of waits, then the upgrade fails with the
+/// provider's own message, not at its hour-long timeout.
+#[tokio::test]
+async fn an_upgrade_the_provider_keeps_refusing_fails_with_its_message() {
+    let mut f = Refusing::start("refused").await;
+    let started = std::time::Instant::now();
+    let done = f
+        .client
+        .wait_operation(&f.upgrade, Duration::from_secs(40))
+        .await
+        .expect("the upgrade ends");
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let message = done.error.as_ref().map_or("", |e| e.message.as_str());
+    assert!(
+        message.contains("injected fault in UpgradeNode"),
+        "{message}"
+    );
+    let retries = upgrade_retries(&f.replica.admin_endpoint()).await;
+    assert_eq!(retries, 7.0, "8 attempts, 7 of them again");
+    eprintln!(
+        "refusing provider: the upgrade failed after {:?} and {retries} retries",
+        started.elapsed()
+    );
+    f.check("refused").await;
+}
+
 /// A provider that answers UNAVAILABLE to every node upgrade: the owner
 /// keeps asking (the upgrade waits, it does not fail at the first refusal)
-/// and counts each retry; a cancel request ends the wait at once, not at
-/// the operation's timeout.
+/// and counts each retry; a cancel request ends the wait at the next
+/// retry, not at the operation's timeout.
 #[tokio::test]
 async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
-    let provider = sim.endpoint();
-    let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
-    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-    let mut client = replica.client().await;
-    create_running(&mut client, "waiting", 2).await;
-    sim.set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
-        .await;
-    let upgrade = start_upgrade(&mut client, "waiting", "1.30.0").await;
-    let metrics = replica.admin_endpoint();
+    let mut f = Refusing::start("waiting").await;
+    let metrics = f.replica.admin_endpoint();
     wait_until(Duration::from_secs(30), "three retries", || {
         let metrics = metrics.clone();
         async move { upgrade_retries(&metrics).await >= 3.0 }
     })
     .await;
-    let waiting = client
-        .operations()
-        .get_operation(v1::GetOperationRequest {
-            cluster: "waiting".into(),
-            id: upgrade.id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner();
+    let id = f.upgrade.id.clone();
+    let request = v1::GetOperationRequest {
+        cluster: "waiting".into(),
+        id: id.clone(),
+    };
+    let waiting = f.client.operations().get_operation(request).await;
+    let waiting = waiting.expect("get").into_inner();
     assert_eq!(waiting.state, O::Running as i32, "{waiting:?}");
 
-    client
-        .operations()
-        .cancel_operation(v1::CancelOperationRequest {
-            cluster: "waiting".into(),
-            id: upgrade.id.clone(),
-        })
-        .await
-        .expect("cancel accepted");
-    // Retries are at most 5 s apart: the cancel is seen by the next one.
-    let done = client
-        .wait_operation(&upgrade, Duration::from_secs(15))
+    let cancel = v1::CancelOperationRequest {
+        cluster: "waiting".into(),
+        id,
+    };
+    let cancelled = f.client.operations().cancel_operation(cancel).await;
+    cancelled.expect("cancel accepted");
+    // The next retry (within 2 s here) sees the cancel.
+    let done = f
+        .client
+        .wait_operation(&f.upgrade, Duration::from_secs(15))
         .await
         .expect("the upgrade ends");
     assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
@@ -152,10 +210,7 @@ async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
         message.contains("cancelled while waiting for the provider"),
         "{message}"
     );
-    let operations = operations_of(&client, "waiting").await;
-    let violations = provider_violations(&sim.audit("").await, &ends(&operations));
-    assert!(violations.is_empty(), "{}", violations.join("\n"));
-    assert_transitions_are_edges(&etcd.store().await, "/drover/v1/").await;
+    f.check("waiting").await;
 }
 
 /// `drover_provider_request_retries_total{request="UpgradeNode"}` of a

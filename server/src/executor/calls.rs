@@ -24,6 +24,11 @@ const RETRY_FIRST_WAIT: Duration = Duration::from_millis(200);
 /// is asked again within this.
 const RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
+/// Attempts at a call the provider keeps answering with a failure that may
+/// pass (UNAVAILABLE, or RESOURCE_EXHAUSTED for a describe): about 16 s
+/// of waits in all (see [`Backoff::allows`]).
+const ANSWERED_FAILURE_ATTEMPTS: u32 = 8;
+
 impl Holding<'_> {
     /// Runs `step` at the provider, under this replica's claim and by the
     /// operation's deadline (the gRPC deadline the provider learns is the
@@ -54,12 +59,13 @@ impl Holding<'_> {
                 Err(status) if cut_at_claim_end(&status, deadline) => {
                     std::future::pending::<()>().await;
                 }
-                // Unreachable or restarting: the call is idempotent (the
-                // provider contract), so it is sent again, under the same
-                // token, until the provider answers or the operation's
-                // deadline passes. A step is never failed for a provider
-                // that is only briefly gone.
-                Err(status) if unavailable(&status) && backoff.fits(cutoff) => {
+                // Unreachable, restarting, or saying it is unavailable: the
+                // call is idempotent (the provider contract), so it is sent
+                // again, under the same token, as `Backoff::allows` says:
+                // until the provider answers or the operation's deadline
+                // passes. A step is never failed for a provider that is
+                // only briefly gone.
+                Err(status) if unavailable(&status) && backoff.allows(&status, cutoff) => {
                     // Waiting may be long: a cancel request ends it.
                     if self.cancel_seen().await {
                         return Err(cancelled_waiting(&status));
@@ -278,7 +284,10 @@ impl Holding<'_> {
             let mut backoff = Backoff::default();
             loop {
                 match self.describe().await {
-                    Err(status) if is_transient(&status) && backoff.fits(deadline.into_std()) => {
+                    Err(status)
+                        if is_transient(&status)
+                            && backoff.allows(&status, deadline.into_std()) =>
+                    {
                         if self.cancel_seen().await {
                             return Err(cancelled_waiting(&status));
                         }
@@ -375,15 +384,19 @@ fn is_transient(status: &tonic::Status) -> bool {
     unavailable(status) || status.code() == Code::ResourceExhausted
 }
 
-/// The provider could not be reached or the connection broke mid-call (a
-/// provider killed while it worked): tonic reports the latter as UNKNOWN
-/// with the transport error as its source, not as the provider's answer.
+/// The provider said it is unavailable, or could not be asked at all (see
+/// [`unreachable`]).
 fn unavailable(status: &tonic::Status) -> bool {
-    match status.code() {
-        Code::Unavailable => true,
-        Code::Unknown => std::error::Error::source(status).is_some(),
-        _ => false,
-    }
+    status.code() == Code::Unavailable || unreachable(status)
+}
+
+/// No answer from the provider: no connection, or one that broke mid-call
+/// (a provider killed while it worked, which tonic reports as UNKNOWN).
+/// Such a status is made here, with the transport error as its source; a
+/// status the provider sent has none.
+fn unreachable(status: &tonic::Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::Unknown)
+        && std::error::Error::source(status).is_some()
 }
 
 /// The error that ends a call waiting for an unavailable provider when the
@@ -399,20 +412,35 @@ fn cancelled_waiting(status: &tonic::Status) -> tonic::Status {
 /// [`RETRY_FIRST_WAIT`] up to [`RETRY_MAX_WAIT`].
 struct Backoff {
     wait: Duration,
+    /// Failures the provider answered (not [`unreachable`]) so far.
+    answered: u32,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
         Self {
             wait: RETRY_FIRST_WAIT,
+            answered: 0,
         }
     }
 }
 
 impl Backoff {
-    /// Whether the next wait ends before `cutoff`, leaving time to ask.
-    fn fits(&self, cutoff: std::time::Instant) -> bool {
-        Instant::now() + self.wait < cutoff
+    /// Whether to ask again after `status`: while the next wait ends before
+    /// `cutoff`, always for a provider that does not answer (restarting,
+    /// cut off), [`ANSWERED_FAILURE_ATTEMPTS`] times for one that answers
+    /// with a failure: a provider up and saying "unavailable" for longer
+    /// may never get better (a node that cannot start), and its operation
+    /// ends with its message instead of waiting for the timeout.
+    fn allows(&mut self, status: &tonic::Status, cutoff: std::time::Instant) -> bool {
+        if Instant::now() + self.wait >= cutoff {
+            return false;
+        }
+        if unreachable(status) {
+            return true;
+        }
+        self.answered += 1;
+        self.answered < ANSWERED_FAILURE_ATTEMPTS
     }
 
     async fn sleep(&mut self) {

@@ -124,7 +124,10 @@ impl Ownership {
                     }
                 }
             }
-            Ok(_) => {}
+            Ok(true) => {}
+            // No session now (the next join writes the record whole), or
+            // the record is another incarnation's: tried again next probe.
+            Ok(false) => *lock(&self.provider_reach) = previous,
             Err(error) => {
                 tracing::warn!(%error, "cannot publish the providers this replica cannot reach; retrying");
                 *lock(&self.provider_reach) = previous;

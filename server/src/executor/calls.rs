@@ -448,3 +448,48 @@ impl Backoff {
         self.wait = (self.wait * 2).min(RETRY_MAX_WAIT);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider nobody listens for: the status tonic makes is told apart
+    /// from one the provider sent, so the call is waited for, not failed
+    /// after a few attempts.
+    #[tokio::test]
+    async fn a_refused_connection_is_unreachable_and_an_answer_is_not() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let mut provider = crate::provider::connect_lazy(&endpoint).unwrap();
+        let request = pb::GetCapabilitiesRequest {};
+        let refused = provider.get_capabilities(request).await.unwrap_err();
+        assert!(unreachable(&refused), "{refused:?}");
+        assert!(unavailable(&refused));
+
+        let answered = tonic::Status::unavailable("the provider says: not now");
+        assert!(!unreachable(&answered));
+        assert!(unavailable(&answered));
+    }
+
+    /// An answered failure is asked again a bounded number of times; an
+    /// unreachable provider for as long as the cutoff allows.
+    #[test]
+    fn answered_failures_are_retried_a_bounded_number_of_times() {
+        let cutoff = std::time::Instant::now() + Duration::from_secs(3600);
+        let answered = tonic::Status::unavailable("not now");
+        let mut backoff = Backoff::default();
+        let allowed = (0..20)
+            .filter(|_| backoff.allows(&answered, cutoff))
+            .count();
+        assert_eq!(allowed as u32, ANSWERED_FAILURE_ATTEMPTS - 1);
+
+        let soon = std::time::Instant::now() + Duration::from_millis(100);
+        assert!(
+            !Backoff::default().allows(&answered, soon),
+            "past the cutoff"
+        );
+    }
+}

@@ -43,8 +43,9 @@
 //! newer epoch drains an older call, that a failed fence keeps the slot, that a call is still in
 //! flight after its drive ended with its session, that a stale call is on
 //! its way to a refusal, that an accept on the owner claims its operation,
-//! that a drive that ended early is resumed and that idle clusters move to
-//! their preferred member. Each negative test seeds one [`Flaw`] and the
+//! that a drive that ended early is resumed, that idle clusters move to
+//! their preferred member and that an owner hands over a cluster whose
+//! operation it drives (a gray failure). Each negative test seeds one [`Flaw`] and the
 //! checker finds its counterexample: without the owner-key compare (in the
 //! executor's writes or in the accept's claim) a dead lease's write lands;
 //! without orphan recovery an operation never ends; failing an orphan
@@ -53,7 +54,9 @@
 //! describe (as Drover did) reports an upgrade that never ran; resuming at
 //! the first step runs a step again after a later one; resuming an orphan
 //! with a provider that does not drain lets the lost owner's call, admitted
-//! before the fence, run beside the resumed step and land after it.
+//! before the fence, run beside the resumed step and land after it; an
+//! orphan a hand-over left (no lease lost) failed without a fence lets the
+//! old owner's call land after the operation ended.
 //!
 //! # Assumptions
 //!
@@ -72,6 +75,12 @@
 //!   which Drover never does on purpose: safety must not rest on the
 //!   evidence being right. A replica that rejoins revokes its previous
 //!   incarnation's lease first if etcd still holds it.
+//! - A gray failure's hand-over: an owner whose lease lives releases a
+//!   cluster whose operation it drives (fenced, as any release) and stops
+//!   driving it; the call it sent goes on. The next owner finds the
+//!   operation RUNNING under another epoch: an orphan, as after a lost
+//!   lease. Why the owner hands over (its probes) is not modelled, only
+//!   that it may at any step, within the budget.
 //! - Orphans: a new owner that reads an operation RUNNING under another
 //!   epoch fences the provider and then resumes it at the step its record
 //!   shows, recording it under its own epoch (the record counts the
@@ -129,6 +138,12 @@
 //! - A drive ends early (a write that met an error other than a conflict)
 //!   only after the first step of a two-step operation, where resuming at
 //!   the recorded step differs from starting again.
+//! - A step's call sent again after an answer saying the provider is
+//!   unavailable, or after a refused connection, is a call that lands
+//!   later: covered. One sent again after a connection broke mid-call,
+//!   while the provider may still be working on the first copy, is not
+//!   modelled: its order against the drive's next step rests on the
+//!   provider serialising a cluster's calls (`PROVIDERS.md`).
 //! - Not modelled: cancel requests, request ids, spec and status writes,
 //!   the scanner, schema versions, graceful shutdown (a revoke is an expiry
 //!   its replica knows of), etcd being unreachable and the retried write
@@ -186,6 +201,11 @@ pub struct Drover {
     /// Calls the provider admits and applies later (a long call), instead
     /// of in the step it admits them.
     pub slow_calls: u8,
+    /// Hand-overs of a gray failure: an owner that cannot reach the
+    /// provider, its lease alive, releases a cluster whose operation it
+    /// drives, its call possibly still in flight
+    /// (`server/src/replication/gray_failure.rs`).
+    pub handovers: u8,
     pub orphans: OrphanPolicy,
     pub flaw: Option<Flaw>,
 }
@@ -244,6 +264,7 @@ impl Drover {
             read_errors: 1,
             stalls: 1,
             slow_calls: 1,
+            handovers: 0,
             orphans: OrphanPolicy::Resume { limit: 1 },
             flaw: None,
         }

@@ -29,6 +29,7 @@ pub const FENCE_RETRIED: &str = "a failed fence keeps the orphan's slot";
 pub const RESUMED: &str = "a drive that ended early is resumed under its claim";
 pub const CLAIMED_AT_ACCEPT: &str = "an accept on the owner claims its operation";
 pub const CALL_OUTLIVES_DRIVE: &str = "a call is in flight after its drive ended";
+pub const HANDED_OVER: &str = "an owner hands over a cluster whose operation it drives";
 
 pub fn all() -> Vec<Property<Drover>> {
     vec![
@@ -65,6 +66,7 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::sometimes(RESUMED, |_, s: &State| s.history.resumed),
         Property::sometimes(CLAIMED_AT_ACCEPT, claimed_at_accept),
         Property::sometimes(CALL_OUTLIVES_DRIVE, call_outlives_drive),
+        Property::sometimes(HANDED_OVER, |_, s: &State| s.history.handed_over),
     ]
 }
 

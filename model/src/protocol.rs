@@ -36,6 +36,8 @@ pub struct State {
     pub stalls_left: u8,
     /// Calls still to be admitted and applied later.
     pub slow_calls_left: u8,
+    /// Gray-failure hand-overs still to happen.
+    pub handovers_left: u8,
     pub history: History,
 }
 
@@ -57,6 +59,8 @@ pub struct History {
     pub fence_retried: bool,
     /// A drive resumed an operation RUNNING under its own claim.
     pub resumed: bool,
+    /// An owner handed over a cluster whose operation it drove.
+    pub handed_over: bool,
     /// The provider aborted a running call of an older epoch.
     pub drained: bool,
 }
@@ -191,6 +195,13 @@ pub enum Action {
         replica: ReplicaId,
         cluster: ClusterId,
     },
+    /// An owner that cannot reach the provider (a gray failure: its lease
+    /// lives) deletes its owner key (fenced) while it drives the cluster's
+    /// operation, and stops driving it; spends a hand-over.
+    HandOver {
+        replica: ReplicaId,
+        cluster: ClusterId,
+    },
     /// The owner reads the slot's operation and the revisions it will
     /// compare.
     Read {
@@ -301,6 +312,7 @@ impl State {
             read_errors_left: model.read_errors,
             stalls_left: model.stalls,
             slow_calls_left: model.slow_calls,
+            handovers_left: model.handovers,
             history: History::default(),
             store,
         }
@@ -425,6 +437,9 @@ impl State {
             }
             (Some(_), Some(holding)) => holding,
         };
+        if self.handovers_left > 0 {
+            actions.push(Action::HandOver { replica, cluster });
+        }
         match holding.phase {
             Phase::Pending | Phase::Fencing { .. } => {
                 actions.push(Action::Describe {
@@ -469,6 +484,7 @@ impl State {
             } => next.accept_claimed(model, replica, cluster, kind)?,
             Action::Claim { replica, cluster } => next.claim(replica, cluster)?,
             Action::Release { replica, cluster } => next.release(replica, cluster)?,
+            Action::HandOver { replica, cluster } => next.hand_over(replica, cluster)?,
             Action::Read { replica, cluster } => next.read(model, replica, cluster)?,
             Action::Describe {
                 replica,
@@ -615,6 +631,25 @@ impl State {
 
     /// `Ownership::release`: delete the owner key if it is still ours.
     fn release(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+        self.delete_owner_key(replica, cluster)?;
+        self.history.released = true;
+        Some(())
+    }
+
+    /// `Ownership::hand_over_if_passed_over`: the same release of a
+    /// cluster whose operation this replica drives; the drive ends, its
+    /// call in flight goes on.
+    fn hand_over(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+        self.delete_owner_key(replica, cluster)?;
+        self.replicas[replica].holding[cluster] = None;
+        self.handovers_left -= 1;
+        self.history.handed_over = true;
+        Some(())
+    }
+
+    /// Deletes `cluster`'s owner key if it is still `replica`'s (compared),
+    /// and forgets the claim.
+    fn delete_owner_key(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
         let claim = self.replicas[replica].claim(cluster)?;
         if !self.store.owner_is(cluster, claim) {
             return None;
@@ -623,7 +658,6 @@ impl State {
         self.store.commit();
         self.store.owners[cluster] = None;
         self.replicas[replica].owned[cluster] = None;
-        self.history.released = true;
         Some(())
     }
 

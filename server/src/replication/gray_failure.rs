@@ -32,9 +32,8 @@
 //!   clusters of every provider.
 
 use super::*;
-use crate::cluster::{from_json, ClusterCache};
+use crate::cluster::ClusterCache;
 use crate::provider::{Link, Providers};
-use crate::store::RangeRequest;
 use tokio::sync::watch;
 
 /// The longest time between two probes of a provider.
@@ -83,15 +82,7 @@ impl Ownership {
     /// Releases every owned cluster, busy or not, when the member records
     /// show this replica passed over: it cannot do their work, a peer can.
     async fn hand_over_if_passed_over(&self, cache: &ClusterCache) -> crate::store::Result<()> {
-        let members = self
-            .store
-            .range(RangeRequest::prefix(self.keys.members()))
-            .await?;
-        let members: Vec<MemberRecord> = members
-            .kvs
-            .iter()
-            .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
-            .collect();
+        let (members, _) = self.read_members().await?;
         if self.passed_over(&members) && !lock(&self.owned).is_empty() {
             let left = self.release_unbusy(cache, |_| false).await?;
             tracing::warn!(

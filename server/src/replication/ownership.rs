@@ -127,18 +127,10 @@ impl Ownership {
         memo: &mut StateMemo,
     ) -> crate::store::Result<i64> {
         self.metrics.ownership_passes.inc();
-        let members = self
-            .store
-            .range(RangeRequest::prefix(self.keys.members()))
-            .await?;
+        let (members_read, read_at) = self.read_members().await?;
         let Some(lease) = self.live_lease() else {
-            return Ok(members.revision);
+            return Ok(read_at);
         };
-        let members_read: Vec<MemberRecord> = members
-            .kvs
-            .iter()
-            .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
-            .collect();
         let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
         // A draining member still owns what it runs, but is preferred for
         // nothing: its idle clusters go to the others. So is a member cut
@@ -149,7 +141,7 @@ impl Ownership {
             .collect();
         if self.is_draining() || !live.iter().any(|(id, _)| id == &self.config.replica_id) {
             // Not (yet) visible as a member, or draining: claim nothing.
-            return Ok(members.revision);
+            return Ok(read_at);
         }
         let own_writes = self.owner_writes.load(std::sync::atomic::Ordering::SeqCst);
         let store = self.store.as_ref();
@@ -225,7 +217,7 @@ impl Ownership {
         // it (its reply lost, say) shows up in the owner view with this
         // replica's lease.
         self.publish_owned(lease, owned);
-        Ok(members.revision)
+        Ok(read_at)
     }
 
     /// Releases the owned clusters that no longer exist, or whose records
@@ -257,6 +249,21 @@ impl Ownership {
             }
         }
         Ok(())
+    }
+
+    /// Every member record (those this build cannot read left out), and
+    /// the revision they were read at.
+    pub(super) async fn read_members(&self) -> crate::store::Result<(Vec<MemberRecord>, i64)> {
+        let members = self
+            .store
+            .range(RangeRequest::prefix(self.keys.members()))
+            .await?;
+        let records = members
+            .kvs
+            .iter()
+            .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
+            .collect();
+        Ok((records, members.revision))
     }
 
     pub(super) fn is_draining(&self) -> bool {

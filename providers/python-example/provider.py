@@ -3,7 +3,7 @@ contract kept (fencing, draining, deadlines, idempotency, error codes).
 The second example, after Drover's own simulator, of a provider written
 against the proto files alone; drover-provider-check passes against it.
 
-    python3 provider.py PROTO_DIR [--listen 127.0.0.1:7090]
+    python3 provider.py PROTO_DIR [--listen 127.0.0.1:7090] [--work-ms 0]
 
 Generates the stubs from PROTO_DIR with grpcio-tools into a temporary
 directory, serves until interrupted, and prints "serving on ADDRESS" once
@@ -15,6 +15,13 @@ older call has ended, which is the drain the contract asks for, and task
 runs end at once (DONE), so none is left for a newer epoch to stop. A real
 provider whose calls take time must abort or wait for older calls instead
 (see PROVIDERS.md).
+
+--work-ms makes every mutating step take that long, as a real cloud's do.
+The work is carried across repeated calls, as the contract asks: the first
+call of a step (cluster, method, operation, request: whatever the epoch)
+starts it, a call whose deadline comes first answers DEADLINE_EXCEEDED
+having applied nothing, and the same call sent again waits only for the
+rest, then applies once.
 """
 
 import argparse
@@ -56,10 +63,23 @@ class Refused(Exception):
         self.code, self.message = code, message
 
 
-def make_servicer(pb, pb_grpc):
+# Work done and not asked for again within this long is forgotten.
+FORGET_WORK_AFTER = 300.0
+
+
+def time_left(context):
+    """Seconds left of the call's deadline (gRPC or drover-apply-by), or None."""
+    apply_by = dict(context.invocation_metadata()).get("drover-apply-by")
+    left = [x for x in (context.time_remaining(),
+                        None if apply_by is None else int(apply_by) / 1000 - time.time()) if x is not None]
+    return min(left) if left else None
+
+
+def make_servicer(pb, pb_grpc, work_seconds=0.0):
     class Provider(pb_grpc.ProviderServicer):
         def __init__(self):
             self.lock = threading.Lock()
+            self.work = {}  # (uid, method, operation, request) -> when its work is done
             self.clusters = {}  # uid -> {node id -> ProviderNode}
             self.newest = {}  # uid -> newest epoch seen
             self.runs = {}  # run id -> RunTaskResponse
@@ -82,8 +102,32 @@ def make_servicer(pb, pb_grpc):
             self.newest[token.cluster_uid] = token.epoch
             return token.cluster_uid
 
-        def call(self, context, request, act):
-            """Runs act(uid) under the lock for a fenced request; maps refusals."""
+        def carry_work(self, context, method, request):
+            """Waits for the step's work, started by its first call; at the
+            deadline, if that comes first, refuses with nothing applied."""
+            if not work_seconds or not request.HasField("token"):
+                return
+            bare = type(request)()
+            bare.CopyFrom(request)
+            bare.ClearField("token")
+            key = (request.token.cluster_uid, method, request.token.operation_id,
+                   bare.SerializeToString(deterministic=True))
+            with self.lock:
+                now = time.monotonic()
+                self.work = {k: done for k, done in self.work.items() if done + FORGET_WORK_AFTER > now}
+                done = self.work.setdefault(key, now + work_seconds)
+            left = time_left(context)
+            if left is not None and now + left < done:
+                time.sleep(max(left, 0))
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"{method}: the work goes on ({done - now - left:.3f} s left); nothing applied yet: send it again")
+            time.sleep(max(done - time.monotonic(), 0))
+
+        def call(self, context, request, act, method=None):
+            """Runs act(uid) under the lock for a fenced request, after its
+            work when it is a mutating step (method); maps refusals."""
+            if method is not None:
+                self.carry_work(context, method, request)
             with self.lock:
                 try:
                     token = request.token if request.HasField("token") else None
@@ -123,20 +167,20 @@ def make_servicer(pb, pb_grpc):
                         nodes[n.id] = n
                     self.next_worker[uid] = request.worker_nodes
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, "CreateNodes")
 
-        def power(self, request, context, state):
+        def power(self, request, context, state, method):
             def act(uid):
                 for n in self.existing(uid).values():
                     n.power_state = state
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, method)
 
         def StartNodes(self, request, context):
-            return self.power(request, context, "on")
+            return self.power(request, context, "on", "StartNodes")
 
         def StopNodes(self, request, context):
-            return self.power(request, context, "off")
+            return self.power(request, context, "off", "StopNodes")
 
         def DeleteNodes(self, request, context):
             def act(uid):
@@ -144,7 +188,7 @@ def make_servicer(pb, pb_grpc):
                 for node_id in list(request.node_ids) or list(nodes):
                     nodes.pop(node_id, None)  # a node already gone is no error
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, "DeleteNodes")
 
         def ResizeNodes(self, request, context):
             def act(uid):
@@ -163,7 +207,7 @@ def make_servicer(pb, pb_grpc):
                     for n in workers[request.worker_nodes:]:
                         del nodes[n.id]
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, "ResizeNodes")
 
         def UpgradeNode(self, request, context):
             def act(uid):
@@ -172,14 +216,14 @@ def make_servicer(pb, pb_grpc):
                     raise Refused(grpc.StatusCode.NOT_FOUND, f"node {request.node_id} does not exist")
                 node.version = request.version
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, "UpgradeNode")
 
         def RepairNodes(self, request, context):
             def act(uid):
                 for n in self.existing(uid).values():
                     n.power_state, n.healthy = "on", True
                 return self.answer(uid)
-            return self.call(context, request, act)
+            return self.call(context, request, act, "RepairNodes")
 
         def DescribeCluster(self, request, context):
             with self.lock:
@@ -229,6 +273,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("proto_dir", type=pathlib.Path)
     parser.add_argument("--listen", default="127.0.0.1:7090")
+    parser.add_argument("--work-ms", type=int, default=0,
+                        help="how long every mutating step's work takes (carried across repeated calls)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out:
         generate(args.proto_dir, pathlib.Path(out))
@@ -236,7 +282,7 @@ def main() -> None:
         pb = importlib.import_module("drover.provider.v1.provider_pb2")
         pb_grpc = importlib.import_module("drover.provider.v1.provider_pb2_grpc")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        pb_grpc.add_ProviderServicer_to_server(make_servicer(pb, pb_grpc), server)
+        pb_grpc.add_ProviderServicer_to_server(make_servicer(pb, pb_grpc, args.work_ms / 1000), server)
         if server.add_insecure_port(args.listen) == 0:
             raise SystemExit(f"cannot listen on {args.listen}")
         server.start()

@@ -281,8 +281,9 @@ impl Drop for Killed {
     }
 }
 
-#[tokio::test]
-async fn the_python_example_provider_passes_the_kit_binary() {
+/// The Python example provider on a free port (`args` added), once it
+/// accepts connections; killed when dropped.
+async fn python_provider(args: &[&str]) -> (Killed, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
@@ -291,11 +292,12 @@ async fn the_python_example_provider_passes_the_kit_binary() {
     let python = root.join(".venv/bin/python3");
     let port = free_port();
     let address = format!("127.0.0.1:{port}");
-    let _provider = Killed(
+    let provider = Killed(
         Command::new(&python)
             .arg(root.join("providers/python-example/provider.py"))
             .arg(root.join("proto"))
             .args(["--listen", &address])
+            .args(args)
             .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e} (run scripts/install-deps.sh)", python.display())),
@@ -305,26 +307,48 @@ async fn the_python_example_provider_passes_the_kit_binary() {
         async move { tokio::net::TcpStream::connect(address).await.is_ok() }
     })
     .await;
+    (provider, format!("http://{address}"))
+}
+
+/// Runs the kit's binary against `endpoint` with `args`; its stdout, after
+/// checking that it exited with success.
+fn kit_binary(endpoint: &str, args: &[&str]) -> String {
     let output = Command::new(workspace_binary("drover-provider-check"))
-        .args([
-            "--provider",
-            &format!("http://{address}"),
-            "--timeout-secs",
-            "10",
-        ])
+        .args(["--provider", endpoint, "--timeout-secs", "10"])
+        .args(args)
         .output()
         .expect("run drover-provider-check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{:?}\n{stdout}{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    stdout
+}
+
+#[tokio::test]
+async fn the_python_example_provider_passes_the_kit_binary() {
+    let (_provider, endpoint) = python_provider(&[]).await;
+    let stdout = kit_binary(&endpoint, &[]);
     let checks = drover_provider_check::checks::NAMES.len();
     assert!(
         stdout.contains(&format!("{checks} checks, 0 failed")),
         "{stdout}"
     );
     assert!(!stdout.lines().any(|l| l.starts_with("FAIL ")), "{stdout}");
+}
+
+/// Every step taking 1.5 s, three of the kit's cut windows: the work goes
+/// on across the repeated calls and the nodes are made once.
+#[tokio::test]
+async fn the_python_example_provider_carries_long_work_across_calls() {
+    let (_provider, endpoint) = python_provider(&["--work-ms", "1500"]).await;
+    let stdout = kit_binary(&endpoint, &["--only", "long-work"]);
+    let line = stdout.lines().find(|l| l.contains("long-work"));
+    assert!(
+        line.is_some_and(|l| l.starts_with("PASS") && l.contains("cut")),
+        "{stdout}"
+    );
 }

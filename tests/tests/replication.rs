@@ -225,6 +225,44 @@ async fn kill_9_of_the_owner_mid_upgrade_resumes_the_operation_on_a_new_owner() 
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
+/// Every node call takes about three claim windows (1.6 s at TTL 2): each
+/// call is cut at its deadline and sent again, the provider's work going
+/// on across them, and the owner is killed mid-upgrade; the new owner's
+/// resumed call carries on with the same work.
+#[tokio::test]
+async fn an_upgrade_whose_node_calls_outlast_the_claim_window_succeeds_through_a_kill_9() {
+    let mut c = Cluster3::start(3, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    let cluster = create_running(&mut client, "slow", 2).await;
+    let nodes = node_ids(&c.sim, &cluster.uid).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, "slow").await.expect("an owner");
+    c.sim.set_latency(Duration::from_millis(5_000)).await;
+    let op = upgrade(&mut client, "slow").await;
+    let mut client = c.client_avoiding(&before.replica).await;
+    wait_step(&client, "slow", &op.id, 2, Duration::from_secs(30)).await;
+
+    c.replica_mut(&before.replica).kill9();
+    let done = client
+        .wait_operation(&op, Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    assert_eq!(
+        done.runs.len(),
+        2,
+        "resumed by a new owner: {:?}",
+        done.runs
+    );
+    assert_upgrade_audit(&c.sim.audit(&cluster.uid).await, &done, &nodes);
+    let provider_nodes = c.sim.nodes(&cluster.uid).await;
+    assert!(
+        provider_nodes.iter().all(|n| n.version == "1.30.0"),
+        "{provider_nodes:?}"
+    );
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;

@@ -125,6 +125,12 @@ impl Link {
         with_deadlines(message, self.call_timeout, apply_by)
     }
 
+    /// `message` due in `window`, shorter than a call timeout: the kit's
+    /// way of cutting a call whose work takes longer.
+    pub fn due_in<T>(&self, message: T, window: Duration) -> Request<T> {
+        with_deadlines(message, window, now_ms() + window.as_millis() as u64)
+    }
+
     /// `message` whose `drover-apply-by` passed a second ago, while its gRPC
     /// deadline is still a whole call timeout away: a provider must go by
     /// the earlier of the two and apply nothing.

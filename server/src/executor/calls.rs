@@ -53,6 +53,9 @@ impl Holding<'_> {
             match self.send(step, deadline).await {
                 Err(status) if cut_at_claim_end(&status, deadline) && Instant::now() < cutoff => {
                     tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
+                    // A provider answering DEADLINE_EXCEEDED early (its
+                    // clock ahead) is asked again at the deadline, not at once.
+                    tokio::time::sleep_until(deadline.into()).await;
                 }
                 // Cut at the cutoff: the operation's own timeout, moments
                 // away, ends the step (the caller bounds it by that deadline).
@@ -372,8 +375,16 @@ impl super::Executor {
 /// call is asked again once the claim is renewed: provider calls are
 /// idempotent, and a slow provider is bounded by the operation's timeout,
 /// not by one lease period.
+///
+/// The provider may say so itself: DEADLINE_EXCEEDED means it applied
+/// nothing because the deadline came first (work longer than one claim's
+/// window goes on at the provider across the repeated calls).
 fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> bool {
-    status.code() == Code::Cancelled && std::time::Instant::now() >= deadline
+    match status.code() {
+        Code::Cancelled => std::time::Instant::now() >= deadline,
+        Code::DeadlineExceeded => true,
+        _ => false,
+    }
 }
 
 /// Whether the provider's error says that asking again may work: it is

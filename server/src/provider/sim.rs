@@ -34,6 +34,14 @@
 //! - A call that hangs (fault kind `hang`) or waits out its latency has not
 //!   been admitted: it is never drained, and never applies anything either
 //!   (a token older than the newest by then is refused once it goes on).
+//! - Step latency is work that goes on across repeated calls, as the
+//!   contract asks of work longer than one deadline: the first call of a
+//!   step (its cluster, method, operation and request, whatever the epoch)
+//!   starts it; a call whose deadline comes first answers
+//!   DEADLINE_EXCEEDED having applied nothing, and the same call sent
+//!   again, by this owner or by the next one, waits only for what is left
+//!   and then applies, once. Work done and not asked for again for
+//!   [`FORGET_WORK_AFTER`] is forgotten.
 
 pub mod faults;
 pub mod flags;
@@ -55,6 +63,9 @@ const MULTI_NODE: [&str; 5] = [
     "DeleteNodes",
     "ResizeNodes",
 ];
+
+/// How long a step's work done is remembered for a call sent again.
+pub const FORGET_WORK_AFTER: Duration = Duration::from_secs(300);
 
 /// How long before its gRPC deadline a late call lands.
 const LAND_BEFORE_DEADLINE: Duration = Duration::from_millis(5);
@@ -99,6 +110,27 @@ impl SimRun {
     }
 }
 
+/// One step's work at the provider, the same whichever owner asks (see
+/// [`SimProvider::work_through`]): the cluster, the method, the operation
+/// and the request without its token.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct WorkKey {
+    cluster_uid: String,
+    method: &'static str,
+    operation_id: String,
+    request: Vec<u8>,
+}
+
+/// The key of the work `request` asks for, its token aside.
+fn work_of<M: prost::Message + Clone>(
+    request: &M,
+    token: impl FnOnce(&mut M) -> &mut Option<pb::FencingToken>,
+) -> Vec<u8> {
+    let mut request = request.clone();
+    *token(&mut request) = None;
+    request.encode_to_vec()
+}
+
 /// The answer to a mutating call.
 type Answer = Result<pb::NodesResponse, Status>;
 
@@ -122,6 +154,8 @@ struct State {
     /// Late calls admitted so far: the last one's number.
     admitted: u64,
     step_latency: Duration,
+    /// When each step's work started with its first call is done.
+    work: HashMap<WorkKey, tokio::time::Instant>,
     task_latency: Duration,
     /// Faults armed for the nth next call of a method.
     armed: Vec<pb::Fault>,
@@ -344,7 +378,7 @@ impl SimProvider {
         &self,
         method: &'static str,
         token: Option<pb::FencingToken>,
-        due: Option<Duration>,
+        (due, work): (Option<Duration>, Vec<u8>),
         apply: F,
     ) -> Result<pb::NodesResponse, Status>
     where
@@ -352,10 +386,13 @@ impl SimProvider {
     {
         let due_at = due.map(|left| tokio::time::Instant::now() + left);
         let token = checked_token(token)?;
-        let latency = self.lock().step_latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
+        let work = WorkKey {
+            cluster_uid: token.cluster_uid.clone(),
+            method,
+            operation_id: token.operation_id.clone(),
+            request: work,
+        };
+        self.work_through(work, due_at).await?;
         let draw = self
             .on_entry(method, MULTI_NODE.contains(&method), true)
             .await?;
@@ -401,6 +438,41 @@ impl SimProvider {
         answered
             .await
             .map_err(|_| Status::internal(format!("{method}: the late call was lost")))?
+    }
+
+    /// Waits until the step's work (`step_latency`) is done, or answers
+    /// DEADLINE_EXCEEDED at the call's deadline if that comes first. The
+    /// work started with the step's first call and goes on without a
+    /// caller, so a call sent again after a cut waits only for what is
+    /// left: a step may take many times one claim's window.
+    async fn work_through(
+        &self,
+        work: WorkKey,
+        due_at: Option<tokio::time::Instant>,
+    ) -> Result<(), Status> {
+        let now = tokio::time::Instant::now();
+        let (method, done_at) = {
+            let mut state = self.lock();
+            if state.step_latency.is_zero() {
+                return Ok(());
+            }
+            state.work.retain(|_, done| *done + FORGET_WORK_AFTER > now);
+            let done_at = now + state.step_latency;
+            (work.method, *state.work.entry(work).or_insert(done_at))
+        };
+        match due_at {
+            Some(due) if due < done_at => {
+                tokio::time::sleep_until(due).await;
+                Err(Status::deadline_exceeded(format!(
+                    "{method}: the work goes on ({} ms left) but the call's deadline passed; nothing applied yet: send it again",
+                    done_at.saturating_duration_since(due).as_millis()
+                )))
+            }
+            _ => {
+                tokio::time::sleep_until(done_at).await;
+                Ok(())
+            }
+        }
     }
 
     /// Lands late call `number` now, unless a newer epoch drained it
@@ -609,10 +681,13 @@ impl Provider for SimProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        let token = r.token.clone();
-        self.mutate("CreateNodes", token, due, move |cluster, partial| {
-            Ok(create(cluster, &r, partial))
-        })
+        let (token, work) = (r.token.clone(), work_of(&r, |r| &mut r.token));
+        self.mutate(
+            "CreateNodes",
+            token,
+            (due, work),
+            move |cluster, partial| Ok(create(cluster, &r, partial)),
+        )
         .await
         .map(Response::new)
     }
@@ -620,7 +695,8 @@ impl Provider for SimProvider {
     async fn start_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("StartNodes", r.token, due, |c, partial| {
+        let work = work_of(&r, |r| &mut r.token);
+        self.mutate("StartNodes", r.token, (due, work), |c, partial| {
             set_power(c, true, partial)
         })
         .await
@@ -630,7 +706,8 @@ impl Provider for SimProvider {
     async fn stop_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("StopNodes", r.token, due, |c, partial| {
+        let work = work_of(&r, |r| &mut r.token);
+        self.mutate("StopNodes", r.token, (due, work), |c, partial| {
             set_power(c, false, partial)
         })
         .await
@@ -643,9 +720,13 @@ impl Provider for SimProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("DeleteNodes", r.token, due, move |cluster, partial| {
-            Ok(delete(cluster, &r.node_ids, partial))
-        })
+        let (token, work) = (r.token.clone(), work_of(&r, |r| &mut r.token));
+        self.mutate(
+            "DeleteNodes",
+            token,
+            (due, work),
+            move |cluster, partial| Ok(delete(cluster, &r.node_ids, partial)),
+        )
         .await
         .map(Response::new)
     }
@@ -656,10 +737,13 @@ impl Provider for SimProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        let token = r.token.clone();
-        self.mutate("ResizeNodes", token, due, move |cluster, partial| {
-            resize(cluster, &r, partial)
-        })
+        let (token, work) = (r.token.clone(), work_of(&r, |r| &mut r.token));
+        self.mutate(
+            "ResizeNodes",
+            token,
+            (due, work),
+            move |cluster, partial| resize(cluster, &r, partial),
+        )
         .await
         .map(Response::new)
     }
@@ -670,7 +754,8 @@ impl Provider for SimProvider {
     ) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("UpgradeNode", r.token, due, move |cluster, _| {
+        let (token, work) = (r.token.clone(), work_of(&r, |r| &mut r.token));
+        self.mutate("UpgradeNode", token, (due, work), move |cluster, _| {
             let node = cluster
                 .nodes
                 .iter_mut()
@@ -784,7 +869,8 @@ impl Provider for SimProvider {
     async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let due = time_left(&request);
         let r = request.into_inner();
-        self.mutate("RepairNodes", r.token, due, |c, _| Ok(repair(c)))
+        let work = work_of(&r, |r| &mut r.token);
+        self.mutate("RepairNodes", r.token, (due, work), |c, _| Ok(repair(c)))
             .await
             .map(Response::new)
     }
@@ -1193,6 +1279,61 @@ mod tests {
         assert_eq!(refused.code(), tonic::Code::DeadlineExceeded, "{refused:?}");
         let nodes = nodes_of(&sim, "u1").await;
         assert!(nodes.iter().all(|n| n.power_state == "on"), "{nodes:?}");
+    }
+
+    /// A call due in 0.5 s for a step of 1.2 s of work is cut twice, then
+    /// the third, sent by the next owner, waits for the rest: it applies
+    /// once.
+    #[tokio::test]
+    async fn work_longer_than_a_deadline_goes_on_across_repeated_calls() {
+        let sim = SimProvider::new();
+        created(&sim, 1).await;
+        sim.configure(Request::new(pb::SimulatorConfig {
+            step_latency_ms: Some(1_200),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let stop = |epoch| {
+            let mut request = Request::new(pb::PowerRequest {
+                token: token(epoch),
+            });
+            request
+                .metadata_mut()
+                .insert("grpc-timeout", "500m".parse().unwrap());
+            sim.stop_nodes(request)
+        };
+        for _ in 0..2 {
+            let cut = stop(5).await.unwrap_err();
+            assert_eq!(cut.code(), tonic::Code::DeadlineExceeded, "{cut:?}");
+            assert!(nodes_of(&sim, "u1")
+                .await
+                .iter()
+                .all(|n| n.power_state == "on"));
+        }
+        let nodes = stop(6).await.unwrap().into_inner().nodes;
+        assert!(nodes.iter().all(|n| n.power_state == "off"), "{nodes:?}");
+        let stops = audit(&sim)
+            .await
+            .entries
+            .iter()
+            .filter(|e| e.method == "StopNodes")
+            .count();
+        assert_eq!(stops, 1, "applied once");
+        // Another operation's stop is new work.
+        let mut other = Request::new(pb::PowerRequest {
+            token: Some(pb::FencingToken {
+                operation_id: "op2".into(),
+                ..token(6).unwrap()
+            }),
+        });
+        other
+            .metadata_mut()
+            .insert("grpc-timeout", "500m".parse().unwrap());
+        assert_eq!(
+            sim.stop_nodes(other).await.unwrap_err().code(),
+            tonic::Code::DeadlineExceeded
+        );
     }
 
     #[tokio::test]

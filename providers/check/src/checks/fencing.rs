@@ -2,7 +2,7 @@
 //! calls: a refused call must change nothing, so each refusal is followed
 //! by a describe that must show the nodes as they were.
 
-use super::{idents, ok, pass, refused, Cluster, Failure, Outcome, Scope, EPOCH};
+use super::{idents, ok, pass, refused, skip, Cluster, Failure, Outcome, Scope, EPOCH};
 use drover_proto::provider::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::{Code, Response, Status};
@@ -288,4 +288,71 @@ pub(super) async fn deadline(s: &mut Scope<'_>) -> Outcome {
     )?;
     s.agrees(call, &cluster, &created).await?;
     pass("a call past its drover-apply-by: DEADLINE_EXCEEDED, nothing changed")
+}
+
+/// How long the long-work check gives each call: Drover's claim window at
+/// its shortest lease TTL is about this order.
+const CUT_WINDOW: Duration = Duration::from_millis(500);
+
+/// Calls the long-work check sends at most (each cut at [`CUT_WINDOW`]).
+const CUT_CALLS: u32 = 12;
+
+/// Work longer than a call's deadline: a CreateNodes cut at its deadline
+/// and sent again (same request, same token) goes on with the work instead
+/// of starting over, finishes, and makes the nodes once. With the
+/// simulator's control service every step is made to take three windows.
+pub(super) async fn long_work(s: &mut Scope<'_>) -> Outcome {
+    let cluster = s.cluster();
+    s.simulator(pb::SimulatorConfig {
+        step_latency_ms: Some(3 * CUT_WINDOW.as_millis() as u64),
+        ..Default::default()
+    })
+    .await?;
+    let sent = cut_until_done(s, &cluster).await;
+    s.simulator(pb::SimulatorConfig {
+        step_latency_ms: Some(0),
+        ..Default::default()
+    })
+    .await?;
+    let (cuts, nodes) = sent?;
+    if cuts == 0 {
+        return skip(format!(
+            "CreateNodes finished within one {CUT_WINDOW:?} deadline: nothing carried across calls"
+        ));
+    }
+    s.has_shape("CreateNodes (after cuts)", &nodes)?;
+    s.agrees("CreateNodes (after cuts)", &cluster, &nodes)
+        .await?;
+    pass(format!(
+        "CreateNodes cut {cuts} times at {CUT_WINDOW:?}, then finished, its nodes made once"
+    ))
+}
+
+/// Sends the plan's CreateNodes due in [`CUT_WINDOW`] until it answers:
+/// how many times it was cut, and its nodes.
+async fn cut_until_done(
+    s: &Scope<'_>,
+    cluster: &Cluster,
+) -> Result<(u32, Vec<pb::ProviderNode>), Failure> {
+    for cuts in 0..CUT_CALLS {
+        let request = s.create_request(cluster, EPOCH);
+        let answer = s
+            .provider()
+            .create_nodes(s.link().due_in(request, CUT_WINDOW))
+            .await;
+        match answer {
+            Ok(response) => return Ok((cuts, response.into_inner().nodes)),
+            Err(status) if matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled) => {}
+            Err(status) => {
+                return Err(Failure::Rpc {
+                    call: format!("CreateNodes (sent again after {cuts} cuts)"),
+                    code: status.code(),
+                    message: status.message().to_string(),
+                })
+            }
+        }
+    }
+    Err(Failure::Broken(format!(
+        "CreateNodes was cut at its {CUT_WINDOW:?} deadline {CUT_CALLS} times in a row: work longer than one deadline must go on across the repeated calls"
+    )))
 }

@@ -46,6 +46,8 @@ pub enum StartError {
         address: SocketAddr,
         source: std::io::Error,
     },
+    #[error("replica id {replica_id} is held by a live replica whose admin port answers at {other}: two processes must not share a replica id (set --replica-id; its default, the host name, is shared by cloned machines)")]
+    ReplicaIdInUse { replica_id: String, other: String },
 }
 
 /// A started replica: every part [`Replica::start`] built, by name.
@@ -164,6 +166,7 @@ impl Replica {
         };
         Ok(match providers {
             Some(providers) => {
+                refuse_live_twin(&replica, config, admin.address).await?;
                 let workers = replica.start_workers(config, providers, admin.address, work_stopped);
                 let _ = incarnation.set(Arc::clone(&workers.replication));
                 Self {
@@ -323,5 +326,33 @@ fn start_admin(
         ready,
         open,
         address: bound,
+    }
+}
+
+/// Refuses to start as `config.replica_id` while a live process holds
+/// that id (see [`crate::replication::live_twin`]): joining would revoke
+/// its lease, and it ours, for ever. A previous incarnation that is gone
+/// is left to `join`, which revokes its lease at once.
+async fn refuse_live_twin(
+    replica: &Replica,
+    config: &Config,
+    admin: SocketAddr,
+) -> Result<(), StartError> {
+    let replica_id = &config.replica_id;
+    let own = admin.to_string();
+    match crate::replication::live_twin(replica.store.as_ref(), &replica.keys, replica_id, &own)
+        .await
+    {
+        Ok(None) => Ok(()),
+        Ok(Some(other)) => Err(StartError::ReplicaIdInUse {
+            replica_id: replica_id.clone(),
+            other,
+        }),
+        // Joining retries until etcd answers; the check is not worth a
+        // failed start.
+        Err(error) => {
+            tracing::warn!(%error, "cannot check whether another process holds this replica id");
+            Ok(())
+        }
     }
 }

@@ -263,6 +263,51 @@ async fn an_upgrade_whose_node_calls_outlast_the_claim_window_succeeds_through_a
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
+/// Two processes with one replica id (cloned machines share the default,
+/// the host name): the second finds the first answering at its admin port
+/// with the member record's lease and refuses to start, naming that
+/// address, with exit code 78; the first keeps its lease and its clusters.
+#[tokio::test]
+async fn a_second_process_with_a_live_replica_id_refuses_to_start_and_revokes_nothing() {
+    let c = Cluster3::start(1, TTL_SECONDS).await;
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, "kept", 1).await;
+    let store = c.etcd.store().await;
+    let member = || async {
+        let kv = store.get("/drover/v1/members/r1").await.unwrap();
+        kv.into_single().expect("r1 is a member").lease
+    };
+    let lease = member().await;
+    let mut admin = c.admin_avoiding("").await;
+    let owned = owner(&mut admin, "kept").await.expect("an owner");
+
+    let (port, admin_port) = (drover_tests::free_port(), drover_tests::free_port());
+    let mut twin = std::process::Command::new(drover_tests::workspace_binary("drover"));
+    twin.arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .args(["--etcd-endpoints", &c.etcd.endpoint()])
+        .args(["--provider", &c.sim.endpoint(), "--lease-ttl", "2"])
+        .args(["--replica-id", "r1"]);
+    let exited = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || twin.output().expect("run drover")),
+    )
+    .await
+    .expect("the twin exits by itself")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&exited.stderr);
+    assert_eq!(exited.status.code(), Some(78), "{stderr}");
+    let first = c.replica("r1").admin_endpoint();
+    let first = first.trim_start_matches("http://");
+    assert!(stderr.contains(first), "names {first}: {stderr}");
+    assert!(stderr.contains("replica id r1"), "{stderr}");
+    assert_eq!(member().await, lease, "the first keeps its member record");
+    assert!(store.lease_time_to_live(lease).await.unwrap().is_some());
+    let now = owner(&mut admin, "kept").await.expect("an owner");
+    assert_eq!((now.replica, now.epoch), (owned.replica, owned.epoch));
+}
+
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;

@@ -5,7 +5,8 @@ use clap::Parser;
 use drover_server::config::{Cli, Command, Config, EXIT_CONFIG};
 use drover_server::provider::sim::flags::SimFlags;
 use drover_server::provider::{self, Providers};
-use drover_server::server;
+use drover_server::replica::StartError;
+use drover_server::server::{self, ServeError};
 use drover_server::store::{EtcdOptions, EtcdStore, MemoryStore, SharedStore, Store};
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ pub static MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:200,muzz
 /// etcd unreachable at start-up for this long is fatal (EX_UNAVAILABLE).
 const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 const EXIT_UNAVAILABLE: u8 = 69;
+/// Another live process holds this replica id (EX_CONFIG).
+const EXIT_REPLICA_ID_IN_USE: u8 = 78;
 /// 128 + SIGINT, as shells report a process stopped by an interrupt.
 const EXIT_INTERRUPTED: i32 = 130;
 
@@ -101,6 +104,10 @@ async fn run(config: Config, embedded: Option<Simulator>) -> ExitCode {
         };
     match server::serve(&config, store, providers, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error @ ServeError::Start(StartError::ReplicaIdInUse { .. })) => {
+            tracing::error!(%error, "refusing to start");
+            ExitCode::from(EXIT_REPLICA_ID_IN_USE)
+        }
         Err(error) => {
             tracing::error!(%error, "replica failed");
             ExitCode::FAILURE

@@ -18,6 +18,10 @@
 //! - A replica binds its admin port before it joins and keeps it until the
 //!   process exits: no listener there means no process.
 //! - Replica ids are unique among live replicas (as membership assumes).
+//!   A replica that finds its id held by a live incarnation ([`live_twin`])
+//!   refuses to start instead of revoking it; a twin whose admin address
+//!   the newcomer cannot reach (a loopback `--admin-listen` on another
+//!   host) cannot be told from a dead incarnation and is revoked.
 //! - Every owner write and provider call is fenced, and the provider
 //!   drains calls of older epochs: revoking a lease early is safe, so this
 //!   module only decides how soon.
@@ -213,6 +217,40 @@ fn reachable(address: &str) -> bool {
         && address
             .parse::<SocketAddr>()
             .map_or(true, |a| !a.ip().is_unspecified())
+}
+
+/// The admin address of a live incarnation that holds `replica_id`'s
+/// member record now, if one does: its `/liveness` answers with that id
+/// and the record's lease, and etcd still has the lease. `own_admin` is
+/// this process's admin address (a record naming it was this host's
+/// previous incarnation: nothing else can listen there). A record whose
+/// address does not answer, or answers otherwise, is a previous
+/// incarnation that is gone or cannot be told apart from one: `join`
+/// revokes its lease, as before.
+pub async fn live_twin(
+    store: &dyn crate::store::Store,
+    keys: &KeyLayout,
+    replica_id: &str,
+    own_admin: &str,
+) -> crate::store::Result<Option<String>> {
+    let Some(kv) = store.get(&keys.member(replica_id)).await?.into_single() else {
+        return Ok(None);
+    };
+    let Ok(record) = from_json::<MemberRecord>(&kv) else {
+        return Ok(None);
+    };
+    let address = record.admin_address;
+    if kv.lease == 0 || address == own_admin || !reachable(&address) {
+        return Ok(None);
+    }
+    let answered = match probe(&address).await {
+        Ok((line, _open)) => line.replica == replica_id && line.lease == kv.lease,
+        Err(_) => false,
+    };
+    if !answered || store.lease_time_to_live(kv.lease).await?.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(address))
 }
 
 impl Ownership {

@@ -41,7 +41,7 @@ mod rendezvous;
 mod restore;
 mod state_memo;
 
-pub use liveness::LivenessLine;
+pub use liveness::{live_twin, LivenessLine};
 pub use rendezvous::preferred;
 pub use restore::fencing_epoch;
 

@@ -137,12 +137,27 @@ pub async fn serve(
     console: Option<Arc<Console>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut backoff = crate::net::AcceptBackoff::default();
     loop {
         let accepted = tokio::select! {
             _ = shutdown.changed() => return,
             accepted = listener.accept() => accepted,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff.reset();
+                stream
+            }
+            Err(error) => {
+                if let Some(wait) = backoff.after(&error) {
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+                continue;
+            }
+        };
         let (metrics, ready) = (Arc::clone(&metrics), Arc::clone(&ready));
         let (incarnation, closed) = (Arc::clone(&incarnation), shutdown.clone());
         let console = console.clone();

@@ -1187,3 +1187,78 @@ async fn ctrl_c_while_waiting_says_how_to_follow_the_operation_that_goes_on() {
         "it went on"
     );
 }
+
+/// CPU time process `pid` has used, in clock ticks (utime + stime).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // The fields after the command name, which may hold spaces: state is
+    // the 3rd field, utime the 14th and stime the 15th.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// A replica out of descriptors waits instead of spinning: with its
+/// RLIMIT_NOFILE lowered to a few above what it holds, connections beyond
+/// it wait in the kernel's backlog on both the gRPC and the admin port,
+/// every accept fails with EMFILE, and the replica uses little CPU; once
+/// the connections close it serves again on both ports.
+#[tokio::test]
+async fn a_replica_out_of_descriptors_waits_instead_of_spinning_and_serves_again() {
+    let replica = ReplicaProcess::dev().await;
+    let pid = replica.pid();
+    let open = move || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let limit = open() + 4;
+    let lowered = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={limit}:{limit}"))
+        .status()
+        .expect("run prlimit");
+    assert!(lowered.success());
+    let grpc = replica.endpoint().trim_start_matches("http://").to_string();
+    let admin = replica
+        .admin_endpoint()
+        .trim_start_matches("http://")
+        .to_string();
+    let mut held = Vec::new();
+    for address in std::iter::repeat_n(&grpc, 12).chain(std::iter::repeat_n(&admin, 6)) {
+        held.push(
+            tokio::net::TcpStream::connect(address)
+                .await
+                .expect("connect"),
+        );
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "the replica at its descriptor limit",
+        || async move { open() >= limit },
+    )
+    .await;
+
+    // A measurement window, not a wait for an event.
+    let window = Duration::from_secs(3);
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(window).await;
+    let cores = (cpu_ticks(pid) - before) as f64 / clock_ticks_per_second() / window.as_secs_f64();
+    eprintln!("CPU while out of descriptors: {cores:.3} cores");
+    assert!(cores < 0.2, "{cores:.3} cores: the accept loops spin");
+
+    drop(held);
+    let endpoint = replica.endpoint();
+    wait_until(Duration::from_secs(10), "gRPC to serve again", || {
+        let endpoint = endpoint.clone();
+        async move { health(&endpoint).await == Some(ServingStatus::Serving) }
+    })
+    .await;
+    let (status, _) = drover_tests::http_get(&replica.admin_endpoint(), "/healthz");
+    assert_eq!(status, 200);
+}

@@ -225,8 +225,12 @@ impl EtcdProcess {
     pub async fn restore(&mut self, snapshot: &std::path::Path) {
         self.kill();
         let data = self.data_path();
-        std::fs::rename(&data, data.with_extension("before-restore"))
-            .expect("move the data directory aside");
+        let aside = data.with_extension("before-restore");
+        // A drill restores more than once: keep only the newest aside.
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).expect("remove an older data directory set aside");
+        }
+        std::fs::rename(&data, &aside).expect("move the data directory aside");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let output = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")

@@ -630,10 +630,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
         .into_single()
         .unwrap();
     let owner: OwnerRecord = from_json(&owner_kv).unwrap();
-    let claim = Claim {
-        lease: owner.lease,
-        epoch: owner_kv.create_revision,
-    };
+    let claim = Claim::new(owner.lease, owner.base(), owner_kv.create_revision);
     let (replication, _) = Ownership::new(
         store.clone(),
         keys.clone(),

@@ -124,8 +124,8 @@ impl AdminService {
         let owner: OwnerRecord = from_json(&kv)?;
         Ok(v1::Owner {
             cluster: cluster.to_string(),
+            epoch: owner.epoch(kv.create_revision),
             replica: owner.replica,
-            epoch: crate::replication::fencing_epoch(owner.generation, kv.create_revision),
         })
     }
 }

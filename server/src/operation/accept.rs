@@ -684,10 +684,7 @@ mod tests {
             .txn(Txn::new().and_then([Op::put_with_lease(keys.owner(cluster), "{}", lease)]))
             .await
             .unwrap();
-        Claim {
-            lease,
-            epoch: written.revision,
-        }
+        Claim::new(lease, 0, written.revision)
     }
 
     /// Writes `count` finished operations of `cluster` as accepted with
@@ -748,10 +745,7 @@ mod tests {
         finished_history(&store, &keys, &cluster, 20).await;
         let claim = owner(&store, &keys, "fenced").await;
         // The owner key was claimed again since (a new epoch).
-        let stale = Claim {
-            epoch: claim.epoch - 1,
-            ..claim
-        };
+        let stale = Claim::new(claim.lease, 0, claim.revision - 1);
         assert_eq!(
             operations
                 .collect_garbage("fenced", 20, &stale)

@@ -187,6 +187,7 @@ mod tests {
                 schema: SCHEMA_VERSION,
                 replica: "r1".into(),
                 lease,
+                epoch_base: 0,
                 generation: 0,
             };
             let mut ops = vec![
@@ -197,10 +198,7 @@ mod tests {
                 ops.push(Op::put(keys.operation(cluster, &slot.id), "{}"));
             }
             let written = store.txn(Txn::new().and_then(ops)).await.unwrap();
-            let claim = Claim {
-                lease,
-                epoch: written.revision,
-            };
+            let claim = Claim::new(lease, 0, written.revision);
             lock(&replication.owned).insert(cluster.to_string(), claim);
         }
         replication

@@ -158,10 +158,9 @@ impl Ownership {
         let sent = Instant::now();
         let ttl = self.config.lease_ttl.as_secs() as i64;
         // Before any claim of this session: claims made after an etcd
-        // restore must use the new generation.
-        let generation = super::restore::fence_generation(self.store.as_ref(), &self.keys).await?;
-        self.generation
-            .store(generation, std::sync::atomic::Ordering::SeqCst);
+        // restore must use the new epoch base.
+        let fence = super::restore::fence_at_join(self.store.as_ref(), &self.keys).await?;
+        *lock(&self.fence) = fence;
         let lease = self.store.grant_lease(ttl).await?;
         let member = self.member_record(lease);
         let key = self.keys.member(&self.config.replica_id);
@@ -358,7 +357,7 @@ mod tests {
         tokio::spawn(Arc::clone(&replication).run_membership(stopped));
         let lease = wait_for(|| replication.session_lease(), "a lease").await;
         // What an ownership pass would have published.
-        let claim = Claim { lease, epoch: 7 };
+        let claim = Claim::new(lease, 0, 7);
         lock(&replication.owned).insert("c".into(), claim);
         (replication, claim, stop)
     }
@@ -490,7 +489,7 @@ mod tests {
             .unwrap()
             .expect("the claim held through the lapse");
         assert!(after > Instant::now(), "a deadline ahead");
-        let other = Claim { epoch: 8, ..claim };
+        let other = Claim::new(claim.lease, 0, 8);
         assert_eq!(replication.claim_deadline("c", other).await, None);
     }
 }

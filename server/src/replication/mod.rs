@@ -99,33 +99,62 @@ pub struct OwnerRecord {
     pub schema: u32,
     pub replica: String,
     pub lease: LeaseId,
-    /// The generation of fencing epochs the owner claimed under (see
-    /// [`fencing_epoch`]): 0 until etcd was first restored from a snapshot.
+    /// The epoch base the owner claimed under (see [`fencing_epoch`]): 0
+    /// until etcd was first restored from a snapshot.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch_base: i64,
+    /// The old scheme's generation (a base of `generation << 40`), read
+    /// from records written before the base existed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: i64,
 }
 
-fn is_zero(generation: &i64) -> bool {
-    *generation == 0
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+impl OwnerRecord {
+    /// The epoch base the owner claimed under.
+    pub fn base(&self) -> i64 {
+        restore::epoch_base(self.epoch_base, self.generation)
+    }
+
+    /// The fencing epoch of this record's owner key, created at
+    /// `create_revision`.
+    pub fn epoch(&self, create_revision: i64) -> i64 {
+        fencing_epoch(self.base(), create_revision)
+    }
 }
 
 /// This replica's ownership of one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub lease: LeaseId,
-    /// The owner key's create revision and the generation it was claimed
+    /// The owner key's create revision plus the epoch base it was claimed
     /// under ([`fencing_epoch`]): grows with every new owner, across etcd
     /// restores too.
     pub epoch: i64,
+    /// The owner key's create revision, which the fence compares.
+    pub revision: i64,
 }
 
 impl Claim {
+    /// The claim of an owner key created at `revision` under epoch base
+    /// `base`.
+    pub fn new(lease: LeaseId, base: i64, revision: i64) -> Self {
+        Self {
+            lease,
+            epoch: fencing_epoch(base, revision),
+            revision,
+        }
+    }
+
     /// The compares that make a write apply only while this claim holds.
     pub fn fence(&self, keys: &KeyLayout, cluster: &str) -> [Compare; 2] {
         let owner = keys.owner(cluster);
         [
             Compare::lease(&owner, CmpOp::Equal, self.lease),
-            Compare::create_revision(owner, CmpOp::Equal, restore::create_revision(self.epoch)),
+            Compare::create_revision(owner, CmpOp::Equal, self.revision),
         ]
     }
 }
@@ -182,9 +211,10 @@ pub struct Ownership {
     /// The revision of this replica's newest owner-key write (a claim or a
     /// release).
     owner_writes: AtomicI64,
-    /// The generation of fencing epochs this replica claims under, read
-    /// (and bumped after an etcd restore) when it joins.
-    generation: AtomicI64,
+    /// The fence record this replica claims under, read (and set anew
+    /// after an etcd restore) when it joins, read again when a claim fails
+    /// on it (see `restore`).
+    fence: Mutex<restore::FenceView>,
     /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
     /// What this replica's member record says of the providers it cannot
@@ -227,7 +257,7 @@ impl Ownership {
             adopted,
             metrics,
             owner_writes: AtomicI64::new(0),
-            generation: AtomicI64::new(0),
+            fence: Mutex::new(restore::FenceView::default()),
             draining: AtomicBool::new(false),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,

@@ -207,6 +207,7 @@ mod tests {
             schema: crate::cluster::SCHEMA_VERSION,
             replica: replica.into(),
             lease: 7,
+            epoch_base: 0,
             generation: 0,
         })
     }

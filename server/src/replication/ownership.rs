@@ -25,7 +25,6 @@ use super::*;
 use crate::cluster::{from_json, to_json, CacheChange, ClusterCache};
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use tokio::sync::{broadcast, watch};
 
 /// The least time between the starts of two passes. Passes go over every
@@ -158,13 +157,7 @@ impl Ownership {
             .iter()
             .filter(|(_, (owner, _))| owner.lease == lease)
             .map(|(cluster, (owner, revision))| {
-                (
-                    cluster.clone(),
-                    Claim {
-                        lease,
-                        epoch: fencing_epoch(owner.generation, *revision),
-                    },
-                )
+                (cluster.clone(), Claim::new(lease, owner.base(), *revision))
             })
             .collect();
         let (mut to_claim, mut to_release) = (Vec::new(), Vec::new());
@@ -320,21 +313,18 @@ impl Ownership {
     }
 
     /// Claims free clusters in one transaction (each owner key must still
-    /// be absent); if any was taken meanwhile, claims them one by one.
+    /// be absent, the fence record as this replica read it); if any was
+    /// taken meanwhile, claims them one by one.
     async fn claim_batch(
         &self,
         clusters: &[String],
         lease: LeaseId,
     ) -> crate::store::Result<Vec<(String, Claim)>> {
-        let generation = self.generation.load(Ordering::SeqCst);
-        let owner = to_json(&OwnerRecord {
-            schema: self.schema,
-            replica: self.config.replica_id.clone(),
-            lease,
-            generation,
-        });
+        let fence = *lock(&self.fence);
+        let owner = to_json(&self.owner_record(lease, fence.base));
         let txn = Txn::new()
             .when(clusters.iter().map(|c| Compare::absent(self.keys.owner(c))))
+            .when([fence.compare(&self.keys)])
             .and_then(
                 clusters
                     .iter()
@@ -343,16 +333,18 @@ impl Ownership {
         let result = self.store.txn(txn).await?;
         if result.succeeded {
             self.wrote_owners(result.revision);
+            let claim = Claim::new(lease, fence.base, result.revision);
             tracing::info!(
                 clusters = clusters.len(),
-                epoch = fencing_epoch(generation, result.revision),
+                epoch = claim.epoch,
                 "claimed clusters"
             );
-            let claim = Claim {
-                lease,
-                epoch: fencing_epoch(generation, result.revision),
-            };
             return Ok(clusters.iter().map(|c| (c.clone(), claim)).collect());
+        }
+        // Another replica rewrote the fence record (a restore it saw):
+        // the batch again under it, rather than one by one.
+        if self.reread_fence(fence).await? {
+            return Box::pin(self.claim_batch(clusters, lease)).await;
         }
         let mut claimed = Vec::new();
         for cluster in clusters {
@@ -363,36 +355,70 @@ impl Ownership {
         Ok(claimed)
     }
 
+    /// Claims `cluster` if it is free, under the fence record as this
+    /// replica read it, reading the record again once if that is what
+    /// failed.
     async fn try_claim(
         &self,
         cluster: &str,
         lease: LeaseId,
     ) -> crate::store::Result<Option<Claim>> {
         let key = self.keys.owner(cluster);
-        let generation = self.generation.load(Ordering::SeqCst);
-        let owner = OwnerRecord {
+        for _ in 0..2 {
+            let fence = *lock(&self.fence);
+            let txn = Txn::new()
+                .when([Compare::absent(&key), fence.compare(&self.keys)])
+                .and_then([Op::put_with_lease(
+                    &key,
+                    to_json(&self.owner_record(lease, fence.base)),
+                    lease,
+                )]);
+            let result = self.store.txn(txn).await?;
+            if result.succeeded {
+                self.wrote_owners(result.revision);
+                let claim = Claim::new(lease, fence.base, result.revision);
+                tracing::info!(cluster, epoch = claim.epoch, "claimed cluster");
+                return Ok(Some(claim));
+            }
+            if !self.reread_fence(fence).await? {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The owner record of a claim under `lease` and epoch base `base`.
+    fn owner_record(&self, lease: LeaseId, base: i64) -> OwnerRecord {
+        OwnerRecord {
             schema: self.schema,
             replica: self.config.replica_id.clone(),
             lease,
-            generation,
-        };
-        let txn = Txn::new()
-            .when([Compare::absent(&key)])
-            .and_then([Op::put_with_lease(&key, to_json(&owner), lease)]);
-        let result = self.store.txn(txn).await?;
-        if !result.succeeded {
-            return Ok(None);
+            epoch_base: base,
+            generation: 0,
         }
-        self.wrote_owners(result.revision);
-        tracing::info!(
-            cluster,
-            epoch = fencing_epoch(generation, result.revision),
-            "claimed cluster"
-        );
-        Ok(Some(Claim {
-            lease,
-            epoch: fencing_epoch(generation, result.revision),
-        }))
+    }
+
+    /// After a claim under `used` failed: reads the fence record again and
+    /// takes it up if another replica rewrote it (a restore it detected,
+    /// or its join). True when it had changed, so the claim is worth
+    /// another try.
+    async fn reread_fence(&self, used: restore::FenceView) -> crate::store::Result<bool> {
+        let now = restore::current_fence(self.store.as_ref(), &self.keys).await?;
+        if now == used {
+            return Ok(false);
+        }
+        if now.base != used.base {
+            tracing::info!(
+                base = now.base,
+                was = used.base,
+                "claiming under the fence record's new epoch base"
+            );
+        }
+        let mut fence = lock(&self.fence);
+        if *fence == used {
+            *fence = now;
+        }
+        Ok(true)
     }
 
     /// Gives up `cluster` while `unchanged` holds (a state key still at the

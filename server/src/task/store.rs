@@ -197,10 +197,7 @@ mod tests {
         let lease = store.grant_lease(30).await.unwrap();
         let owner = Op::put_with_lease(keys.owner("c"), "{}", lease);
         let epoch = store.txn(Txn::new().and_then([owner])).await.unwrap();
-        let claim = Claim {
-            lease,
-            epoch: epoch.revision,
-        };
+        let claim = Claim::new(lease, 0, epoch.revision);
         // Another lease holds the owner key now: a lost claim.
         let lost = Claim {
             lease: lease + 1,

@@ -308,6 +308,94 @@ async fn a_second_process_with_a_live_replica_id_refuses_to_start_and_revokes_no
     assert_eq!((now.replica, now.epoch), (owned.replica, owned.epoch));
 }
 
+/// A stop RUNNING when its owner is killed, every describe failing from
+/// then on: the new owner cannot fence the provider. Returns the cluster
+/// and the stop, once the new owner says so in the cluster's status.
+async fn orphan_that_cannot_be_fenced(c: &mut Cluster3, cluster: &str) -> (Client, v1::Operation) {
+    let mut client = c.replicas[0].1.client().await;
+    create_running(&mut client, cluster, 1).await;
+    let mut admin = c.admin_avoiding("").await;
+    let before = owner(&mut admin, cluster).await.expect("an owner");
+    c.sim.set_latency(Duration::from_secs(2)).await;
+    let request = v1::StopClusterRequest {
+        name: cluster.into(),
+        request_id: String::new(),
+    };
+    let stop = client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .unwrap()
+        .into_inner();
+    wait_running(&client, cluster, &stop.id, FAILOVER).await;
+    c.sim
+        .set_faults("DescribeCluster:error=1", 1, Duration::ZERO)
+        .await;
+    c.replica_mut(&before.replica).kill9();
+    let client = c.client_avoiding(&before.replica).await;
+    wait_until(FAILOVER, "the new owner to say it cannot fence", || {
+        let mut client = client.clone();
+        async move {
+            let status = client
+                .get_cluster(cluster)
+                .await
+                .ok()
+                .and_then(|c| c.status);
+            status
+                .and_then(|s| s.message)
+                .is_some_and(|m| m.contains("cannot fence the provider"))
+        }
+    })
+    .await;
+    (client, stop)
+}
+
+/// An orphan whose fence cannot succeed ends on a cancel: CANCELLED, its
+/// message saying the provider could not be fenced, the cluster moved by
+/// the table's OperationFailed edge.
+#[tokio::test]
+async fn a_cancel_ends_an_orphan_whose_fence_cannot_succeed() {
+    let mut c = Cluster3::start(2, TTL_SECONDS).await;
+    let (mut client, stop) = orphan_that_cannot_be_fenced(&mut c, "unfenced").await;
+    let cancel = v1::CancelOperationRequest {
+        cluster: "unfenced".into(),
+        id: stop.id.clone(),
+    };
+    client
+        .operations()
+        .cancel_operation(cancel)
+        .await
+        .expect("cancel accepted");
+    let done = client.wait_operation(&stop, FAILOVER * 2).await.unwrap();
+    assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
+    let message = done.error.expect("an error").message;
+    assert!(message.contains("could not be fenced"), "{message}");
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
+/// The same orphan with no cancel: its stop timeout (8 s) counts from its
+/// acceptance, not from a fence that never comes, and ends it FAILED.
+#[tokio::test]
+async fn an_orphan_whose_fence_cannot_succeed_times_out_from_its_acceptance() {
+    let mut c = Cluster3::start_with(2, TTL_SECONDS, &["--operation-timeout", "stop=8"]).await;
+    let (mut client, stop) = orphan_that_cannot_be_fenced(&mut c, "unfenced").await;
+    let done = client.wait_operation(&stop, FAILOVER * 2).await.unwrap();
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let error = done.error.expect("an error");
+    assert_eq!(error.code, "DeadlineExceeded", "{error:?}");
+    assert!(
+        error.message.contains("counted from its acceptance"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("could not be fenced"),
+        "{}",
+        error.message
+    );
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;

@@ -2,7 +2,7 @@
 //! it leaves (only what the provider showed), and the completing
 //! transaction.
 
-use super::holding::{Holding, Interrupt};
+use super::holding::{error, Holding, Interrupt};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     now_rfc3339, to_json, LastOperation, NodeStatus, StateRecord, StatusRecord, SCHEMA_VERSION,
@@ -13,10 +13,23 @@ use crate::provider::DESCRIBE_TIMEOUT;
 use crate::store::{Op, StoreFailure};
 use drover_proto::provider::v1 as pb;
 use std::time::Duration;
+use tonic::Code;
 
-/// The first and the longest pause between fencing looks of an orphan.
+/// The first and the longest pause between fencing looks of an orphan
+/// (a cancel request is seen after at most the longest).
 const FENCE_RETRY_FIRST: Duration = Duration::from_millis(500);
-const FENCE_RETRY_MAX: Duration = Duration::from_secs(30);
+const FENCE_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// How the fence of an orphan ended.
+pub(super) enum Fence {
+    /// A fenced call succeeded: nothing the lost owner sent can land now.
+    Done,
+    /// This replica stopped trying (the cluster moved on, or it is shutting
+    /// down): the operation stays for the next owner.
+    GaveUp,
+    /// The operation ends unfenced, so (cancelled, or out of time).
+    Ended(OperationState, Option<OperationError>),
+}
 
 impl Holding<'_> {
     /// After a failed operation: what the spec asks for that the provider
@@ -35,18 +48,18 @@ impl Holding<'_> {
     }
 
     /// Makes a provider call under this owner's epoch (a fenced describe)
-    /// before an orphan is failed: until one succeeds, a call the lost owner
-    /// made could still land. Retries with backoff while this replica holds
-    /// the cluster, saying in the status why the operation is still held.
-    /// `false` when it stopped trying (the cluster moved on, or the replica
-    /// is shutting down): the operation stays for the next owner.
-    pub(super) async fn fence_orphan(&mut self) -> bool {
+    /// before an orphan is resumed or failed: until one succeeds, a call the
+    /// lost owner made could still land. Retries with backoff while this
+    /// replica holds the cluster, saying in the status why the operation is
+    /// still held, until a cancel request or the operation's `deadline`
+    /// (counted from its acceptance) ends it unfenced.
+    pub(super) async fn fence_orphan(&mut self, deadline: tokio::time::Instant) -> Fence {
         let name = self.cluster.spec.name.clone();
         let mut delay = FENCE_RETRY_FIRST;
         let mut said = false;
         loop {
             let why = match tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
-                Ok(Ok(_)) => return true,
+                Ok(Ok(_)) => return Fence::Done,
                 Ok(Err(status)) => format!(
                     "the provider answered {:?}: {}",
                     status.code(),
@@ -56,21 +69,50 @@ impl Holding<'_> {
             };
             let holds = self.executor.work.holds(&name, self.claim);
             if !holds || self.executor.work.is_stopping() {
-                return false;
+                return Fence::GaveUp;
             }
-            tracing::warn!(cluster = %name, operation = %self.operation.id, %why, retry_in = ?delay, "cannot fence the provider; the orphan is held until a fenced call succeeds");
+            if let Some(ended) = self.unfenced_end(&why, deadline).await {
+                return ended;
+            }
+            tracing::warn!(cluster = %name, operation = %self.operation.id, %why, retry_in = ?delay, "cannot fence the provider; the orphan is held until a fenced call succeeds, a cancel or its timeout");
             if !said {
                 let message = format!(
-                    "recovering operation {} of a lost replica: cannot fence the provider ({why}); retrying",
+                    "recovering operation {} of a lost replica: cannot fence the provider ({why}); retrying until it answers, the operation is cancelled or it times out",
                     self.operation.id
                 );
                 said = self.say_in_status(message).await;
             }
-            if !self.executor.work.pause_unless_stopping(delay).await {
-                return false;
+            let pause = delay.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            if !self.executor.work.pause_unless_stopping(pause).await {
+                return Fence::GaveUp;
             }
             delay = (delay * 2).min(FENCE_RETRY_MAX);
         }
+    }
+
+    /// How an orphan whose fence failed (`why`) ends unfenced, if it does
+    /// now: cancelled, or past its deadline. The message says plainly that
+    /// the provider could not be fenced.
+    async fn unfenced_end(&mut self, why: &str, deadline: tokio::time::Instant) -> Option<Fence> {
+        let lost = self.operation.replica.clone().unwrap_or_default();
+        let unproven = format!(
+            "the provider could not be fenced ({why}): a call replica {lost} sent before it was lost may still land"
+        );
+        if self.cancel_seen().await {
+            let failure = error(
+                Code::Cancelled,
+                format!("cancelled while recovering it from lost replica {lost}; {unproven}"),
+            );
+            return Some(Fence::Ended(OperationState::Cancelled, failure));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let failure = error(
+                Code::DeadlineExceeded,
+                format!("timed out (counted from its acceptance) while recovering it from lost replica {lost}; {unproven}"),
+            );
+            return Some(Fence::Ended(OperationState::Failed, failure));
+        }
+        None
     }
 
     /// Writes `message` into the cluster's status (fenced like every write).

@@ -2,7 +2,7 @@
 //! How it came to be held is in `start`; what it holds and how it writes
 //! is in `holding`, its provider calls in `calls`, how it ends in `finish`.
 
-use super::finish::all_at_version;
+use super::finish::{all_at_version, Fence};
 use super::holding::{error, Holding, Interrupt};
 use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::Event;
@@ -18,8 +18,13 @@ impl Executor {
     /// save records this owner in the operation.
     pub(super) async fn resume_orphan(&self, holding: Holding<'_>) -> Result<(), LifecycleError> {
         let mut holding = holding;
-        if !holding.fence_orphan().await {
-            return Ok(());
+        let deadline = self.deadline_from_acceptance(&holding.operation);
+        match holding.fence_orphan(deadline).await {
+            Fence::Done => {}
+            Fence::GaveUp => return Ok(()),
+            Fence::Ended(state, failure) => {
+                return holding.finish(state, Event::OperationFailed, failure).await
+            }
         }
         let lost = holding.operation.replica.clone().unwrap_or_default();
         let at = holding.operation.progress.clone();
@@ -29,7 +34,7 @@ impl Executor {
         let step = at.map_or(0, |p| p.step);
         tracing::warn!(%cluster, operation = %id, %lost, step, orphaned = holding.operation.orphaned(), "resuming an orphaned operation from its last persisted step");
         self.operations.metrics().orphan_resumes.inc();
-        self.execute(holding, false).await
+        self.execute(holding, false, deadline).await
     }
 
     /// Fails an operation a lost owner left RUNNING, once the provider is
@@ -49,20 +54,38 @@ impl Executor {
         // Fence the provider before failing the orphan, so the lost replica
         // (if it is only paused) can change nothing more; the nodes are as
         // it left them.
-        if !holding.fence_orphan().await {
-            return Ok(());
-        }
+        let deadline = self.deadline_from_acceptance(&holding.operation);
+        let (state, failure) = match holding.fence_orphan(deadline).await {
+            Fence::Done => (OperationState::Failed, error(Code::Aborted, message)),
+            Fence::GaveUp => return Ok(()),
+            Fence::Ended(state, failure) => (state, failure),
+        };
         let (cluster, id) = (&holding.cluster.spec.name, &holding.operation.id);
-        tracing::warn!(%cluster, operation = %id, %message, "recovering an orphaned operation");
+        tracing::warn!(%cluster, operation = %id, ?failure, "recovering an orphaned operation");
         holding
-            .finish(
-                OperationState::Failed,
-                Event::OperationFailed,
-                error(Code::Aborted, message),
-            )
+            .finish(state, Event::OperationFailed, failure)
             .await?;
         self.operations.metrics().orphan_recoveries.inc();
         Ok(())
+    }
+
+    /// When `operation` times out: its kind's timeout after its acceptance
+    /// (an orphan's time is not renewed by each new owner).
+    fn deadline_from_acceptance(
+        &self,
+        operation: &crate::operation::OperationRecord,
+    ) -> tokio::time::Instant {
+        let timeout = self.timeouts.get(operation.kind);
+        let accepted = chrono::DateTime::parse_from_rfc3339(&operation.created_at);
+        let elapsed = accepted
+            .ok()
+            .and_then(|at| {
+                (chrono::Utc::now() - at.with_timezone(&chrono::Utc))
+                    .to_std()
+                    .ok()
+            })
+            .unwrap_or_default();
+        tokio::time::Instant::now() + timeout.saturating_sub(elapsed)
     }
 
     /// Runs the steps; `claimed` when the record already says RUNNING here
@@ -71,8 +94,8 @@ impl Executor {
         &self,
         mut holding: Holding<'_>,
         claimed: bool,
+        deadline: tokio::time::Instant,
     ) -> Result<(), LifecycleError> {
-        let deadline = tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
         let steps = match holding.plan_steps(deadline).await {
             Ok(steps) => steps,
             // The claim ended (or lapsed past a TTL) meanwhile: whoever holds

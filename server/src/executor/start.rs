@@ -212,7 +212,9 @@ impl Executor {
             None => Ok(()),
             Some(Held::Run { holding, claimed }) => {
                 let _running = self.running(&holding);
-                self.execute(holding, claimed).await
+                let deadline =
+                    tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
+                self.execute(holding, claimed, deadline).await
             }
             Some(Held::Cancel(mut holding)) => {
                 let cancelled = error(Code::Cancelled, "cancelled before it started");

@@ -156,6 +156,8 @@ pub struct Metrics {
     /// `--provider-handover-after`.
     pub providers_unreachable: Gauge,
     pub ownership_passes: Counter,
+    /// Clusters this replica claimed: every claim is an owner change.
+    pub clusters_claimed: Counter,
     pub clusters: Gauge,
     pub orphan_recoveries: Counter,
     /// Operations resumed by a new owner after their owner was lost.
@@ -267,6 +269,12 @@ impl Metrics {
             "Ownership passes run (each goes over every cluster in the cache)",
             ownership_passes.clone(),
         );
+        let clusters_claimed = Counter::default();
+        registry.register(
+            "clusters_claimed",
+            "Clusters this replica claimed: each claim is an owner change, under a new fencing epoch (summed over the replicas: how often clusters moved)",
+            clusters_claimed.clone(),
+        );
         let clusters = Gauge::default();
         registry.register(
             "clusters",
@@ -349,6 +357,7 @@ impl Metrics {
             clusters_owned,
             providers_unreachable,
             ownership_passes,
+            clusters_claimed,
             clusters,
             orphan_recoveries,
             orphan_resumes,

@@ -44,6 +44,8 @@ const NOWHERE: &str = "02:00:5e:00:de:ad";
 
 /// The nftables table holding a node's loss rules, in its namespace.
 const LOSS_TABLE: &str = "drover_loss";
+/// The nftables table of [`Net::reject`], in a node's namespace.
+const REJECT_TABLE: &str = "drover_reject";
 
 /// Networks made by this test process so far (names and subnets).
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -259,6 +261,27 @@ impl Net {
             .filter(|pair| pair[0] == "packets")
             .map(|pair| pair[1].parse::<u64>().expect("a packet count"))
             .sum()
+    }
+
+    /// Makes `node` refuse its own connections to `peer_ip:peer_port`: new
+    /// and established ones get a TCP reset from its own stack (an egress
+    /// `reject with tcp reset`), as a restarting local proxy or an egress
+    /// REJECT rule would. Replaces an earlier rejection at `node`.
+    pub fn reject(&self, node: &str, peer_ip: &str, peer_port: u16) {
+        let at = &self.node(node).netns;
+        let _ = unload(at, REJECT_TABLE);
+        let rules = format!(
+            "table inet {REJECT_TABLE} {{\n\
+             chain output {{ type filter hook output priority 0; policy accept; \
+             ip daddr {peer_ip} tcp dport {peer_port} counter reject with tcp reset; }}\n}}\n"
+        );
+        nft(at, &rules).unwrap_or_else(|why| panic!("reject at {node}: {why}"));
+    }
+
+    /// Undoes [`Self::reject`].
+    pub fn stop_rejecting(&self, node: &str) {
+        let at = &self.node(node).netns;
+        unload(at, REJECT_TABLE).unwrap_or_else(|why| panic!("end the rejection at {node}: {why}"));
     }
 
     /// Undoes [`Self::lose`].

@@ -46,24 +46,31 @@ impl World {
 
     /// As [`Self::start`] over one etcd member per name in `members`.
     async fn start_with(members: &[&str], extra: &[&str]) -> Option<Self> {
-        Self::start_over(members, TTL, extra, None).await
+        Self::start_over(members, &["r1", "r2"], TTL, extra, None).await
+    }
+
+    /// As [`Self::start`] with three replicas.
+    async fn start_three(extra: &[&str]) -> Option<Self> {
+        Self::start_over(&["etcd"], &["r1", "r2", "r3"], TTL, extra, None).await
     }
 
     /// As [`Self::start`] with a lease TTL of `ttl` seconds, the replicas
     /// reaching etcd through a [`Relay`] (no delay yet) whose delays are
     /// drawn from `seed`.
     async fn start_relayed(ttl: u64, extra: &[&str], seed: u64) -> Option<Self> {
-        Self::start_over(&["etcd"], ttl, extra, Some(seed)).await
+        Self::start_over(&["etcd"], &["r1", "r2"], ttl, extra, Some(seed)).await
     }
 
     async fn start_over(
         members: &[&str],
+        replica_ids: &[&str],
         ttl: u64,
         extra: &[&str],
         relay_seed: Option<u64>,
     ) -> Option<Self> {
         let mut names = members.to_vec();
-        names.extend(["r1", "r2", "sim"]);
+        names.extend(replica_ids);
+        names.push("sim");
         let net = Net::new(&names)?;
         let nodes: Vec<_> = members.iter().map(|m| net.node(m).clone()).collect();
         let etcd = EtcdCluster::start_in(&nodes).await;
@@ -92,7 +99,7 @@ impl World {
         args.extend(["--lease-margin-percent", &margin, "--scan-interval", "1"]);
         args.extend(extra);
         let mut replicas = Vec::new();
-        for id in ["r1", "r2"] {
+        for id in replica_ids {
             replicas.push(ReplicaProcess::serve_in(net.node(id), &endpoints, id, &args).await);
         }
         Some(Self {
@@ -270,6 +277,88 @@ async fn a_replica_cut_from_the_provider_hands_its_operation_to_a_peer() {
     eprintln!(
         "cut from the provider: {} operations, lost: none",
         operations.len()
+    );
+}
+
+/// `drover_clusters_claimed_total` summed over the replicas: every owner
+/// change there was.
+async fn owner_changes(world: &World) -> f64 {
+    let mut changes = 0.0;
+    for replica in &world.replicas {
+        let samples = drover_tests::scrape::metrics(&replica.admin_endpoint()).await;
+        changes += drover_tests::scrape::sum(&samples, "drover_clusters_claimed_total", "");
+    }
+    changes
+}
+
+/// One of three replicas loses the provider twice for longer than
+/// `--provider-handover-after`, reaching it again between the losses for
+/// a while (2.5 s: time for a probe or two, not for the run of successes
+/// that recovery takes, about `--provider-handover-after`), then for good. Its clusters move away once
+/// and back once: a success amid failures does not make it preferable
+/// again (it used to, moving them back and away again), and the peers'
+/// probes, never failing, pass nobody else over.
+#[tokio::test]
+async fn a_replica_whose_provider_link_flaps_moves_its_clusters_away_and_back_once() {
+    let handover = HANDOVER_AFTER.to_string();
+    let Some(world) = World::start_three(&["--provider-handover-after", &handover]).await else {
+        return;
+    };
+    let mut client = world.replicas[0].client().await;
+    let names: Vec<String> = (0..9).map(|i| format!("flap-{i}")).collect();
+    for name in &names {
+        create_running(&mut client, name, 1).await;
+    }
+    let mut own = Vec::new();
+    for name in &names {
+        if world.owner(0, name).await.as_deref() == Some("r3") {
+            own.push(name.clone());
+        }
+    }
+    assert!(!own.is_empty(), "r3 owns none of {names:?}");
+    let before = owner_changes(&world).await;
+
+    // The fault schedule: r3's connections to the provider refused past
+    // the window, then allowed for a few probes, refused again, allowed
+    // for good. Refused, not dropped: probes fail and succeed at once.
+    let sim = world.net.node("sim").ip.clone();
+    let port: u16 = world
+        .sim
+        .endpoint()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the provider's port");
+    let loss = Duration::from_secs(HANDOVER_AFTER + 2);
+    world.net.reject("r3", &sim, port);
+    tokio::time::sleep(loss).await;
+    world.net.stop_rejecting("r3");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    world.net.reject("r3", &sim, port);
+    tokio::time::sleep(loss).await;
+    world.net.stop_rejecting("r3");
+    wait_until(
+        Duration::from_secs(30),
+        "r3 to own its clusters again",
+        || async {
+            for name in &own {
+                if world.owner(0, name).await.as_deref() != Some("r3") {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    let moves = owner_changes(&world).await - before;
+    eprintln!(
+        "flapping provider link: {} clusters of r3, {moves} owner changes",
+        own.len()
+    );
+    assert!(
+        moves <= 2.0 * own.len() as f64,
+        "{moves} owner changes for {} clusters: more than away and back once",
+        own.len()
     );
 }
 

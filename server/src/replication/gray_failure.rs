@@ -1,20 +1,32 @@
 //! Gray failures: a replica that keeps its lease but cannot reach a
 //! provider. Its operations would wait for the provider (each call is sent
 //! again until the operation's timeout) while a peer could run them. So
-//! every provider is probed every few seconds (a third of
+//! every provider is probed every few seconds (a quarter of
 //! `--provider-handover-after`, at most 5 s). This replica's member record
-//! lists the providers its last probe failed to reach, and those it has
-//! not reached for longer than `--provider-handover-after`. While another
-//! member reaches every provider, peers prefer one with such a long
-//! failure for no cluster: it releases what it owns (a running operation
-//! included, which the next owner resumes from its last persisted step, as
-//! after a lost owner) and claims nothing until it reaches them again.
+//! lists the providers it has been failing to reach for a while, and those
+//! it has not reached for longer than `--provider-handover-after`. While
+//! another member reaches every provider, peers prefer one with such a
+//! long failure for no cluster: it releases what it owns (a running
+//! operation included, which the next owner resumes from its last
+//! persisted step, as after a lost owner) and claims nothing until it
+//! reaches them again.
+//!
+//! Hysteresis, so that a flapping probe does not move clusters to and fro
+//! (each move a new epoch, each operation caught in it a resume): a
+//! provider is *failing* once probes have failed across one probe period
+//! (two in a row), *unreachable* once they have failed across
+//! `--provider-handover-after`, and reached again only after a run of
+//! [`RECOVERY_RUN`] successful probes. `drover_clusters_claimed_total`
+//! counts the owner changes this replica makes.
 //!
 //! # Guarantees
 //! - A provider that no member reaches is down, not cut off: nobody is
 //!   passed over for it, and clusters do not move around for it. Every
-//!   member's probes fail within two probe periods, before anyone's
-//!   failures last `--provider-handover-after` (three periods).
+//!   member's probes have failed across a period within three periods
+//!   (a probe gives up after half a period), before anyone's failures
+//!   last `--provider-handover-after` (four periods).
+//! - One failed probe, or one that succeeds amid failures, changes
+//!   nothing any member publishes.
 //! - A released cluster's operation is resumed by its next owner only
 //!   after that owner fenced the provider under its newer epoch, so a call
 //!   this replica still has in flight cannot land after the new owner's.
@@ -30,6 +42,8 @@
 //! - The preference is per member, not per provider: with several
 //!   providers, a member that cannot reach one of them hands over its
 //!   clusters of every provider.
+//! - A member whose provider is back is passed over for [`RECOVERY_RUN`]
+//!   more probes.
 
 use super::*;
 use crate::cluster::ClusterCache;
@@ -39,9 +53,49 @@ use tokio::sync::watch;
 /// The longest time between two probes of a provider.
 const MAX_PROBE_PERIOD: Duration = Duration::from_secs(5);
 
+/// Successful probes in a row after which a failing provider counts as
+/// reached again: four probe periods, about `--provider-handover-after`,
+/// as long as failures take to make it unreachable.
+pub const RECOVERY_RUN: u32 = 5;
+
+/// One provider's recent probes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Probes {
+    /// The first and the last failure of the current run of failures
+    /// (kept through a recovery run until it completes).
+    failures: Option<(Instant, Instant)>,
+    /// Successes in a row since the last failure, while failing.
+    successes: u32,
+}
+
+impl Probes {
+    fn note(&mut self, reached: bool, now: Instant, period: Duration) {
+        if !reached {
+            let first = self.failures.map_or(now, |(first, _)| first);
+            self.failures = Some((first, now));
+            self.successes = 0;
+            return;
+        }
+        // A failure that did not last a period is forgotten at once; a
+        // longer run of failures takes a run of successes to forget.
+        self.successes += 1;
+        if self.failing_for() < period || self.successes >= RECOVERY_RUN {
+            *self = Self::default();
+        }
+    }
+
+    /// How long the current run of failures has lasted.
+    fn failing_for(&self) -> Duration {
+        self.failures.map_or(Duration::ZERO, |(first, last)| {
+            last.saturating_duration_since(first)
+        })
+    }
+}
+
 impl Ownership {
     /// Probes every provider until `shutdown` turns true, and publishes in
-    /// this replica's member record those not reached for `after`.
+    /// this replica's member record those failing and those not reached
+    /// for `after`.
     pub async fn run_provider_probes(
         self: Arc<Self>,
         providers: Arc<Providers>,
@@ -49,23 +103,19 @@ impl Ownership {
         after: Duration,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let period = (after / 3).min(MAX_PROBE_PERIOD);
-        let mut failing_since: HashMap<String, Instant> = HashMap::new();
+        let period = (after / 4).min(MAX_PROBE_PERIOD);
+        let mut probes: HashMap<String, Probes> = HashMap::new();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tokio::time::sleep(period) => {}
             }
             for (link, _) in providers.links() {
-                if probe(link, period).await {
-                    failing_since.remove(&link.name);
-                } else {
-                    failing_since
-                        .entry(link.name.clone())
-                        .or_insert_with(Instant::now);
-                }
+                let reached = probe(link, period / 2).await;
+                let entry = probes.entry(link.name.clone()).or_default();
+                entry.note(reached, Instant::now(), period);
             }
-            let reach = reach(&failing_since, after);
+            let reach = reach(&probes, period, after);
             let cut_off = !reach.unreachable.is_empty();
             self.publish_reach(reach).await;
             // Right after a failed probe, not in the ownership pass: a
@@ -136,13 +186,16 @@ impl Ownership {
     }
 }
 
-/// What `failing_since` (when each provider's probes began to fail) says,
-/// names in order.
-fn reach(failing_since: &HashMap<String, Instant>, after: Duration) -> ProviderReach {
+/// What `probes` say, names in order: failing once a run of failures
+/// spans a probe `period`, unreachable once it spans `after`.
+fn reach(probes: &HashMap<String, Probes>, period: Duration, after: Duration) -> ProviderReach {
     let mut reach = ProviderReach::default();
-    for (name, since) in failing_since {
-        reach.failing.push(name.clone());
-        if since.elapsed() >= after {
+    for (name, probes) in probes {
+        let failing_for = probes.failing_for();
+        if failing_for >= period {
+            reach.failing.push(name.clone());
+        }
+        if failing_for >= after {
             reach.unreachable.push(name.clone());
         }
     }
@@ -237,6 +290,41 @@ mod tests {
         suspect.failing_providers = vec!["default".into()];
         let members = [member("a", &["default"], false), suspect];
         assert_eq!(ids(preferable(&members)), ["a", "b"]);
+    }
+
+    /// Probes of one provider, a second apart, from `start`: `true` reached.
+    fn published(outcomes: &[bool]) -> ProviderReach {
+        let (start, period) = (Instant::now(), Duration::from_secs(1));
+        let mut probes = Probes::default();
+        for (i, reached) in outcomes.iter().enumerate() {
+            probes.note(*reached, start + period * i as u32, period);
+        }
+        let probes = HashMap::from([("p".to_string(), probes)]);
+        reach(&probes, period, Duration::from_secs(4))
+    }
+
+    #[test]
+    fn one_failed_probe_publishes_nothing_two_in_a_row_publish_failing() {
+        assert_eq!(published(&[true, false]), ProviderReach::default());
+        assert_eq!(published(&[true, false, true]), ProviderReach::default());
+        assert_eq!(published(&[false, false]).failing, ["p"]);
+        assert!(published(&[false, false]).unreachable.is_empty());
+        assert_eq!(published(&[false; 5]).unreachable, ["p"]);
+    }
+
+    #[test]
+    fn a_provider_is_reached_again_only_after_a_run_of_successes() {
+        let mut outcomes = vec![false; 5];
+        outcomes.push(true);
+        assert_eq!(
+            published(&outcomes).unreachable,
+            ["p"],
+            "one success amid failures"
+        );
+        outcomes.extend([true, false, true]);
+        assert_eq!(published(&outcomes).unreachable, ["p"], "the run broke");
+        outcomes.extend([true; RECOVERY_RUN as usize]);
+        assert_eq!(published(&outcomes), ProviderReach::default());
     }
 
     #[test]

@@ -334,6 +334,7 @@ impl Ownership {
         if result.succeeded {
             self.wrote_owners(result.revision);
             let claim = Claim::new(lease, fence.base, result.revision);
+            self.metrics.clusters_claimed.inc_by(clusters.len() as u64);
             tracing::info!(
                 clusters = clusters.len(),
                 epoch = claim.epoch,
@@ -377,6 +378,7 @@ impl Ownership {
             if result.succeeded {
                 self.wrote_owners(result.revision);
                 let claim = Claim::new(lease, fence.base, result.revision);
+                self.metrics.clusters_claimed.inc();
                 tracing::info!(cluster, epoch = claim.epoch, "claimed cluster");
                 return Ok(Some(claim));
             }

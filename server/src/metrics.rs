@@ -170,6 +170,9 @@ pub struct Metrics {
     pub peer_leases_revoked: Counter,
     /// Peers this replica holds a liveness connection to now.
     pub liveness_peers_connected: Gauge,
+    /// Refusals not taken as a peer's death: every liveness connection of
+    /// this replica broke at once.
+    pub liveness_self_suspected: Counter,
     pub newer_schema_skipped: Counter,
     pub task_runs: Family<TaskRunLabels, Counter>,
     /// When a run of the type last ended done on this replica (Unix
@@ -311,6 +314,12 @@ impl Metrics {
             "Leases of crashed peers revoked by this replica, handing their clusters over before the TTL",
             peer_leases_revoked.clone(),
         );
+        let liveness_self_suspected = Counter::default();
+        registry.register(
+            "liveness_self_suspected",
+            "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)",
+            liveness_self_suspected.clone(),
+        );
         let liveness_peers_connected = Gauge::default();
         registry.register(
             "liveness_peers_connected",
@@ -365,6 +374,7 @@ impl Metrics {
             peer_crashes_detected,
             peer_leases_revoked,
             liveness_peers_connected,
+            liveness_self_suspected,
             newer_schema_skipped,
             task_runs,
             task_last_success,

@@ -263,19 +263,36 @@ impl Net {
             .sum()
     }
 
-    /// Makes `node` refuse its own connections to `peer_ip:peer_port`: new
-    /// and established ones get a TCP reset from its own stack (an egress
-    /// `reject with tcp reset`), as a restarting local proxy or an egress
-    /// REJECT rule would. Replaces an earlier rejection at `node`.
-    pub fn reject(&self, node: &str, peer_ip: &str, peer_port: u16) {
+    /// Makes `node` refuse its own connections to each `(ip, port)` of
+    /// `targets`: new and established ones get a TCP reset from its own
+    /// stack (an egress `reject with tcp reset`), as a restarting local
+    /// proxy or an egress REJECT rule would. Replaces an earlier rejection
+    /// at `node`.
+    pub fn reject(&self, node: &str, targets: &[(String, u16)]) {
         let at = &self.node(node).netns;
         let _ = unload(at, REJECT_TABLE);
-        let rules = format!(
+        let rules: String = targets
+            .iter()
+            .map(|(ip, port)| {
+                format!("ip daddr {ip} tcp dport {port} counter reject with tcp reset; ")
+            })
+            .collect();
+        let table = format!(
             "table inet {REJECT_TABLE} {{\n\
-             chain output {{ type filter hook output priority 0; policy accept; \
-             ip daddr {peer_ip} tcp dport {peer_port} counter reject with tcp reset; }}\n}}\n"
+             chain output {{ type filter hook output priority 0; policy accept; {rules}}}\n}}\n"
         );
-        nft(at, &rules).unwrap_or_else(|why| panic!("reject at {node}: {why}"));
+        nft(at, &table).unwrap_or_else(|why| panic!("reject at {node}: {why}"));
+    }
+
+    /// Destroys `node`'s TCP connections to `peer_ip:peer_port` (`ss -K`),
+    /// as a restarting proxy does to the connections through it.
+    pub fn kill_connections(&self, node: &str, peer_ip: &str, peer_port: u16) {
+        let at = &self.node(node).netns;
+        let port = peer_port.to_string();
+        sh(&[
+            "ip", "netns", "exec", at, "ss", "-K", "dst", peer_ip, "dport", "=", &port,
+        ])
+        .unwrap_or_else(|why| panic!("kill the connections of {node}: {why}"));
     }
 
     /// Undoes [`Self::reject`].

@@ -330,11 +330,12 @@ async fn a_replica_whose_provider_link_flaps_moves_its_clusters_away_and_back_on
         .and_then(|p| p.parse().ok())
         .expect("the provider's port");
     let loss = Duration::from_secs(HANDOVER_AFTER + 2);
-    world.net.reject("r3", &sim, port);
+    let provider = [(sim, port)];
+    world.net.reject("r3", &provider);
     tokio::time::sleep(loss).await;
     world.net.stop_rejecting("r3");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    world.net.reject("r3", &sim, port);
+    world.net.reject("r3", &provider);
     tokio::time::sleep(loss).await;
     world.net.stop_rejecting("r3");
     wait_until(
@@ -360,6 +361,93 @@ async fn a_replica_whose_provider_link_flaps_moves_its_clusters_away_and_back_on
         "{moves} owner changes for {} clusters: more than away and back once",
         own.len()
     );
+}
+
+/// The (ip, port) of `replica`'s admin port.
+fn admin_target(replica: &ReplicaProcess) -> (String, u16) {
+    let address = replica.admin_endpoint();
+    let (ip, port) = address
+        .trim_start_matches("http://")
+        .rsplit_once(':')
+        .expect("host:port");
+    (ip.to_string(), port.parse().expect("a port"))
+}
+
+/// The prober's own network refuses: r1's egress to its peers' admin
+/// ports is rejected with a TCP reset and its liveness connections are
+/// destroyed (a local proxy restarting, an egress REJECT rule). Every
+/// refusal r1 sees is its own doing: no lease is revoked, no cluster moves.
+/// (A peer killed alone breaks one connection of three replicas' two:
+/// `replication`'s `peers_revoke_a_killed_owners_lease_long_before_its_ttl`.)
+#[tokio::test]
+async fn a_prober_whose_own_network_refuses_revokes_no_lease() {
+    let Some(world) = World::start_three(&[]).await else {
+        return;
+    };
+    let mut client = world.replicas[0].client().await;
+    for i in 0..6 {
+        create_running(&mut client, &format!("own-{i}"), 1).await;
+    }
+    let r1 = world.replicas[0].admin_endpoint();
+    let connected = |admin: String| async move {
+        let samples = drover_tests::scrape::metrics(&admin).await;
+        drover_tests::scrape::sum(&samples, "drover_liveness_peers_connected", "")
+    };
+    wait_until(Duration::from_secs(10), "r1's liveness connections", || {
+        let r1 = r1.clone();
+        async move { connected(r1).await == 2.0 }
+    })
+    .await;
+    let before = owner_changes(&world).await;
+
+    let peers: Vec<(String, u16)> = world.replicas[1..].iter().map(admin_target).collect();
+    world.net.reject("r1", &peers);
+    for (ip, port) in &peers {
+        world.net.kill_connections("r1", ip, *port);
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "r1's liveness connections to break",
+        || {
+            let r1 = r1.clone();
+            async move { connected(r1).await == 0.0 }
+        },
+    )
+    .await;
+    // Several probe rounds, well within the TTL: any revoke would show.
+    let r1_metrics = r1.clone();
+    wait_until(
+        Duration::from_secs(10),
+        "r1 to suspect its own network",
+        || {
+            let r1 = r1_metrics.clone();
+            async move {
+                let samples = drover_tests::scrape::metrics(&r1).await;
+                drover_tests::scrape::sum(&samples, "drover_liveness_self_suspected_total", "")
+                    >= 4.0
+            }
+        },
+    )
+    .await;
+    let samples = drover_tests::scrape::metrics(&r1).await;
+    let revoked = drover_tests::scrape::sum(&samples, "drover_peer_leases_revoked_total", "");
+    assert_eq!(
+        revoked, 0.0,
+        "r1 revoked a peer's lease over its own network"
+    );
+    assert_eq!(owner_changes(&world).await, before, "a cluster moved");
+
+    world.net.stop_rejecting("r1");
+    wait_until(
+        Duration::from_secs(10),
+        "r1's liveness connections again",
+        || {
+            let r1 = r1.clone();
+            async move { connected(r1).await == 2.0 }
+        },
+    )
+    .await;
+    assert_eq!(owner_changes(&world).await, before, "a cluster moved");
 }
 
 /// The provider cut from both replicas: it is down as far as anyone can

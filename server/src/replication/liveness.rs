@@ -10,6 +10,14 @@
 //!   connections, or the same replica id answers there with another lease.
 //!   The revoke names the lease of the member record the task watched, so
 //!   a newer incarnation's lease is never touched; nor is this replica's.
+//! - A refusal is evidence only when it is not this replica's own network:
+//!   when every liveness connection of a replica watching two peers or
+//!   more breaks at once ([`CORROBORATION`]), the fault is taken to be its
+//!   own (a local proxy restarting, an egress REJECT rule, a REDIRECT to an
+//!   unbound port: all of them refuse every connection it makes) and
+//!   nothing is revoked; the TTL decides. A peer killed alone breaks one
+//!   connection while the others hold: its lease is revoked within about a
+//!   second, as before.
 //! - A probe that times out or fails otherwise (a paused process, a
 //!   partition, an overloaded host) proves nothing: the TTL decides, as
 //!   without this module. A paused peer also keeps its connections open.
@@ -27,9 +35,12 @@
 //!   module only decides how soon.
 //!
 //! # Caveats
-//! - A firewall that starts rejecting (not dropping) connections to the
-//!   admin port looks like a crash: the peer's lease is revoked, its
-//!   clusters move (safely) and it rejoins with a new lease.
+//! - A replica with a single peer cannot tell its own network from the
+//!   peer's death: a refusal there is taken as the peer's death (its lease
+//!   revoked, its clusters moved, safely) as before. So is a firewall that
+//!   rejects connections to one peer's admin port only.
+//! - Peers killed together (a whole host with two replicas) look like this
+//!   replica's own network failing: left to the TTL.
 //! - Left to the TTL: a peer that crashes before this replica saw it
 //!   answer, and one whose member record has no admin address (an older
 //!   build) or a wildcard one (an admin port listening on all interfaces).
@@ -50,6 +61,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Probes of one peer start at most this often (a connection that keeps
 /// breaking at once must not spin).
 const PROBE_SPACING: Duration = Duration::from_millis(250);
+/// How long after a refusal the other liveness connections are looked at:
+/// a fault of this replica's own network breaks them all within this.
+const CORROBORATION: Duration = Duration::from_millis(200);
 /// After a probe that proved nothing: the next one. Soon, because a
 /// killed process's sockets do not all close at once (a probe may meet its
 /// listener half torn down, a reset that proves nothing, a moment before
@@ -320,6 +334,8 @@ impl Ownership {
                 watched.insert(peer.replica.clone(), (peer, AbortOnDrop(task)));
             }
         }
+        self.liveness_watched
+            .store(watched.len(), std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Holds a liveness connection to `peer` and probes it whenever the
@@ -327,6 +343,8 @@ impl Ownership {
     /// lease (or found it gone), or when aborted.
     async fn watch_peer(self: Arc<Self>, peer: Peer) {
         let mut seen = false;
+        // Said once per run of suspect refusals, not at every probe.
+        let mut suspected = false;
         let mut next_probe = tokio::time::Instant::now();
         loop {
             tokio::time::sleep_until(next_probe).await;
@@ -339,17 +357,41 @@ impl Ownership {
                         tracing::debug!(peer = %peer.replica, lease = peer.lease, "liveness connection to the peer open");
                     }
                     seen = true;
+                    suspected = false;
                     let _connected = Connected::new(&self.metrics);
                     open.closed().await;
                     tracing::info!(peer = %peer.replica, lease = peer.lease, "liveness connection to the peer broke: probing it");
                 }
-                Verdict::Gone(evidence) => return self.revoke_crashed(&peer, &evidence).await,
+                Verdict::Gone(evidence) => {
+                    let refused = probed.is_err();
+                    if refused && self.own_network_suspect().await {
+                        if !suspected {
+                            tracing::warn!(peer = %peer.replica, lease = peer.lease, "every liveness connection of this replica broke at once: its own network is suspect, not its peers; nothing revoked, the TTL decides");
+                        }
+                        suspected = true;
+                        self.metrics.liveness_self_suspected.inc();
+                        next_probe = tokio::time::Instant::now() + RETRY_AFTER;
+                        continue;
+                    }
+                    return self.revoke_crashed(&peer, &evidence).await;
+                }
                 Verdict::Unknown(why) => {
                     tracing::debug!(peer = %peer.replica, why, "liveness probe proved nothing; the TTL decides");
                     next_probe = tokio::time::Instant::now() + RETRY_AFTER;
                 }
             }
         }
+    }
+
+    /// Whether a refusal just seen may be this replica's own network: a
+    /// moment later, of two peers or more watched, none has a liveness
+    /// connection open.
+    async fn own_network_suspect(&self) -> bool {
+        tokio::time::sleep(CORROBORATION).await;
+        let watched = self
+            .liveness_watched
+            .load(std::sync::atomic::Ordering::SeqCst);
+        watched >= 2 && self.metrics.liveness_peers_connected.get() == 0
     }
 
     /// Revokes the lease of `peer`'s incarnation, found gone on `evidence`.

@@ -217,6 +217,8 @@ pub struct Ownership {
     fence: Mutex<restore::FenceView>,
     /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
+    /// Peers this replica holds (or tries to hold) a liveness connection to.
+    liveness_watched: std::sync::atomic::AtomicUsize,
     /// What this replica's member record says of the providers it cannot
     /// reach (see `gray_failure`).
     provider_reach: Mutex<ProviderReach>,
@@ -259,6 +261,7 @@ impl Ownership {
             owner_writes: AtomicI64::new(0),
             fence: Mutex::new(restore::FenceView::default()),
             draining: AtomicBool::new(false),
+            liveness_watched: std::sync::atomic::AtomicUsize::new(0),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,
         });

@@ -69,7 +69,11 @@ fn route(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Byt
 
 /// The `/liveness` answer: the first line, then an open body until
 /// `closed` (the admin port's shutdown) turns true or its sender goes.
-fn liveness(incarnation: &Incarnation, closed: watch::Receiver<bool>) -> Response<AdminBody> {
+fn liveness(
+    incarnation: &Incarnation,
+    watcher: Option<&str>,
+    closed: watch::Receiver<bool>,
+) -> Response<AdminBody> {
     let Some(ownership) = incarnation.get() else {
         let body = Full::new(Bytes::from("not a member: no provider\n"));
         return plain(StatusCode::NOT_FOUND, body);
@@ -86,6 +90,7 @@ fn liveness(incarnation: &Incarnation, closed: watch::Receiver<bool>) -> Respons
     line.push(b'\n');
     let mut closed = closed;
     let body = LivenessBody {
+        _watcher: watcher.map(|peer| ownership.watcher(peer)),
         line: Some(Bytes::from(line)),
         closed: Box::pin(async move {
             let _ = closed.wait_for(|closed| *closed).await;
@@ -108,6 +113,8 @@ fn plain(status: StatusCode, body: Full<Bytes>) -> Response<AdminBody> {
 
 /// The `/liveness` body: one line, then nothing until the port closes.
 struct LivenessBody {
+    /// The peer holding this connection, counted while it is open.
+    _watcher: Option<crate::replication::Watcher>,
     line: Option<Bytes>,
     closed: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
@@ -171,7 +178,11 @@ pub async fn serve(
                     let response = if let (true, Some(console)) = (console_path, console) {
                         Err((console, request))
                     } else if path == "/liveness" {
-                        Ok(liveness(&incarnation, closed.clone()))
+                        let watcher = request
+                            .headers()
+                            .get(crate::replication::WATCHER_HEADER)
+                            .and_then(|v| v.to_str().ok());
+                        Ok(liveness(&incarnation, watcher, closed.clone()))
                     } else {
                         Ok(route(path, &metrics, &ready).map(Either::Left))
                     };
@@ -220,7 +231,7 @@ mod tests {
         );
         // A replica without a provider is never a member.
         let (_open, closed) = watch::channel(false);
-        let answer = liveness(&Incarnation::default(), closed);
+        let answer = liveness(&Incarnation::default(), None, closed);
         assert_eq!(answer.status(), StatusCode::NOT_FOUND);
     }
 }

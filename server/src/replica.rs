@@ -202,6 +202,7 @@ impl Replica {
                 admin_address: admin_address.to_string(),
                 lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
                 lease_margin: config.lease_margin,
+                peer_liveness: config.peer_liveness,
             },
             Arc::clone(&self.metrics),
         );

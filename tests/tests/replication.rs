@@ -396,6 +396,95 @@ async fn an_orphan_whose_fence_cannot_succeed_times_out_from_its_acceptance() {
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
+/// Replicas die young when a deployment comes up, in rolling restarts and
+/// crash loops. Ten times, three replicas start together over clusters
+/// nobody owns, and one of them is killed -9 as soon as it owns its first
+/// cluster (polled every 10 ms), at TTL 15 s. It claims nothing before
+/// both peers hold a liveness connection to it, so each crash is seen by a
+/// peer and its clusters are with the others long before the TTL (it used
+/// to claim at once, and a crash before the peers connected cost a TTL).
+#[tokio::test]
+async fn a_replica_killed_right_after_its_first_claim_costs_no_ttl() {
+    const TTL: &str = "15";
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let provider = sim.endpoint();
+    let args = [
+        "--provider",
+        provider.as_str(),
+        "--lease-ttl",
+        TTL,
+        "--scan-interval",
+        "1",
+    ];
+    let names: Vec<String> = (0..6).map(|i| format!("young-{i}")).collect();
+    {
+        let mut first = ReplicaProcess::serve_with(&etcd.endpoint(), "r0", &args).await;
+        let mut client = first.client().await;
+        for name in &names {
+            create_running(&mut client, name, 1).await;
+        }
+        // A clean stop revokes its lease: the clusters are nobody's.
+        first.terminate().await;
+    }
+    let mut took = Vec::new();
+    let mut revoked = 0.0;
+    for round in 0..10 {
+        let young = format!("y{round}");
+        let endpoint = etcd.endpoint();
+        let (mut r1, mut r2, mut y) = tokio::join!(
+            ReplicaProcess::serve_with(&endpoint, "r1", &args),
+            ReplicaProcess::serve_with(&endpoint, "r2", &args),
+            ReplicaProcess::serve_with(&endpoint, &young, &args),
+        );
+        let admin = y.admin_endpoint();
+        wait_until(
+            Duration::from_secs(20),
+            "the young replica's first claim",
+            || {
+                let admin = admin.clone();
+                async move {
+                    let samples = drover_tests::scrape::metrics(&admin).await;
+                    drover_tests::scrape::sum(&samples, "drover_clusters_owned", "") >= 1.0
+                }
+            },
+        )
+        .await;
+        y.kill9();
+        let killed = Instant::now();
+        let mut r1_admin = AdminClient::connect(r1.endpoint()).await.unwrap();
+        let what = format!("the clusters of {young} with r1 and r2");
+        wait_until(Duration::from_secs(10), &what, || {
+            let (mut admin, names) = (r1_admin.clone(), names.clone());
+            async move {
+                for name in &names {
+                    let now = owner(&mut admin, name).await;
+                    if !now.is_some_and(|o| o.replica == "r1" || o.replica == "r2") {
+                        return false;
+                    }
+                }
+                true
+            }
+        })
+        .await;
+        took.push(killed.elapsed());
+        for replica in [&r1, &r2] {
+            let samples = drover_tests::scrape::metrics(&replica.admin_endpoint()).await;
+            revoked += drover_tests::scrape::sum(&samples, "drover_peer_leases_revoked_total", "");
+        }
+        let _ = &mut r1_admin;
+        r1.terminate().await;
+        r2.terminate().await;
+    }
+    took.sort();
+    eprintln!(
+        "kill -9 right after the first claim, 10 times at TTL {TTL} s: clusters with the others after {:?} (median), {:?} (slowest)",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    assert_eq!(revoked, 10.0, "each crash seen by a peer");
+}
+
 #[tokio::test]
 async fn a_paused_owner_that_wakes_after_its_lease_expired_changes_nothing() {
     let c = Cluster3::start_with(3, TTL_SECONDS, ORPHANS_FAIL).await;

@@ -640,6 +640,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
             admin_address: String::new(),
             lease_ttl: Duration::from_secs(2),
             lease_margin: Duration::from_millis(400),
+            peer_liveness: false,
         },
         Metrics::new(),
     );

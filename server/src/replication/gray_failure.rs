@@ -262,6 +262,7 @@ mod tests {
             draining,
             failing_providers: names.clone(),
             unreachable_providers: names,
+            watches_peers: false,
         }
     }
 

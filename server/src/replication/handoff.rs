@@ -168,6 +168,7 @@ mod tests {
             admin_address: String::new(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
+            peer_liveness: false,
         };
         let (replication, _) = Ownership::new(store.clone(), keys.clone(), config, Metrics::new());
         let lease = replication.join().await.unwrap();

@@ -44,6 +44,10 @@
 //! - Left to the TTL: a peer that crashes before this replica saw it
 //!   answer, and one whose member record has no admin address (an older
 //!   build) or a wildcard one (an admin port listening on all interfaces).
+//!   The first cannot own anything: a replica claims no cluster until
+//!   every peer that watches holds a liveness connection to it
+//!   ([`Ownership::watched_by_every_peer`]), or a TTL into its session
+//!   (a peer that cannot reach its admin port).
 
 use super::*;
 use crate::cluster::{from_json, ClusterCache};
@@ -169,14 +173,19 @@ impl Drop for Connected {
     }
 }
 
-/// `GET /liveness` at `address`, within [`PROBE_TIMEOUT`].
-async fn probe(address: &str) -> Result<(LivenessLine, Open), ProbeError> {
-    tokio::time::timeout(PROBE_TIMEOUT, connect(address))
+/// The request header naming the replica that holds a liveness
+/// connection, so that the peer knows who watches it.
+pub const WATCHER_HEADER: &str = "drover-watcher";
+
+/// `GET /liveness` at `address`, within [`PROBE_TIMEOUT`], as `watcher`
+/// (a replica that will hold the connection) or as nobody (a look).
+async fn probe(address: &str, watcher: Option<&str>) -> Result<(LivenessLine, Open), ProbeError> {
+    tokio::time::timeout(PROBE_TIMEOUT, connect(address, watcher))
         .await
         .unwrap_or(Err(ProbeError::TimedOut))
 }
 
-async fn connect(address: &str) -> Result<(LivenessLine, Open), ProbeError> {
+async fn connect(address: &str, watcher: Option<&str>) -> Result<(LivenessLine, Open), ProbeError> {
     let stream = TcpStream::connect(address).await.map_err(|error| {
         if error.kind() == std::io::ErrorKind::ConnectionRefused {
             ProbeError::Refused
@@ -190,10 +199,11 @@ async fn connect(address: &str) -> Result<(LivenessLine, Open), ProbeError> {
     let connection = AbortOnDrop(tokio::spawn(async move {
         let _ = connection.await;
     }));
-    let request = hyper::Request::get("/liveness")
-        .header(hyper::header::HOST, address)
-        .body(Empty::new())
-        .map_err(failed)?;
+    let mut request = hyper::Request::get("/liveness").header(hyper::header::HOST, address);
+    if let Some(watcher) = watcher {
+        request = request.header(WATCHER_HEADER, watcher);
+    }
+    let request = request.body(Empty::new()).map_err(failed)?;
     let response = sender.send_request(request).await.map_err(failed)?;
     if response.status() != hyper::StatusCode::OK {
         return Err(failed(format!("answered {}", response.status())));
@@ -226,7 +236,7 @@ async fn first_line(body: &mut Incoming) -> Result<LivenessLine, ProbeError> {
 
 /// Whether peers can reach `address` as written: a wildcard listen
 /// address names no host.
-fn reachable(address: &str) -> bool {
+pub(super) fn reachable(address: &str) -> bool {
     !address.is_empty()
         && address
             .parse::<SocketAddr>()
@@ -257,7 +267,7 @@ pub async fn live_twin(
     if kv.lease == 0 || address == own_admin || !reachable(&address) {
         return Ok(None);
     }
-    let answered = match probe(&address).await {
+    let answered = match probe(&address, None).await {
         Ok((line, _open)) => line.replica == replica_id && line.lease == kv.lease,
         Err(_) => false,
     };
@@ -267,7 +277,58 @@ pub async fn live_twin(
     Ok(Some(address))
 }
 
+/// A peer's open liveness connection to this replica, counted while it
+/// lives (see [`Ownership::watched_by_every_peer`]).
+pub struct Watcher {
+    ownership: Arc<Ownership>,
+    peer: String,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let mut by = lock(&self.ownership.watched_by);
+        if let Some(count) = by.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                by.remove(&self.peer);
+            }
+        }
+        self.ownership.watchers_changed.notify_one();
+    }
+}
+
 impl Ownership {
+    /// Counts `peer`'s liveness connection to this replica while the
+    /// returned guard lives.
+    pub fn watcher(self: &Arc<Self>, peer: &str) -> Watcher {
+        *lock(&self.watched_by).entry(peer.to_string()).or_default() += 1;
+        self.watchers_changed.notify_one();
+        Watcher {
+            ownership: Arc::clone(self),
+            peer: peer.to_string(),
+        }
+    }
+
+    /// Whether this replica may claim clusters as far as its peers' watch
+    /// goes: every live peer that holds liveness connections holds one to
+    /// it, so that its crash from its first claim on is seen at once (a
+    /// peer that never saw it answer leaves its crash to the TTL). Not
+    /// waited for when peers cannot reach its admin address, nor past a
+    /// TTL into the session (a peer that cannot reach it).
+    pub(super) fn watched_by_every_peer(&self, members: &[MemberRecord]) -> bool {
+        let session_age = lock(&self.session).as_ref().map(|s| s.joined.elapsed());
+        if !reachable(&self.config.admin_address)
+            || session_age.is_none_or(|age| age >= self.config.lease_ttl)
+        {
+            return true;
+        }
+        let by = lock(&self.watched_by);
+        members
+            .iter()
+            .filter(|m| m.id != self.config.replica_id && m.watches_peers && !m.draining)
+            .all(|m| by.contains_key(&m.id))
+    }
+
     /// Follows the member records and holds a liveness connection to every
     /// peer that has an admin address, until `shutdown` turns true.
     pub async fn run_liveness(
@@ -349,7 +410,7 @@ impl Ownership {
         loop {
             tokio::time::sleep_until(next_probe).await;
             next_probe = tokio::time::Instant::now() + PROBE_SPACING;
-            let probed = probe(&peer.admin_address).await;
+            let probed = probe(&peer.admin_address, Some(&self.config.replica_id)).await;
             match judge(&peer, seen, probed.as_ref().map(|(line, _)| line)) {
                 Verdict::Alive => {
                     let Ok((_, open)) = probed else { continue };
@@ -436,6 +497,7 @@ mod tests {
             admin_address: admin_address.clone(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
+            peer_liveness: false,
         };
         let keys = KeyLayout::new("/t/");
         let (ownership, _) = Ownership::new(store.clone(), keys, config, Metrics::new());
@@ -481,7 +543,7 @@ mod tests {
         let store: SharedStore = Arc::new(MemoryStore::new());
         let (watcher, _, _watcher_port) = member(&store, "r1").await;
         let (_, peer, peer_port) = member(&store, "r2").await;
-        let (line, open) = probe(&peer.admin_address).await.unwrap();
+        let (line, open) = probe(&peer.admin_address, None).await.unwrap();
         assert_eq!(
             line,
             LivenessLine {

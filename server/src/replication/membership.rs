@@ -176,6 +176,7 @@ impl Ownership {
         *lock(&self.session) = Some(Session {
             lease,
             valid_until: self.config.valid_until(sent, self.config.lease_ttl),
+            joined: sent,
             lapsed: false,
         });
         tracing::info!(lease, ttl, "joined as a member");
@@ -196,6 +197,7 @@ impl Ownership {
             draining: self.is_draining(),
             failing_providers: reach.failing,
             unreachable_providers: reach.unreachable,
+            watches_peers: self.config.peer_liveness,
         }
     }
 
@@ -351,6 +353,7 @@ mod tests {
             admin_address: String::new(),
             lease_ttl: TTL,
             lease_margin: Duration::from_millis(400),
+            peer_liveness: false,
         };
         let (replication, _) = Ownership::new(store, keys, config, Metrics::new());
         let (stop, stopped) = watch::channel(false);

@@ -41,7 +41,7 @@ mod rendezvous;
 mod restore;
 mod state_memo;
 
-pub use liveness::{live_twin, LivenessLine};
+pub use liveness::{live_twin, LivenessLine, Watcher, WATCHER_HEADER};
 pub use rendezvous::preferred;
 pub use restore::fencing_epoch;
 
@@ -83,6 +83,10 @@ pub struct MemberRecord {
     /// provider, peers prefer it for no cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreachable_providers: Vec<String>,
+    /// It holds a liveness connection to every peer (`--peer-liveness`):
+    /// a new member claims nothing until every such peer holds one to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watches_peers: bool,
 }
 
 /// The providers a replica's last probe did not reach, and those it has
@@ -167,6 +171,8 @@ struct Session {
     valid_until: Instant,
     /// The belief ran out and was not renewed yet (logged once).
     lapsed: bool,
+    /// When it was joined.
+    joined: Instant,
 }
 
 /// How often a provider call waiting out a lapsed session looks again.
@@ -184,6 +190,9 @@ pub struct OwnershipConfig {
     /// How long before the TTL runs out this replica stops believing in its
     /// lease (less than a third of the TTL leaves time for renewals).
     pub lease_margin: Duration,
+    /// This replica holds liveness connections to its peers (said in its
+    /// member record, so that new members wait for them).
+    pub peer_liveness: bool,
 }
 
 impl OwnershipConfig {
@@ -219,6 +228,10 @@ pub struct Ownership {
     draining: AtomicBool,
     /// Peers this replica holds (or tries to hold) a liveness connection to.
     liveness_watched: std::sync::atomic::AtomicUsize,
+    /// Open liveness connections peers hold to this replica, by peer id.
+    watched_by: Mutex<HashMap<String, usize>>,
+    /// A peer opened or closed a liveness connection to this replica.
+    watchers_changed: tokio::sync::Notify,
     /// What this replica's member record says of the providers it cannot
     /// reach (see `gray_failure`).
     provider_reach: Mutex<ProviderReach>,
@@ -262,6 +275,8 @@ impl Ownership {
             fence: Mutex::new(restore::FenceView::default()),
             draining: AtomicBool::new(false),
             liveness_watched: std::sync::atomic::AtomicUsize::new(0),
+            watched_by: Mutex::new(HashMap::new()),
+            watchers_changed: tokio::sync::Notify::new(),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,
         });

@@ -103,6 +103,7 @@ impl Ownership {
                 _ = member_change(&mut members, revision) => true,
                 _ = owners.next_change(&self.keys) => false,
                 _ = created => false,
+                _ = self.watchers_changed.notified() => false,
                 _ = tokio::time::sleep(period) => false,
             };
             if !members_changed {
@@ -187,6 +188,15 @@ impl Ownership {
         };
         cache.for_each_state(&mut decide).await?;
         memo.end_pass();
+        if !to_claim.is_empty() && !self.watched_by_every_peer(&members_read) {
+            // Claimed now, a crash before the peers watch would cost a TTL;
+            // a peer's connection starts the next pass.
+            tracing::debug!(
+                clusters = to_claim.len(),
+                "not claiming until every peer holds a liveness connection to this replica"
+            );
+            to_claim.clear();
+        }
         for (cluster, claim, idle_at) in to_release {
             let idle =
                 Compare::mod_revision(self.keys.cluster_state(&cluster), CmpOp::Equal, idle_at);
@@ -495,6 +505,7 @@ mod tests {
             admin_address: String::new(),
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
+            peer_liveness: false,
         };
         let metrics = Metrics::new();
         let (replication, _) =
@@ -510,6 +521,7 @@ mod tests {
             draining: false,
             failing_providers: Vec::new(),
             unreachable_providers: Vec::new(),
+            watches_peers: false,
         };
         let put = Op::put_with_lease(keys.member(id), to_json(&member), lease);
         store.txn(Txn::new().and_then([put])).await.unwrap();

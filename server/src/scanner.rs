@@ -9,26 +9,38 @@
 //!   edge and holds the slot.
 //! - Destroying with no operation (a destroy that failed) → the destroy is
 //!   retried.
+//! - Running, Alert, Stopped or Error: `status.nodes` is refreshed from the
+//!   provider's answer (a describe fenced under the owner's epoch) when
+//!   the nodes it shows differ (id, role, power, version, readiness), so a
+//!   status left stale — a describe that failed after a failed step —
+//!   heals without a new operation. The write is fenced and compares the
+//!   state and status keys as scanned.
 //!
 //! Only clusters this replica owns are scanned, as its watch cache shows
 //! them (a cluster that changed meanwhile only loses the compare-and-swap);
 //! clusters holding an operation are left to the executor.
 
 use crate::cluster::machine::Event;
-use crate::cluster::{ClusterCache, ClusterFilter, ClusterRecord, ClusterState};
+use crate::cluster::{
+    to_json, ClusterCache, ClusterFilter, ClusterRecord, ClusterState, NodeStatus, SCHEMA_VERSION,
+};
 use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
 use crate::owner_work::OwnerWork;
-use crate::provider::{node_ready, Providers, DESCRIBE_TIMEOUT};
-use crate::replication::Ownership;
+use crate::provider::{due_by, node_ready, node_status, Providers, DESCRIBE_TIMEOUT};
+use crate::replication::{Claim, Ownership};
+use crate::store::{CmpOp, Compare, Op, Txn};
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
 const PAGE: usize = 500;
+
+/// The `operation_id` of the scanner's fenced describes.
+const SCAN_OPERATION: &str = "status-scan";
 
 pub struct Scanner {
     operations: Operations,
@@ -133,7 +145,7 @@ impl Scanner {
         };
         match cluster.state.state {
             ClusterState::Running => {
-                let nodes = self.describe(cluster).await?;
+                let nodes = self.look(cluster, claim).await?;
                 let faulty: Vec<&str> = nodes
                     .iter()
                     .filter(|n| !node_ready(n))
@@ -148,7 +160,7 @@ impl Scanner {
                 }
             }
             ClusterState::Alert => {
-                let nodes = self.describe(cluster).await?;
+                let nodes = self.look(cluster, claim).await?;
                 if nodes.is_empty() {
                     return Ok(());
                 }
@@ -162,6 +174,9 @@ impl Scanner {
                         .await?;
                 }
             }
+            ClusterState::Stopped | ClusterState::Error => {
+                self.look(cluster, claim).await?;
+            }
             ClusterState::Destroying => {
                 tracing::info!(cluster = %name, "retrying a destroy that did not finish");
                 self.executor
@@ -173,27 +188,102 @@ impl Scanner {
         Ok(())
     }
 
+    /// The nodes as the provider shows them now, the status refreshed
+    /// from them when it shows other nodes.
+    async fn look(
+        &self,
+        cluster: &ClusterRecord,
+        claim: Claim,
+    ) -> Result<Vec<pb::ProviderNode>, LifecycleError> {
+        let nodes = self.describe(cluster, claim).await?;
+        self.refresh_nodes(cluster, claim, &nodes).await?;
+        Ok(nodes)
+    }
+
+    /// A describe fenced under `claim` (the owner's epoch: the provider then
+    /// refuses older ones), due by the end of the claim.
     async fn describe(
         &self,
         cluster: &ClusterRecord,
+        claim: Claim,
     ) -> Result<Vec<pb::ProviderNode>, LifecycleError> {
+        let unavailable = |why: String| LifecycleError::ProviderUnavailable(why);
+        let name = &cluster.spec.name;
+        let deadline = self
+            .work
+            .replication()
+            .claim_deadline(name, claim)
+            .await
+            .ok_or_else(|| unavailable(format!("no longer the owner of {name}")))?;
         let request = pb::DescribeClusterRequest {
             cluster_uid: cluster.spec.uid.clone(),
-            token: None,
+            token: Some(pb::FencingToken {
+                cluster_uid: cluster.spec.uid.clone(),
+                epoch: claim.epoch,
+                operation_id: SCAN_OPERATION.to_string(),
+            }),
         };
         let mut provider = self
             .providers
             .for_cluster(&cluster.spec.spec)
-            .map_err(|e| LifecycleError::ProviderUnavailable(e.to_string()))?;
+            .map_err(|e| unavailable(e.to_string()))?;
+        let request = due_by(
+            deadline.min(std::time::Instant::now() + DESCRIBE_TIMEOUT),
+            request,
+        );
         let described = tokio::time::timeout(DESCRIBE_TIMEOUT, provider.describe_cluster(request))
             .await
             .map_err(|_| {
-                LifecycleError::ProviderUnavailable(format!(
+                unavailable(format!(
                     "no answer to DescribeCluster within {DESCRIBE_TIMEOUT:?}"
                 ))
             })?;
         described
             .map(|r| r.into_inner().nodes)
-            .map_err(|status| LifecycleError::ProviderUnavailable(status.message().to_string()))
+            .map_err(|status| unavailable(status.message().to_string()))
+    }
+
+    /// Writes the provider's `nodes` into the status when they differ from
+    /// it in what a node is (facts alone changing write nothing): fenced by
+    /// `claim`, and only while the state and status keys are as scanned.
+    async fn refresh_nodes(
+        &self,
+        cluster: &ClusterRecord,
+        claim: Claim,
+        nodes: &[pb::ProviderNode],
+    ) -> Result<(), LifecycleError> {
+        let shown: Vec<NodeStatus> = nodes.iter().map(node_status).collect();
+        let mut status = cluster.status.clone().unwrap_or_default();
+        let same = |a: &NodeStatus, b: &NodeStatus| {
+            (&a.id, &a.role, &a.power_state, &a.version, a.ready)
+                == (&b.id, &b.role, &b.power_state, &b.version, b.ready)
+        };
+        if status.nodes.len() == shown.len()
+            && status.nodes.iter().zip(&shown).all(|(a, b)| same(a, b))
+        {
+            return Ok(());
+        }
+        let name = &cluster.spec.name;
+        let keys = self.operations.keys();
+        let status_key = keys.cluster_status(name);
+        let status_unchanged = match cluster.status_revision {
+            0 => Compare::absent(&status_key),
+            revision => Compare::mod_revision(&status_key, CmpOp::Equal, revision),
+        };
+        let state_unchanged = Compare::mod_revision(
+            keys.cluster_state(name),
+            CmpOp::Equal,
+            cluster.state_revision,
+        );
+        status.schema = SCHEMA_VERSION;
+        status.nodes = shown;
+        let txn = Txn::new()
+            .when(claim.fence(keys, name))
+            .when([state_unchanged, status_unchanged])
+            .and_then([Op::put(&status_key, to_json(&status))]);
+        if self.operations.store().txn(txn).await?.succeeded {
+            tracing::info!(cluster = %name, nodes = nodes.len(), "status nodes refreshed from the provider");
+        }
+        Ok(())
     }
 }

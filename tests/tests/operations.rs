@@ -1347,3 +1347,77 @@ async fn a_downgrade_is_refused_unless_allowed() {
     assert_eq!(up.state, O::Succeeded as i32, "{up:?}");
     f.check_history().await;
 }
+
+/// A stop that did half its nodes and failed, then could not describe the
+/// nodes: the status shows the nodes as they were before it. The scanner
+/// refreshes them from the provider (fenced) once it answers again, with
+/// no new operation.
+#[tokio::test]
+async fn a_status_left_stale_by_a_failed_step_heals_without_an_operation() {
+    let mut f = Fixture::new(&[]).await;
+    let cluster = f.create("stale", 3, false).await;
+    f.sim
+        .set_faults(
+            "StopNodes:partial=1;DescribeCluster:error=1",
+            1,
+            Duration::ZERO,
+        )
+        .await;
+    let op = f
+        .client
+        .clusters()
+        .stop_cluster(stop("stale"))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = f.finish(op).await;
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    let powers = |nodes: Vec<(String, String)>| {
+        let mut nodes = nodes;
+        nodes.sort();
+        nodes
+    };
+    let shown = |c: v1::Cluster| {
+        powers(
+            c.status
+                .unwrap()
+                .nodes
+                .into_iter()
+                .map(|n| (n.id, n.power_state))
+                .collect(),
+        )
+    };
+    // Read while the provider still fails every describe: the scanner
+    // cannot have refreshed it yet.
+    let before = shown(f.cluster("stale").await);
+    let operations = operations_of(&f.client, "stale").await.len();
+    f.sim.set_faults("", 1, Duration::ZERO).await;
+    let real = powers(
+        f.sim
+            .nodes(&cluster.uid)
+            .await
+            .into_iter()
+            .map(|n| (n.id, n.power_state))
+            .collect(),
+    );
+    assert!(
+        real.iter().any(|(_, p)| p == "off"),
+        "half stopped: {real:?}"
+    );
+    assert_ne!(
+        before, real,
+        "the status was not stale: the test proves nothing"
+    );
+    let client = f.client.clone();
+    wait_until(WAIT, "the status to show the provider's nodes", || {
+        let (mut client, real) = (client.clone(), real.clone());
+        async move { shown(client.get_cluster("stale").await.unwrap()) == real }
+    })
+    .await;
+    assert_eq!(
+        operations_of(&f.client, "stale").await.len(),
+        operations,
+        "no new operation"
+    );
+    f.check_history().await;
+}

@@ -5,11 +5,11 @@
 use super::holding::{error, Holding, Interrupt};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
-    now_rfc3339, to_json, LastOperation, NodeStatus, StateRecord, StatusRecord, SCHEMA_VERSION,
+    now_rfc3339, to_json, LastOperation, StateRecord, StatusRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState};
-use crate::provider::DESCRIBE_TIMEOUT;
+use crate::provider::{node_status, DESCRIBE_TIMEOUT};
 use crate::store::{Op, StoreFailure};
 use drover_proto::provider::v1 as pb;
 use std::time::Duration;
@@ -259,15 +259,4 @@ impl Holding<'_> {
 /// Whether the provider's answer shows nodes, every one at `version`.
 pub(super) fn all_at_version(nodes: &[pb::ProviderNode], version: &str) -> bool {
     !nodes.is_empty() && nodes.iter().all(|n| n.version == version)
-}
-
-fn node_status(node: &pb::ProviderNode) -> NodeStatus {
-    NodeStatus {
-        id: node.id.clone(),
-        role: node.role.clone(),
-        power_state: node.power_state.clone(),
-        version: node.version.clone(),
-        ready: node.healthy && node.power_state == "on",
-        facts: node.facts.clone().into_iter().collect(),
-    }
 }

@@ -235,6 +235,18 @@ pub fn node_ready(node: &ProviderNode) -> bool {
     node.healthy && node.power_state == "on"
 }
 
+/// What a cluster's status says of `node`, as the provider showed it.
+pub fn node_status(node: &ProviderNode) -> crate::cluster::NodeStatus {
+    crate::cluster::NodeStatus {
+        id: node.id.clone(),
+        role: node.role.clone(),
+        power_state: node.power_state.clone(),
+        version: node.version.clone(),
+        ready: node_ready(node),
+        facts: node.facts.clone().into_iter().collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

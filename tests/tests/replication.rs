@@ -373,6 +373,58 @@ async fn a_cancel_ends_an_orphan_whose_fence_cannot_succeed() {
     assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
 }
 
+/// The same orphan, its provider gone for good: an admin abandons it. A
+/// reason is required (refused without one, nothing written); then it
+/// ends FAILED at once, saying Drover cannot prove the provider stopped,
+/// and keeps the reason.
+#[tokio::test]
+async fn an_admin_abandons_an_orphan_whose_fence_cannot_succeed() {
+    let mut c = Cluster3::start(2, TTL_SECONDS).await;
+    let (mut client, stop) = orphan_that_cannot_be_fenced(&mut c, "unfenced").await;
+    let abandon = |reason: &str| v1::AbandonOperationRequest {
+        cluster: "unfenced".into(),
+        id: stop.id.clone(),
+        reason: reason.into(),
+    };
+    let refused = client
+        .operations()
+        .abandon_operation(abandon(" "))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().starts_with("reason:"), "{refused:?}");
+    let now = client.operations().get_operation(v1::GetOperationRequest {
+        cluster: "unfenced".into(),
+        id: stop.id.clone(),
+    });
+    let now = now.await.unwrap().into_inner();
+    assert!(
+        !now.cancel_requested && now.abandon_reason.is_empty(),
+        "{now:?}"
+    );
+
+    let reason = "provider decommissioned (ticket 42)";
+    client
+        .operations()
+        .abandon_operation(abandon(reason))
+        .await
+        .expect("abandon accepted");
+    let done = client.wait_operation(&stop, FAILOVER * 2).await.unwrap();
+    assert_eq!(done.state, O::Failed as i32, "{done:?}");
+    assert_eq!(done.abandon_reason, reason);
+    let error = done.error.expect("an error");
+    assert_eq!(error.code, "Aborted", "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("cannot prove that the provider stopped"),
+        "{}",
+        error.message
+    );
+    assert!(error.message.contains(reason), "{}", error.message);
+    assert_transitions_are_edges(&c.etcd.store().await, "/drover/v1/").await;
+}
+
 /// The same orphan with no cancel: its stop timeout (8 s) counts from its
 /// acceptance, not from a fence that never comes, and ends it FAILED.
 #[tokio::test]

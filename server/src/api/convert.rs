@@ -200,6 +200,7 @@ pub fn operation_to_proto(op: OperationRecord) -> v1::Operation {
         started_at: op.started_at.as_deref().and_then(timestamp),
         finished_at: op.finished_at.as_deref().and_then(timestamp),
         cancel_requested: op.cancel_requested,
+        abandon_reason: op.abandon_reason.unwrap_or_default(),
         runs: op
             .runs
             .into_iter()

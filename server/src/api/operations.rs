@@ -134,6 +134,25 @@ impl operations_server::Operations for OperationsService {
             .map_err(super::ApiError::from)?;
         Ok(Response::new(operation_to_proto(op)))
     }
+
+    async fn abandon_operation(
+        &self,
+        request: Request<v1::AbandonOperationRequest>,
+    ) -> Result<Response<v1::Operation>, Status> {
+        let r = request.into_inner();
+        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
+        if r.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "reason: is required (why the operation is abandoned, for whoever reads it later)",
+            ));
+        }
+        let op = self
+            .operations
+            .abandon(&r.cluster, &r.id, r.reason.trim())
+            .await
+            .map_err(super::ApiError::from)?;
+        Ok(Response::new(operation_to_proto(op)))
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/drover.v1.Operations/ListOperations", Role::Viewer),
     ("/drover.v1.Operations/WaitOperation", Role::Viewer),
     ("/drover.v1.Operations/CancelOperation", Role::Operator),
+    ("/drover.v1.Operations/AbandonOperation", Role::Admin),
     ("/drover.v1.Tasks/GetTask", Role::Viewer),
     ("/drover.v1.Tasks/ListTasks", Role::Viewer),
     ("/drover.v1.Tasks/ListTaskRuns", Role::Viewer),

@@ -99,6 +99,13 @@ impl Holding<'_> {
             "the provider could not be fenced ({why}): a call replica {lost} sent before it was lost may still land"
         );
         if self.cancel_seen().await {
+            if let Some(reason) = self.operation.abandon_reason.clone() {
+                let failure = error(
+                    Code::Aborted,
+                    format!("abandoned by an admin ({reason}) while recovering it from lost replica {lost}: Drover cannot prove that the provider stopped; {unproven}"),
+                );
+                return Some(Fence::Ended(OperationState::Failed, failure));
+            }
             let failure = error(
                 Code::Cancelled,
                 format!("cancelled while recovering it from lost replica {lost}; {unproven}"),

@@ -160,6 +160,7 @@ impl<'e> Holding<'e> {
                     return false;
                 }
                 self.operation.cancel_requested = true;
+                self.operation.abandon_reason = record.abandon_reason;
                 self.operation_revision = revision;
                 true
             }

@@ -465,6 +465,29 @@ impl Operations {
 
     /// Asks an operation to stop at its next step boundary.
     pub async fn cancel(&self, cluster: &str, id: &str) -> Result<OperationRecord> {
+        self.request_end(cluster, id, None).await
+    }
+
+    /// Abandons operation `id` for `reason` (see AbandonOperation): a
+    /// cancel that ends it even when its provider cannot be fenced.
+    pub async fn abandon(&self, cluster: &str, id: &str, reason: &str) -> Result<OperationRecord> {
+        let record = self.request_end(cluster, id, Some(reason)).await?;
+        tracing::warn!(
+            cluster,
+            operation = id,
+            reason,
+            "operation abandoned by an admin: Drover cannot prove its provider stopped"
+        );
+        Ok(record)
+    }
+
+    /// Records a cancel request, with an abandon reason when given.
+    async fn request_end(
+        &self,
+        cluster: &str,
+        id: &str,
+        abandon: Option<&str>,
+    ) -> Result<OperationRecord> {
         loop {
             let Versioned {
                 mut record,
@@ -477,10 +500,14 @@ impl Operations {
                     state: record.state,
                 });
             }
-            if record.cancel_requested {
+            let abandon = abandon.map(str::to_string);
+            if record.cancel_requested && (abandon.is_none() || record.abandon_reason == abandon) {
                 return Ok(record);
             }
             record.cancel_requested = true;
+            if abandon.is_some() {
+                record.abandon_reason = abandon;
+            }
             let key = self.keys.operation(cluster, id);
             let txn = Txn::new()
                 .when([Compare::mod_revision(&key, CmpOp::Equal, revision)])

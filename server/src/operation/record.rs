@@ -95,6 +95,10 @@ pub struct OperationRecord {
     pub finished_at: Option<String>,
     #[serde(default)]
     pub cancel_requested: bool,
+    /// Why an admin abandoned it (AbandonOperation): a cancel that ends
+    /// even an operation whose provider cannot be fenced, saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandon_reason: Option<String>,
     /// Every owner that ran it, in order (more than one once a new owner
     /// resumed it after its owner was lost).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -166,6 +170,7 @@ impl OperationRecord {
             started_at: None,
             finished_at: None,
             cancel_requested: false,
+            abandon_reason: None,
             runs: Vec::new(),
         }
     }

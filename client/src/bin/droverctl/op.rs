@@ -25,6 +25,16 @@ pub enum OpCommand {
     },
     /// Cancel an operation at its next step boundary.
     Cancel { cluster: String, id: String },
+    /// Abandon an operation whose provider cannot be fenced (its lost
+    /// owner's provider gone for good): it ends FAILED, saying that Drover
+    /// cannot prove the provider stopped. Admin only; the reason is kept.
+    Abandon {
+        cluster: String,
+        id: String,
+        /// Why, for whoever reads the operation later.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 pub async fn run(
@@ -58,6 +68,28 @@ pub async fn run(
             let _ = writeln!(
                 std::io::stderr(),
                 "cancel recorded: operation {} ends CANCELLED at its next step boundary (follow it: droverctl op wait {} {})",
+                op.id, op.cluster, op.id
+            );
+        }
+        OpCommand::Abandon {
+            cluster,
+            id,
+            reason,
+        } => {
+            let request = v1::AbandonOperationRequest {
+                cluster,
+                id,
+                reason,
+            };
+            let op = client
+                .operations()
+                .abandon_operation(request)
+                .await?
+                .into_inner();
+            print_operation(output, &op);
+            let _ = writeln!(
+                std::io::stderr(),
+                "abandon recorded: operation {} ends now if its provider cannot be fenced, otherwise as a cancel would; Drover cannot prove the provider stopped (follow it: droverctl op wait {} {})",
                 op.id, op.cluster, op.id
             );
         }

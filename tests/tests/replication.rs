@@ -50,7 +50,30 @@ impl Cluster3 {
         for i in 1..=count {
             this.add_with(&format!("r{i}"), ttl, extra).await;
         }
+        this.wait_watched().await;
         this
+    }
+
+    /// Waits until no member record says `unwatched`: every replica is
+    /// watched by its peers and takes its share, so ownership has settled.
+    async fn wait_watched(&self) {
+        let store = self.etcd.store().await;
+        wait_until(Duration::from_secs(20), "every member watched", || {
+            let store = &store;
+            async move {
+                let members = store
+                    .range(drover_server::store::RangeRequest::prefix(
+                        "/drover/v1/members/",
+                    ))
+                    .await
+                    .expect("read the members");
+                members.kvs.len() == self.replicas.len()
+                    && members.kvs.iter().all(|kv| {
+                        !String::from_utf8_lossy(&kv.value).contains("\"unwatched\":true")
+                    })
+            }
+        })
+        .await;
     }
 
     async fn add(&mut self, id: &str, ttl: u64) {
@@ -691,6 +714,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
     for id in ["r1", "r2"] {
         c.add_with(id, ttl, &["--handoff-grace", "40"]).await;
     }
+    c.wait_watched().await;
     let mut client = c.replicas[0].1.client().await;
     let mut admin = c.admin_avoiding("").await;
     let mut by_owner: HashMap<String, Vec<String>> = HashMap::new();
@@ -748,7 +772,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
     let draining = members
         .iter()
         .find(|m| m.id == owner_id)
-        .expect("still a member");
+        .unwrap_or_else(|| panic!("{owner_id} still a member: {members:?}"));
     assert!(draining.draining, "{members:?}");
     assert!(members
         .iter()

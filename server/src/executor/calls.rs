@@ -11,6 +11,11 @@ use drover_proto::provider::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
+/// How far the provider's clock may be ahead of this replica's for its
+/// DEADLINE_EXCEEDED to be read as the end of the claim (see
+/// [`cut_at_claim_end`]).
+const PROVIDER_CLOCK_SLACK: Duration = Duration::from_secs(1);
+
 /// How much earlier than the operation's deadline a step's provider call is
 /// due (see `Holding::call`).
 const OPERATION_DEADLINE_SLACK: Duration = Duration::from_millis(200);
@@ -52,6 +57,11 @@ impl Holding<'_> {
             let deadline = self.claim_deadline().await?.min(cutoff);
             match self.send(step, deadline).await {
                 Err(status) if cut_at_claim_end(&status, deadline) && Instant::now() < cutoff => {
+                    // A step longer than many claims: a cancel request ends
+                    // the wait.
+                    if self.cancel_seen().await {
+                        return Err(cancelled_waiting(&status));
+                    }
                     tracing::debug!(cluster = %self.cluster.spec.name, step = %step.name(), "a provider call outlasted the claim; asking again");
                     // A provider answering DEADLINE_EXCEEDED early (its
                     // clock ahead) is asked again at the deadline, not at once.
@@ -376,13 +386,16 @@ impl super::Executor {
 /// idempotent, and a slow provider is bounded by the operation's timeout,
 /// not by one lease period.
 ///
-/// The provider may say so itself: DEADLINE_EXCEEDED means it applied
-/// nothing because the deadline came first (work longer than one claim's
-/// window goes on at the provider across the repeated calls).
+/// The provider may say so itself: DEADLINE_EXCEEDED at the deadline
+/// (give or take [`PROVIDER_CLOCK_SLACK`]) means it applied nothing because
+/// the deadline came first (work longer than one claim's window goes on at
+/// the provider across the repeated calls). One answered well before it is
+/// a timeout of the provider's own: a failure.
 fn cut_at_claim_end(status: &tonic::Status, deadline: std::time::Instant) -> bool {
+    let now = std::time::Instant::now();
     match status.code() {
-        Code::Cancelled => std::time::Instant::now() >= deadline,
-        Code::DeadlineExceeded => true,
+        Code::Cancelled => now >= deadline,
+        Code::DeadlineExceeded => now + PROVIDER_CLOCK_SLACK >= deadline,
         _ => false,
     }
 }

@@ -215,7 +215,7 @@ pub(super) fn preferable(members: &[MemberRecord]) -> Vec<&MemberRecord> {
     let reaching = any_reaches_all(members);
     members
         .iter()
-        .filter(|m| !m.draining)
+        .filter(|m| !m.draining && !m.unwatched)
         .filter(|m| !reaching || m.unreachable_providers.is_empty())
         .collect()
 }
@@ -263,6 +263,7 @@ mod tests {
             failing_providers: names.clone(),
             unreachable_providers: names,
             watches_peers: false,
+            unwatched: false,
         }
     }
 

@@ -11,8 +11,8 @@
 //!   The revoke names the lease of the member record the task watched, so
 //!   a newer incarnation's lease is never touched; nor is this replica's.
 //! - A refusal is evidence only when it is not this replica's own network:
-//!   when every liveness connection of a replica watching two peers or
-//!   more breaks at once ([`CORROBORATION`]), the fault is taken to be its
+//!   when every liveness connection of a replica that saw two peers or
+//!   more answer breaks at once ([`CORROBORATION`]), the fault is taken to be its
 //!   own (a local proxy restarting, an egress REJECT rule, a REDIRECT to an
 //!   unbound port: all of them refuse every connection it makes) and
 //!   nothing is revoked; the TTL decides. A peer killed alone breaks one
@@ -44,8 +44,9 @@
 //! - Left to the TTL: a peer that crashes before this replica saw it
 //!   answer, and one whose member record has no admin address (an older
 //!   build) or a wildcard one (an admin port listening on all interfaces).
-//!   The first cannot own anything: a replica claims no cluster until
-//!   every peer that watches holds a liveness connection to it
+//!   The first cannot own anything: a replica's member record says
+//!   `unwatched` (it claims nothing, peers keep its share) until every
+//!   peer that watches holds a liveness connection to it
 //!   ([`Ownership::watched_by_every_peer`]), or a TTL into its session
 //!   (a peer that cannot reach its admin port).
 
@@ -66,8 +67,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// breaking at once must not spin).
 const PROBE_SPACING: Duration = Duration::from_millis(250);
 /// How long after a refusal the other liveness connections are looked at:
-/// a fault of this replica's own network breaks them all within this.
-const CORROBORATION: Duration = Duration::from_millis(200);
+/// a fault of this replica's own network (a proxy's exit, `ss -K`) breaks
+/// them all at once, their tasks seeing it within milliseconds. It is
+/// added to every crash detection.
+const CORROBORATION: Duration = Duration::from_millis(50);
+/// How soon the member records are read again while the cache's watch is
+/// not live (it cannot say when they change yet): a new member must be
+/// watched at once, for it claims nothing until its peers watch it.
+const UNWATCHED_MEMBERS_RETRY: Duration = Duration::from_millis(100);
 /// After a probe that proved nothing: the next one. Soon, because a
 /// killed process's sockets do not all close at once (a probe may meet its
 /// listener half torn down, a reset that proves nothing, a moment before
@@ -277,6 +284,41 @@ pub async fn live_twin(
     Ok(Some(address))
 }
 
+/// A peer this replica saw answering, counted (in `liveness_seen`) while
+/// its watch task lives.
+struct SeenPeer {
+    ownership: Arc<Ownership>,
+    counted: bool,
+}
+
+impl SeenPeer {
+    fn new(ownership: &Arc<Ownership>) -> Self {
+        Self {
+            ownership: Arc::clone(ownership),
+            counted: false,
+        }
+    }
+
+    fn seen(&mut self) {
+        if !self.counted {
+            self.counted = true;
+            self.ownership
+                .liveness_seen
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for SeenPeer {
+    fn drop(&mut self) {
+        if self.counted {
+            self.ownership
+                .liveness_seen
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
 /// A peer's open liveness connection to this replica, counted while it
 /// lives (see [`Ownership::watched_by_every_peer`]).
 pub struct Watcher {
@@ -345,6 +387,10 @@ impl Ownership {
                 Ok(peers) => self.follow(&mut watched, peers),
                 Err(error) => tracing::warn!(%error, "cannot read the members to watch"),
             }
+            let wait = match members {
+                Some(_) => period,
+                None => UNWATCHED_MEMBERS_RETRY,
+            };
             let member_changed = async {
                 match &mut members {
                     Some(watch) => drop(watch.next().await),
@@ -354,7 +400,7 @@ impl Ownership {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = member_changed => {},
-                _ = tokio::time::sleep(period) => {},
+                _ = tokio::time::sleep(wait) => {},
             }
         }
     }
@@ -395,8 +441,6 @@ impl Ownership {
                 watched.insert(peer.replica.clone(), (peer, AbortOnDrop(task)));
             }
         }
-        self.liveness_watched
-            .store(watched.len(), std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Holds a liveness connection to `peer` and probes it whenever the
@@ -404,6 +448,7 @@ impl Ownership {
     /// lease (or found it gone), or when aborted.
     async fn watch_peer(self: Arc<Self>, peer: Peer) {
         let mut seen = false;
+        let mut counted = SeenPeer::new(&self);
         // Said once per run of suspect refusals, not at every probe.
         let mut suspected = false;
         let mut next_probe = tokio::time::Instant::now();
@@ -418,6 +463,7 @@ impl Ownership {
                         tracing::debug!(peer = %peer.replica, lease = peer.lease, "liveness connection to the peer open");
                     }
                     seen = true;
+                    counted.seen();
                     suspected = false;
                     let _connected = Connected::new(&self.metrics);
                     open.closed().await;
@@ -449,10 +495,10 @@ impl Ownership {
     /// connection open.
     async fn own_network_suspect(&self) -> bool {
         tokio::time::sleep(CORROBORATION).await;
-        let watched = self
-            .liveness_watched
-            .load(std::sync::atomic::Ordering::SeqCst);
-        watched >= 2 && self.metrics.liveness_peers_connected.get() == 0
+        // Peers never reached (one whose address does not reach it) tell
+        // nothing about this replica's network: only those seen count.
+        let seen = self.liveness_seen.load(std::sync::atomic::Ordering::SeqCst);
+        seen >= 2 && self.metrics.liveness_peers_connected.get() == 0
     }
 
     /// Revokes the lease of `peer`'s incarnation, found gone on `evidence`.

@@ -162,6 +162,12 @@ impl Ownership {
         let fence = super::restore::fence_at_join(self.store.as_ref(), &self.keys).await?;
         *lock(&self.fence) = fence;
         let lease = self.store.grant_lease(ttl).await?;
+        // Claims nothing until its peers watch it (the ownership pass says
+        // when); peers that cannot reach its admin port are not waited for.
+        self.unwatched.store(
+            super::liveness::reachable(&self.config.admin_address),
+            std::sync::atomic::Ordering::SeqCst,
+        );
         let member = self.member_record(lease);
         let key = self.keys.member(&self.config.replica_id);
         // Before the new member key exists: the first ownership pass that
@@ -198,6 +204,7 @@ impl Ownership {
             failing_providers: reach.failing,
             unreachable_providers: reach.unreachable,
             watches_peers: self.config.peer_liveness,
+            unwatched: self.unwatched.load(std::sync::atomic::Ordering::SeqCst),
         }
     }
 

@@ -87,6 +87,12 @@ pub struct MemberRecord {
     /// a new member claims nothing until every such peer holds one to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watches_peers: bool,
+    /// Joined, and not every peer that watches holds a liveness connection
+    /// to it yet (for at most a TTL): it claims nothing and peers prefer it
+    /// for nothing, keeping its share meanwhile, so that a crash in its
+    /// first moments costs no TTL and no cluster is left without an owner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unwatched: bool,
 }
 
 /// The providers a replica's last probe did not reach, and those it has
@@ -226,12 +232,16 @@ pub struct Ownership {
     fence: Mutex<restore::FenceView>,
     /// Shutting down: see [`Ownership::begin_draining`].
     draining: AtomicBool,
-    /// Peers this replica holds (or tries to hold) a liveness connection to.
-    liveness_watched: std::sync::atomic::AtomicUsize,
+    /// Peers this replica holds a liveness connection to, or held one to
+    /// in their watch's lifetime (it saw them answer).
+    liveness_seen: std::sync::atomic::AtomicUsize,
     /// Open liveness connections peers hold to this replica, by peer id.
     watched_by: Mutex<HashMap<String, usize>>,
     /// A peer opened or closed a liveness connection to this replica.
     watchers_changed: tokio::sync::Notify,
+    /// This session is not watched by every peer yet (see
+    /// [`MemberRecord::unwatched`]).
+    unwatched: AtomicBool,
     /// What this replica's member record says of the providers it cannot
     /// reach (see `gray_failure`).
     provider_reach: Mutex<ProviderReach>,
@@ -274,9 +284,10 @@ impl Ownership {
             owner_writes: AtomicI64::new(0),
             fence: Mutex::new(restore::FenceView::default()),
             draining: AtomicBool::new(false),
-            liveness_watched: std::sync::atomic::AtomicUsize::new(0),
+            liveness_seen: std::sync::atomic::AtomicUsize::new(0),
             watched_by: Mutex::new(HashMap::new()),
             watchers_changed: tokio::sync::Notify::new(),
+            unwatched: AtomicBool::new(false),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,
         });

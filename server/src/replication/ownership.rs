@@ -132,6 +132,7 @@ impl Ownership {
             return Ok(read_at);
         };
         let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
+        self.say_if_watched(&members_read).await?;
         // A draining member still owns what it runs, but is preferred for
         // nothing: its idle clusters go to the others. So is a member cut
         // off from a provider while another reaches it (see gray_failure).
@@ -188,15 +189,6 @@ impl Ownership {
         };
         cache.for_each_state(&mut decide).await?;
         memo.end_pass();
-        if !to_claim.is_empty() && !self.watched_by_every_peer(&members_read) {
-            // Claimed now, a crash before the peers watch would cost a TTL;
-            // a peer's connection starts the next pass.
-            tracing::debug!(
-                clusters = to_claim.len(),
-                "not claiming until every peer holds a liveness connection to this replica"
-            );
-            to_claim.clear();
-        }
         for (cluster, claim, idle_at) in to_release {
             let idle =
                 Compare::mod_revision(self.keys.cluster_state(&cluster), CmpOp::Equal, idle_at);
@@ -319,6 +311,36 @@ impl Ownership {
     fn announce(&self, adopted: Vec<String>) {
         for cluster in adopted {
             let _ = self.adopted.send(cluster);
+        }
+    }
+
+    /// Once every peer that watches holds a liveness connection to this
+    /// replica (or a TTL passed), says so in its member record: from then on
+    /// it is preferred for its share and claims it. The record's change
+    /// starts the next pass; a peer's connection starts this one.
+    async fn say_if_watched(&self, members: &[MemberRecord]) -> crate::store::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.unwatched.load(SeqCst) || !self.watched_by_every_peer(members) {
+            return Ok(());
+        }
+        self.unwatched.store(false, SeqCst);
+        match self.rewrite_member_record().await {
+            Ok(true) => {
+                tracing::info!(
+                    "every peer watches this replica: it takes its share of the clusters"
+                );
+                Ok(())
+            }
+            // No session now (the next join starts over), or the write
+            // failed: said again at the next pass.
+            Ok(false) => {
+                self.unwatched.store(true, SeqCst);
+                Ok(())
+            }
+            Err(error) => {
+                self.unwatched.store(true, SeqCst);
+                Err(error)
+            }
         }
     }
 
@@ -522,6 +544,7 @@ mod tests {
             failing_providers: Vec::new(),
             unreachable_providers: Vec::new(),
             watches_peers: false,
+            unwatched: false,
         };
         let put = Op::put_with_lease(keys.member(id), to_json(&member), lease);
         store.txn(Txn::new().and_then([put])).await.unwrap();

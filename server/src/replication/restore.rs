@@ -106,8 +106,10 @@ struct FenceRecord {
     #[serde(default, skip_serializing_if = "is_zero")]
     base: i64,
     /// The old scheme's generation, read from records written before the
-    /// base existed.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    /// base existed. Always written (0): builds before the base require it
+    /// to read the record, and must go on joining through a rolling
+    /// upgrade or a rollback.
+    #[serde(default)]
     generation: i64,
     /// etcd's raft index when the record was written.
     raft_index: u64,
@@ -332,17 +334,19 @@ mod tests {
         assert!(base > 2 << 40);
     }
 
+    /// Builds before the base read `{"generation":..,"raft_index":..}` and
+    /// require both: a record written now still has them.
     #[test]
-    fn a_record_without_a_base_keeps_serializing_as_before() {
+    fn a_record_keeps_what_older_builds_require() {
         let record = FenceRecord {
             base: 0,
             generation: 0,
             raft_index: 7,
-            revision: 0,
+            revision: 12,
         };
         assert_eq!(
             serde_json::to_string(&record).unwrap(),
-            r#"{"raft_index":7}"#
+            r#"{"generation":0,"raft_index":7,"revision":12}"#
         );
     }
 }

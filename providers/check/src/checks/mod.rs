@@ -66,6 +66,10 @@ pub(crate) enum Failure {
     Succeeded { call: String, want: Code },
     #[error("{0}")]
     Broken(String),
+    /// Not what the contract says, but maybe a race with the provider's
+    /// own timing: a check may try again.
+    #[error("{0}")]
+    Raced(String),
     #[error("the check did not end within {0:?}")]
     TimedOut(Duration),
 }

@@ -176,6 +176,30 @@ pub async fn wait_for_state(
     .await;
 }
 
+/// Runs a stop then a start of `cluster`, each waited for up to `wait`;
+/// both must succeed.
+pub async fn stop_and_start(client: &mut drover_client::Client, cluster: &str, wait: Duration) {
+    use drover_client::v1;
+    for stop in [true, false] {
+        let op = if stop {
+            let request = v1::StopClusterRequest {
+                name: cluster.into(),
+                request_id: String::new(),
+            };
+            client.clusters().stop_cluster(request).await
+        } else {
+            let request = v1::StartClusterRequest {
+                name: cluster.into(),
+                request_id: String::new(),
+            };
+            client.clusters().start_cluster(request).await
+        };
+        let op = op.expect("accepted").into_inner();
+        let done = client.wait_operation(&op, wait).await.expect("wait");
+        assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    }
+}
+
 /// Creates a cluster (version 1.29.0, one control node, `workers` workers)
 /// with its first start, waits for the start to succeed, and returns it.
 pub async fn create_running(

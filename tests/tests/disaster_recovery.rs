@@ -10,13 +10,14 @@
 //! test started are signalled.
 
 use drover_client::v1::{self, OperationState as O};
-use drover_client::Client;
 use drover_server::store::Store;
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, operations_of, owner, start_upgrade, wait_running, TempDir};
+use drover_tests::{
+    create_running, operations_of, owner, start_upgrade, stop_and_start, wait_running, TempDir,
+};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -36,29 +37,6 @@ async fn replicas(etcd: &EtcdProcess, sim: &SimProcess, ids: &[&str]) -> Vec<Rep
         started.push(ReplicaProcess::serve_with(&etcd.endpoint(), id, &args).await);
     }
     started
-}
-
-/// Runs a stop then a start of `cluster`, each waited for; both must
-/// succeed.
-async fn stop_and_start(client: &mut Client, cluster: &str) {
-    for stop in [true, false] {
-        let op = if stop {
-            let request = v1::StopClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().stop_cluster(request).await
-        } else {
-            let request = v1::StartClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().start_cluster(request).await
-        };
-        let op = op.expect("accepted").into_inner();
-        let done = client.wait_operation(&op, WAIT).await.expect("wait");
-        assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-    }
 }
 
 /// The owner epoch of `cluster`, once it has an owner.
@@ -99,13 +77,13 @@ async fn restoring_etcd_from_a_snapshot_recovers_in_flight_work_and_fencing() {
     let done = client.wait_operation(&upgrade, WAIT).await.expect("wait");
     assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
     sim.set_latency(Duration::ZERO).await;
-    stop_and_start(&mut client, "dr-idle").await;
+    stop_and_start(&mut client, "dr-idle", WAIT).await;
     for replica in &mut before {
         replica.kill9();
     }
     let later = replicas(&etcd, &sim, &["r3"]).await;
     let mut later_client = later[0].client().await;
-    stop_and_start(&mut later_client, "dr-idle").await;
+    stop_and_start(&mut later_client, "dr-idle", WAIT).await;
     let newest_seen = epoch_of(&later[0], "dr-idle").await;
     assert!(newest_seen > snapshot_revision);
     drop(later);
@@ -122,8 +100,8 @@ async fn restoring_etcd_from_a_snapshot_recovers_in_flight_work_and_fencing() {
     assert!(recovered.runs.len() >= 2, "not taken over: {recovered:?}");
     // The provider accepts the new owners: both clusters work, and a new
     // cluster reaches RUNNING.
-    stop_and_start(&mut client, "dr-idle").await;
-    stop_and_start(&mut client, "dr-busy").await;
+    stop_and_start(&mut client, "dr-idle", WAIT).await;
+    stop_and_start(&mut client, "dr-busy", WAIT).await;
     create_running(&mut client, "dr-new", 1).await;
     let epoch = epoch_of(&after[0], "dr-idle").await;
     assert!(epoch > newest_seen, "epoch {epoch} <= {newest_seen}");
@@ -161,14 +139,14 @@ async fn work_then_new_owners(
     let first = replicas(etcd, sim, &["r1", "r2"]).await;
     let mut client = first[0].client().await;
     for cluster in clusters {
-        stop_and_start(&mut client, cluster).await;
+        stop_and_start(&mut client, cluster, WAIT).await;
     }
     drop(first);
     let later = replicas(etcd, sim, &[id]).await;
     let mut client = later[0].client().await;
     let mut newest = 0;
     for cluster in clusters {
-        stop_and_start(&mut client, cluster).await;
+        stop_and_start(&mut client, cluster, WAIT).await;
         newest = newest.max(epoch_of(&later[0], cluster).await);
     }
     newest

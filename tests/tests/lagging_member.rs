@@ -18,7 +18,7 @@
 
 use async_trait::async_trait;
 use clap::Parser;
-use drover_client::v1::{self, OperationState as O};
+use drover_client::v1;
 use drover_client::Client;
 use drover_server::config::{Cli, Command, Config};
 use drover_server::provider::Providers;
@@ -30,7 +30,7 @@ use drover_tests::etcd::EtcdCluster;
 use drover_tests::history::{ends, provider_violations};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, ReplicaProcess};
-use drover_tests::{create_running, free_port, operations_of, owner, wait_until};
+use drover_tests::{create_running, free_port, operations_of, owner, stop_and_start, wait_until};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -139,27 +139,6 @@ impl InProcess {
     }
 }
 
-async fn stop_and_start(client: &mut Client, cluster: &str) {
-    for stop in [true, false] {
-        let op = if stop {
-            let request = v1::StopClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().stop_cluster(request).await
-        } else {
-            let request = v1::StartClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().start_cluster(request).await
-        };
-        let op = op.expect("accepted").into_inner();
-        let done = client.wait_operation(&op, WAIT).await.expect("wait");
-        assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-    }
-}
-
 /// Polls the owners of `clusters` through `endpoint`'s admin service
 /// until every cluster has one and `done` holds of them.
 async fn owners_until(
@@ -228,7 +207,7 @@ async fn a_lagging_member_moves_every_replica_to_one_epoch_base() {
     let mut r2_client = Client::connect(&r2.endpoint).await.unwrap();
     let mut r2_epochs = Vec::new();
     for (cluster, owner) in taken.iter().filter(|(_, o)| o.replica == "r2") {
-        stop_and_start(&mut r2_client, cluster).await;
+        stop_and_start(&mut r2_client, cluster, WAIT).await;
         r2_epochs.push(owner.epoch);
     }
 
@@ -243,7 +222,7 @@ async fn a_lagging_member_moves_every_replica_to_one_epoch_base() {
     )
     .await;
     for cluster in &clusters {
-        stop_and_start(&mut client, cluster).await;
+        stop_and_start(&mut client, cluster, WAIT).await;
     }
     let highest_r2 = r2_epochs.iter().max().copied().unwrap_or_default();
     for (cluster, owner) in &after {

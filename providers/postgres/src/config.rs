@@ -29,6 +29,9 @@ pub struct Config {
     /// Run PostgreSQL with fsync off: fast, and loses data on a machine
     /// crash. For tests only.
     pub unsafe_no_fsync: bool,
+    /// A named step (e.g. `switchover.promoted`) at which the process
+    /// aborts, as a crash there would: the tests' fault injection.
+    pub fault_point: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

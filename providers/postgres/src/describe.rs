@@ -94,11 +94,15 @@ async fn node_of(
         },
         (_, Some(other)) => (false, format!("wrong role: in recovery = {other}")),
     };
-    let facts = HashMap::from([
+    let mut facts = HashMap::from([
         ("address".to_string(), format!("127.0.0.1:{}", node.port)),
         ("data_dir".to_string(), dir.display().to_string()),
         ("replication".to_string(), replication),
     ]);
+    let kept = crate::roles::kept_dirs(&inner.cluster_dir(&cluster.uid), &node.id);
+    if !kept.is_empty() {
+        facts.insert("kept".to_string(), kept.join(","));
+    }
     pb::ProviderNode {
         id: node.id.clone(),
         role: match node.role {

@@ -40,6 +40,11 @@
 //!   call sent again converges, and work longer than one deadline goes on
 //!   across the repeated calls. Task runs are idempotent per run id.
 //! - Describe reports what the processes show, not what was asked.
+//! - Never two writable primaries, wherever the provider dies: a
+//!   promotion is recorded before it runs and resolved from what the
+//!   nodes show by the next call, each running node's role is checked
+//!   before anything starts or is rebuilt, and a node that may hold writes
+//!   the primary lacks is kept aside, never deleted (the `roles` module).
 //!
 //! # Assumptions
 //! - Nodes of one major version only per data directory: an upgrade is a
@@ -57,8 +62,10 @@
 //! - A step that started before the deadline finishes (e.g. a
 //!   pg_basebackup in progress); the call then answers DEADLINE_EXCEEDED
 //!   and the work done stays, for the repeated call to build on.
-//! - Replication is asynchronous: a primary killed before its last
-//!   commits reached a standby loses them when repair promotes the standby.
+//! - Replication is asynchronous: commits a primary killed before they
+//!   reached a standby are not on the standby repair promotes; the old
+//!   primary's data directory is kept aside, not deleted (the `roles`
+//!   module).
 //! - PostgreSQL processes outlive the provider (by design: a restart of
 //!   the provider must not take the databases down).
 
@@ -67,6 +74,7 @@ mod describe;
 mod lifecycle;
 mod ops;
 pub mod pg;
+mod roles;
 mod service;
 mod store;
 mod tasks;

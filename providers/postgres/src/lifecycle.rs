@@ -1,7 +1,7 @@
 //! The calls, as sequences of the steps in [`crate::ops`]: each converges
 //! on the same end state when repeated, from wherever it was cut short.
 
-use crate::ops::{remove_dir, unavailable, Ctx};
+use crate::ops::{remove_dir, Ctx};
 use crate::pg;
 use crate::store::{NodeRecord, Role};
 use tonic::Status;
@@ -40,6 +40,8 @@ pub async fn converge(ctx: &mut Ctx<'_>) -> Result<(), Status> {
     ctx.build_primary().await?;
     let primary = ctx.primary()?.id;
     ctx.start(&primary).await?;
+    // Standbys left following another node (a switchover cut short).
+    ctx.repoint().await?;
     for node in ctx.standbys() {
         ctx.ensure_standby(&node.id).await?;
     }
@@ -222,15 +224,14 @@ async fn switchover(ctx: &mut Ctx<'_>, version: &str) -> Result<(), Status> {
         .next()
         .ok_or_else(|| Status::unavailable("no streaming standby to switch over to"))?;
     ctx.stop(&old.id).await?;
-    let lsn = ctx
-        .inner
-        .pg
-        .checkpoint_lsn(&ctx.bin(&old.version)?, &ctx.dir(&old))
-        .await
-        .map_err(unavailable)?;
+    ctx.fault_point("switchover.old_stopped");
+    let lsn = ctx.control(&old).await?.checkpoint_lsn;
     ctx.wait_caught_up(&candidate, lsn).await?;
-    ctx.promote(&candidate.id, false).await?;
-    ctx.repoint().await
+    ctx.fault_point("switchover.caught_up");
+    ctx.promote(&candidate.id, false, "switchover").await?;
+    ctx.repoint().await?;
+    ctx.fault_point("switchover.repointed");
+    Ok(())
 }
 
 /// Restarts what is down; when the primary is down and a standby runs,
@@ -257,8 +258,9 @@ pub async fn repair(ctx: &mut Ctx<'_>) -> Result<(), Status> {
                 new = id,
                 "primary down: promoting a standby"
             );
-            ctx.promote(&id, true).await?;
+            ctx.promote(&id, true, "repair").await?;
             ctx.repoint().await?;
+            ctx.fault_point("repair.repointed");
         }
     }
     converge(ctx).await

@@ -38,6 +38,10 @@ struct Args {
     /// Run PostgreSQL with fsync off (fast; loses data on a machine crash).
     #[arg(long)]
     unsafe_no_fsync: bool,
+    /// Abort at this named step (tests: a crash at each step of a
+    /// switchover or a repair, e.g. `switchover.promoted`).
+    #[arg(long, env = "DROVER_PG_FAULT", hide = true)]
+    fault_point: Option<String>,
 }
 
 #[tokio::main]
@@ -58,6 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         run_as: args.run_as,
         max_workers: args.max_workers,
         unsafe_no_fsync: args.unsafe_no_fsync,
+        fault_point: args.fault_point,
     };
     let provider = PostgresProvider::open(cfg)?;
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;

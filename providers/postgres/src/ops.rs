@@ -88,7 +88,7 @@ impl Ctx<'_> {
         self.cluster.nodes.iter().find(|n| n.id == id)
     }
 
-    fn node_mut(&mut self, id: &str) -> &mut NodeRecord {
+    pub fn node_mut(&mut self, id: &str) -> &mut NodeRecord {
         let node = self.cluster.nodes.iter_mut().find(|n| n.id == id);
         node.expect("a node named by the cluster record")
     }
@@ -106,7 +106,8 @@ impl Ctx<'_> {
     }
 
     /// Writes the node's settings for its role and the cluster's offering,
-    /// and starts it (on its version's binaries) if it is not running.
+    /// and starts it (on its version's binaries) if it is not running; a
+    /// primary only while no other node is or was one on a newer timeline.
     pub async fn start(&mut self, id: &str) -> Result<(), Status> {
         let node = self.node(id).cloned().expect("known node");
         let dir = self.dir(&node);
@@ -114,6 +115,9 @@ impl Ctx<'_> {
             return Ok(());
         }
         self.check(&format!("starting {id}"))?;
+        if node.role == Role::Primary {
+            self.refuse_second_primary(id).await?;
+        }
         let offering = self.inner.offering(&self.cluster.offering)?;
         let primary = self.primary()?;
         let slot = slot_name(id);
@@ -197,16 +201,23 @@ impl Ctx<'_> {
 
     /// Makes the standby's data directory anew from the primary
     /// (pg_basebackup through its slot) and starts it.
+    /// A node running as a primary is never rebuilt, and a data directory
+    /// that may hold writes the primary lacks is moved aside, not deleted.
     pub async fn rebuild_standby(&mut self, id: &str) -> Result<(), Status> {
+        let node = self.node(id).cloned().expect("known node");
+        if self.running_role(&node).await? == Some(Role::Primary) {
+            return Err(Status::failed_precondition(format!(
+                "not rebuilding {id}: it runs as a primary"
+            )));
+        }
         self.stop(id).await?;
         self.check(&format!("rebuilding {id}"))?;
         self.node_mut(id).built = false;
         self.save()?;
         self.ensure_slot(id).await?;
-        let node = self.node(id).cloned().expect("known node");
         let primary = self.primary()?;
         let dir = self.dir(&node);
-        remove_dir(&dir)?;
+        self.clear_data_dir(&node).await?;
         let bin = self.bin(&primary.version)?;
         let slot = slot_name(id);
         let pg = &self.inner.pg;
@@ -221,8 +232,9 @@ impl Ctx<'_> {
     /// Brings a standby to streaming from the primary: built, configured
     /// for the current primary, running; rebuilt when it cannot start.
     pub async fn ensure_standby(&mut self, id: &str) -> Result<(), Status> {
-        let built = self.node(id).is_some_and(|n| n.built);
-        if !built {
+        let node = self.node(id).cloned().expect("known node");
+        let stopped = !pg::running(&self.dir(&node));
+        if !node.built || (stopped && self.may_hold_unique_writes(&node).await?) {
             return self.rebuild_standby(id).await;
         }
         self.ensure_slot(id).await?;
@@ -285,28 +297,9 @@ impl Ctx<'_> {
         pg::parse_lsn(&out).ok_or_else(|| Status::unavailable(format!("bad WAL position {out:?}")))
     }
 
-    /// Promotes the standby `id` to primary and records the roles: the old
-    /// primary becomes a standby (rebuilt later if `rebuild_old`).
-    pub async fn promote(&mut self, id: &str, rebuild_old: bool) -> Result<(), Status> {
-        self.check(&format!("promoting {id}"))?;
-        let node = self.node(id).cloned().expect("known node");
-        let bin = self.bin(&node.version)?;
-        self.inner
-            .pg
-            .promote(&bin, &self.dir(&node))
-            .await
-            .map_err(unavailable)?;
-        let old = self.primary()?.id;
-        self.node_mut(&old).role = Role::Standby;
-        if rebuild_old {
-            self.node_mut(&old).built = false;
-        }
-        self.node_mut(id).role = Role::Primary;
-        self.save()
-    }
-
     /// Points every running standby at the current primary (settings
-    /// rewritten, then reloaded: primary_conninfo takes effect live).
+    /// rewritten, then reloaded where they changed: primary_conninfo takes
+    /// effect live).
     pub async fn repoint(&mut self) -> Result<(), Status> {
         let primary = self.primary()?;
         for node in self.standbys() {
@@ -327,9 +320,10 @@ impl Ctx<'_> {
                 fsync: !self.inner.cfg.unsafe_no_fsync,
             };
             let pg = &self.inner.pg;
-            pg.write_conf(&dir, &conf).map_err(unavailable)?;
-            let bin = self.bin(&node.version)?;
-            pg.reload(&bin, &dir).await.map_err(unavailable)?;
+            if pg.write_conf(&dir, &conf).map_err(unavailable)? {
+                let bin = self.bin(&node.version)?;
+                pg.reload(&bin, &dir).await.map_err(unavailable)?;
+            }
         }
         Ok(())
     }

@@ -132,7 +132,9 @@ impl Pg {
     }
 
     /// Writes the node's settings; a standby also gets its standby.signal.
-    pub fn write_conf(&self, dir: &Path, c: &NodeConf) -> Result<(), PgError> {
+    /// Answers whether the settings changed (a running node then needs a
+    /// reload).
+    pub fn write_conf(&self, dir: &Path, c: &NodeConf) -> Result<bool, PgError> {
         let mut text = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n\
              shared_buffers = '{}'\nmax_connections = {}\nfsync = {}\n\
@@ -156,8 +158,12 @@ impl Pg {
             std::fs::remove_file(&signal).map_err(io_err("standby.signal"))?;
         }
         let path = dir.join("drover.conf");
+        if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+            return Ok(false);
+        }
         std::fs::write(&path, text).map_err(io_err("drover.conf"))?;
-        self.own(&path)
+        self.own(&path)?;
+        Ok(true)
     }
 
     /// Starts the node's postgres (detached: it outlives the provider).
@@ -188,12 +194,13 @@ impl Pg {
         self.run(cmd, "pg_ctl stop").await.map(drop)
     }
 
-    pub async fn promote(&self, bin: &Path, dir: &Path) -> Result<(), PgError> {
+    /// Asks the standby to promote itself and returns at once (pg_ctl
+    /// writes `promote.signal` and signals the postmaster): the caller
+    /// polls `pg_is_in_recovery()`, so a slow promotion is a state it can
+    /// see rather than a timeout it cannot interpret.
+    pub async fn request_promotion(&self, bin: &Path, dir: &Path) -> Result<(), PgError> {
         let mut cmd = self.command(bin, "pg_ctl");
-        cmd.arg("promote")
-            .arg("-D")
-            .arg(dir)
-            .args(["-w", "-t", PG_CTL_WAIT_SECS]);
+        cmd.arg("promote").arg("-D").arg(dir).arg("-W");
         self.run(cmd, "pg_ctl promote").await.map(drop)
     }
 
@@ -265,20 +272,97 @@ impl Pg {
         self.run(cmd, "pg_basebackup").await.map(drop)
     }
 
-    /// The position of the node's last checkpoint (a clean shutdown's
-    /// checkpoint once it is stopped), from its control file.
-    pub async fn checkpoint_lsn(&self, bin: &Path, dir: &Path) -> Result<u64, PgError> {
+    /// What the node's control file says (pg_controldata): readable
+    /// whether the node runs or not.
+    pub async fn control(&self, bin: &Path, dir: &Path) -> Result<Control, PgError> {
         let mut cmd = self.command(bin, "pg_controldata");
         cmd.arg(dir);
         let out = self.run(cmd, "pg_controldata").await?;
-        out.lines()
-            .find_map(|l| l.strip_prefix("Latest checkpoint location:"))
-            .and_then(|v| parse_lsn(v.trim()))
-            .ok_or_else(|| PgError::Failed {
-                what: "pg_controldata".into(),
-                detail: "no checkpoint location".into(),
-            })
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        let missing = |what: &str| PgError::Failed {
+            what: "pg_controldata".into(),
+            detail: format!("no {what}"),
+        };
+        Ok(Control {
+            state: field("Database cluster state:").ok_or_else(|| missing("state"))?,
+            checkpoint_lsn: field("Latest checkpoint location:")
+                .and_then(|v| parse_lsn(&v))
+                .ok_or_else(|| missing("checkpoint location"))?,
+            timeline: field("Latest checkpoint's TimeLineID:")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| missing("timeline"))?,
+        })
     }
+}
+
+/// A node's control file, as far as roles and timelines go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Control {
+    /// "shut down", "shut down in recovery", "in production", ...
+    pub state: String,
+    /// Its last checkpoint (a clean shutdown's, once it stopped cleanly).
+    pub checkpoint_lsn: u64,
+    /// The timeline of that checkpoint.
+    pub timeline: u32,
+}
+
+impl Control {
+    /// The node last ran (or is running, or crashed) as a primary, so its
+    /// timeline may hold writes no other node has. Only the two recovery
+    /// states prove it a standby; anything else counts as a primary.
+    pub fn was_primary(&self) -> bool {
+        !matches!(
+            self.state.as_str(),
+            "shut down in recovery" | "in archive recovery"
+        )
+    }
+
+    pub fn shut_down_cleanly(&self) -> bool {
+        self.state == "shut down"
+    }
+}
+
+/// A node's timeline history, from the newest `*.history` file in its
+/// `pg_wal` (none: timeline 1, no ancestors).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// The newest timeline the node knows of.
+    pub timeline: u32,
+    /// Each ancestor timeline and the position its child forked from it.
+    pub forks: std::collections::BTreeMap<u32, u64>,
+}
+
+pub fn history(dir: &Path) -> History {
+    let newest = std::fs::read_dir(dir.join("pg_wal"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let tli = u32::from_str_radix(name.strip_suffix(".history")?, 16).ok()?;
+            Some((tli, e.path()))
+        })
+        .max_by_key(|(tli, _)| *tli);
+    let Some((timeline, path)) = newest else {
+        return History {
+            timeline: 1,
+            forks: Default::default(),
+        };
+    };
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let forks = text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let parent = f.next()?.parse().ok()?;
+            Some((parent, parse_lsn(f.next()?)?))
+        })
+        .collect();
+    History { timeline, forks }
 }
 
 /// Whether the node's postmaster runs: its pid file names a live process

@@ -177,6 +177,10 @@ async fn apply(ctx: &mut Ctx<'_>, exists: bool, op: Op) -> Result<(), Status> {
             ctx.cluster.uid
         )));
     }
+    let destroys = matches!(&op, Op::Delete(ids) if ids.is_empty());
+    if exists && !destroys && !matches!(op, Op::Describe) {
+        ctx.reconcile_roles().await?;
+    }
     match op {
         Op::Create(r) => {
             if !exists {

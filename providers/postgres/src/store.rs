@@ -80,6 +80,25 @@ pub struct ClusterRecord {
     pub next_index: u32,
     /// The nodes should be off (StopNodes), until StartNodes or a repair.
     pub stopped: bool,
+    /// A promotion decided and recorded before `pg_ctl promote` runs, until
+    /// the roles are swapped in the same commit that clears it: a call that
+    /// finds it open resolves it from what the nodes show before it starts
+    /// or rebuilds anything.
+    #[serde(default)]
+    pub promotion: Option<Promotion>,
+}
+
+/// The primary role moving from `old` to `new` (a switchover, or a repair
+/// of a primary that is down).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promotion {
+    pub old: String,
+    pub new: String,
+    /// The old primary is rebuilt from the new one afterwards (a repair:
+    /// it went down uncleanly and may hold WAL the new one never got).
+    pub rebuild_old: bool,
+    /// What decided it, for fault points and logs ("switchover", "repair").
+    pub kind: String,
 }
 
 impl ClusterRecord {

@@ -61,6 +61,7 @@ pub fn config(root: &Path, ports: (u16, u16)) -> Config {
         run_as: "postgres".into(),
         max_workers: 4,
         unsafe_no_fsync: true,
+        fault_point: None,
     }
 }
 

@@ -18,6 +18,15 @@ pub const BIN: &str = "/usr/lib/postgresql/15/bin";
 /// switches over), only the binaries are the same.
 pub const V1: &str = "15.0.0";
 pub const V2: &str = "15.1.0";
+/// Labels `15.0.0` to `15.<LABELS - 1>.0`, all mapped to [`BIN`]: a test
+/// may upgrade that many times in a row.
+pub const LABELS: u32 = 10;
+
+/// The `n`th version label (`version(0)` is [`V1`]).
+pub fn version(n: u32) -> String {
+    assert!(n < LABELS, "the provider maps {LABELS} labels");
+    format!("15.{n}.0")
+}
 
 pub struct PgProviderProcess {
     child: Child,
@@ -37,7 +46,7 @@ impl PgProviderProcess {
         let root = TempDir::new("pg-provider");
         let port = free_port();
         let node_ports = free_range(40);
-        let child = spawn(root.path(), port, node_ports);
+        let child = spawn(root.path(), port, node_ports, None);
         let provider = Self {
             child,
             port,
@@ -52,10 +61,29 @@ impl PgProviderProcess {
     /// are left running) and starts it again on the same port and root,
     /// as a supervisor would; returns once it serves.
     pub async fn restart(&mut self) {
+        self.restart_with_fault(None).await;
+    }
+
+    /// As [`Self::restart`], the new process aborting at the named step
+    /// (`--fault-point`, e.g. `switchover.promoted`) when it gets there.
+    pub async fn restart_with_fault(&mut self, fault_point: Option<&str>) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn(self.root.path(), self.port, self.node_ports);
+        self.child = spawn(self.root.path(), self.port, self.node_ports, fault_point);
         self.wait_serving().await;
+    }
+
+    /// Waits for the process to end by itself (a fault point fired).
+    pub async fn wait_for_exit(&mut self, within: Duration) {
+        let child = &mut self.child;
+        let until = std::time::Instant::now() + within;
+        while child.try_wait().expect("the provider's status").is_none() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the PostgreSQL provider did not end within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn wait_serving(&self) {
@@ -96,14 +124,18 @@ impl Drop for PgProviderProcess {
     }
 }
 
-fn spawn(root: &Path, port: u16, (from, to): (u16, u16)) -> Child {
-    Command::new(workspace_binary("drover-postgres-provider"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+fn spawn(root: &Path, port: u16, (from, to): (u16, u16), fault_point: Option<&str>) -> Child {
+    let mut cmd = Command::new(workspace_binary("drover-postgres-provider"));
+    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")
-        .arg(root)
-        .args(["--pg-version", &format!("{V1}={BIN}")])
-        .args(["--pg-version", &format!("{V2}={BIN}")])
-        .args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
+        .arg(root);
+    for n in 0..LABELS {
+        cmd.args(["--pg-version", &format!("{}={BIN}", version(n))]);
+    }
+    if let Some(point) = fault_point {
+        cmd.args(["--fault-point", point]);
+    }
+    cmd.args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
         .args(["--port-range", &format!("{from}-{to}"), "--unsafe-no-fsync"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up etcd, a provider and three Drover replicas on loopback, shows
-# them working with droverctl and etcdctl, then keeps them running until
-# Ctrl-C (or exits right away with --no-wait) and stops them cleanly.
+# them working with droverctl, the Python client library and etcdctl, then
+# keeps them running until Ctrl-C (or exits right away with --no-wait) and
+# stops them cleanly.
 #
 #   deploy/local.sh [--provider sim|postgres] [--no-wait]
 #
@@ -28,7 +29,14 @@ while [ $# -gt 0 ]; do
 done
 case "$provider" in sim | postgres) ;; *) echo "--provider: sim or postgres, not $provider" >&2; exit 2 ;; esac
 
-scripts/install-deps.sh
+# What the demo runs, and nothing the tests alone need (scripts/test.sh
+# installs those): etcd, the build's tools, and the Python client library
+# (built, not editable, into .venv).
+if [ "$provider" = postgres ]; then
+  scripts/install-deps.sh --demo --postgres
+else
+  scripts/install-deps.sh --demo
+fi
 cargo build --workspace --bins --quiet
 
 workdir=$(mktemp -d -t drover-local.XXXXXX)
@@ -110,6 +118,17 @@ show task put "$name" backup now --location "$location"
 wait_for "the backup run" sh -c "target/debug/droverctl --endpoint $drover_url -o json task get $name backup now | grep -q DONE"
 show task list "$name"
 show members
+echo "+ .venv/bin/python3 (drover_client, the Python client library): get $name"
+.venv/bin/python3 - "$drover_url" "$name" <<'EOF'
+import sys
+
+from drover_client import Client
+
+with Client(sys.argv[1]) as client:
+    cluster = client.get_cluster(sys.argv[2])
+    state = client.state_pb2.ClusterState.Name(cluster.status.state)
+    print(cluster.name, state, cluster.status.current_version)
+EOF
 echo "+ droverctl cluster create bad_name --version 1.29.4   (refused: the field is named)"
 ctl cluster create bad_name --version 1.29.4 || true
 echo "+ etcdctl get --prefix /drover/v1/clusters/$name/"

@@ -20,7 +20,15 @@ from typing import Iterable, Optional, Sequence, Union
 
 import grpc
 
-from . import _stubs
+from ._generated.drover.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    operation_pb2,
+    operation_pb2_grpc,
+    state_pb2,
+    task_pb2,
+    task_pb2_grpc,
+)
 
 _TERMINAL = ("OPERATION_STATE_SUCCEEDED", "OPERATION_STATE_FAILED", "OPERATION_STATE_CANCELLED")
 
@@ -66,16 +74,18 @@ class Client:
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._call_timeout = call_timeout
-        self.cluster_pb2 = _stubs.load("drover.v1.cluster_pb2")
-        self.operation_pb2 = _stubs.load("drover.v1.operation_pb2")
-        self.task_pb2 = _stubs.load("drover.v1.task_pb2")
-        self.state_pb2 = _stubs.load("drover.v1.state_pb2")
-        cluster_grpc = _stubs.load("drover.v1.cluster_pb2_grpc")
-        operation_grpc = _stubs.load("drover.v1.operation_pb2_grpc")
-        task_grpc = _stubs.load("drover.v1.task_pb2_grpc")
+        # The generated modules, for building requests and reading enums.
+        self.cluster_pb2 = cluster_pb2
+        self.operation_pb2 = operation_pb2
+        self.task_pb2 = task_pb2
+        self.state_pb2 = state_pb2
         self._channels = [self._channel(e, ca_cert) for e in _split(endpoints)]
         self._stubs = [
-            (cluster_grpc.ClustersStub(c), operation_grpc.OperationsStub(c), task_grpc.TasksStub(c))
+            (
+                cluster_pb2_grpc.ClustersStub(c),
+                operation_pb2_grpc.OperationsStub(c),
+                task_pb2_grpc.TasksStub(c),
+            )
             for c in self._channels
         ]
         self._current = 0

@@ -34,6 +34,11 @@
 //!   failed);
 //! - no owner write (claim, accept that claims, step record, completion,
 //!   release) takes effect after etcd dropped the writer's lease;
+//! - every new owner's epoch is above every epoch the provider has seen
+//!   for its cluster, through joins that take a lagging etcd member for a
+//!   restore (every replica claims under the one fence record, compared
+//!   in every claim) and through restores of one snapshot, repeated (the
+//!   base comes from the clock, which a restore does not set back);
 //! - once the faults allowed are spent, every request is made and every
 //!   operation ends (see Caveats for exactly what this covers).
 //!
@@ -56,7 +61,9 @@
 //! with a provider that does not drain lets the lost owner's call, admitted
 //! before the fence, run beside the resumed step and land after it; an
 //! orphan a hand-over left (no lease lost) failed without a fence lets the
-//! old owner's call land after the operation ended.
+//! old owner's call land after the operation ended; a claim that does not
+//! compare the fence record, or a restore's base taken from the restored
+//! record, lets a new owner claim below an epoch the provider has seen.
 //!
 //! # Assumptions
 //!
@@ -144,6 +151,15 @@
 //!   while the provider may still be working on the first copy, is not
 //!   modelled: its order against the drive's next step rests on the
 //!   provider serialising a cluster's calls (`PROVIDERS.md`).
+//! - A restore is modelled as the revision counter and the fence record
+//!   going back to the deployment's first revision and record, every
+//!   lease and every key bound to one gone, with every other key as it
+//!   is but written at or before that revision, and only while nothing is
+//!   in flight and every operation has ended: what a restore does to
+//!   epochs (the revisions repeat), not what it does to the data (an
+//!   operation accepted after the snapshot coming back), which
+//!   PRODUCTION.md covers. A lagging member is modelled by its effect, a
+//!   join that sets a new base, at any step.
 //! - Not modelled: cancel requests, request ids, spec and status writes,
 //!   the scanner, schema versions, graceful shutdown (a revoke is an expiry
 //!   its replica knows of), etcd being unreachable and the retried write
@@ -206,6 +222,12 @@ pub struct Drover {
     /// drives, its call possibly still in flight
     /// (`server/src/replication/gray_failure.rs`).
     pub handovers: u8,
+    /// Joins through an etcd member lagging behind, which the replica takes
+    /// for a restore: it sets a new epoch base in the fence record.
+    pub rebases: u8,
+    /// Restores of etcd from a snapshot of the deployment as it began
+    /// (two: the same snapshot restored twice).
+    pub restores: u8,
     pub orphans: OrphanPolicy,
     pub flaw: Option<Flaw>,
 }
@@ -248,6 +270,14 @@ pub enum Flaw {
     /// The provider does not drain: a call of an older epoch that it
     /// admitted before a newer epoch arrived still applies afterwards.
     NoDrain,
+    /// A claim does not compare the fence record: a replica goes on
+    /// claiming under the base it read at its join after another replica
+    /// set a new one (Drover did, before the fence record was compared).
+    NoFenceCompare,
+    /// A restore's new base is the restored record's plus one (the
+    /// generation Drover had): restoring one snapshot twice repeats the
+    /// first restore's epochs.
+    BaseFromRestoredRecord,
 }
 
 impl Drover {
@@ -265,6 +295,8 @@ impl Drover {
             stalls: 1,
             slow_calls: 1,
             handovers: 0,
+            rebases: 0,
+            restores: 0,
             orphans: OrphanPolicy::Resume { limit: 1 },
             flaw: None,
         }

@@ -30,6 +30,10 @@ pub const RESUMED: &str = "a drive that ended early is resumed under its claim";
 pub const CLAIMED_AT_ACCEPT: &str = "an accept on the owner claims its operation";
 pub const CALL_OUTLIVES_DRIVE: &str = "a call is in flight after its drive ended";
 pub const HANDED_OVER: &str = "an owner hands over a cluster whose operation it drives";
+pub const CLAIMS_ABOVE_SEEN: &str =
+    "a new owner's epoch is above every epoch the provider saw for the cluster";
+pub const BASE_FOLLOWED: &str = "a replica takes up the epoch base another replica set";
+pub const CLAIMED_AFTER_RESTORE: &str = "a cluster is claimed after a restore";
 
 pub fn all() -> Vec<Property<Drover>> {
     vec![
@@ -67,6 +71,11 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::sometimes(CLAIMED_AT_ACCEPT, claimed_at_accept),
         Property::sometimes(CALL_OUTLIVES_DRIVE, call_outlives_drive),
         Property::sometimes(HANDED_OVER, |_, s: &State| s.history.handed_over),
+        Property::always(CLAIMS_ABOVE_SEEN, |_, s: &State| !s.history.stale_claim),
+        Property::sometimes(BASE_FOLLOWED, |_, s: &State| s.history.followed_base),
+        Property::sometimes(CLAIMED_AFTER_RESTORE, |_, s: &State| {
+            s.history.claimed_after_restore
+        }),
     ]
 }
 

@@ -10,8 +10,8 @@
 
 use crate::provider::{Provider, Token};
 use crate::store::{
-    Claim, ClusterId, Guard, Kind, LeaseId, Operation, OperationId, OwnerKey, ReplicaId, Revision,
-    Status, Store,
+    Claim, ClusterId, Fence, FenceView, Guard, Kind, LeaseId, Operation, OperationId, OwnerKey,
+    ReplicaId, Revision, Status, Store,
 };
 use crate::{Drover, Flaw, OrphanPolicy};
 use drover_machine::{self as machine, Admission, ClusterState, Event};
@@ -38,6 +38,14 @@ pub struct State {
     pub slow_calls_left: u8,
     /// Gray-failure hand-overs still to happen.
     pub handovers_left: u8,
+    /// Joins through a lagging etcd member, taken for a restore, still to
+    /// happen.
+    pub rebases_left: u8,
+    /// Restores of the snapshot still to happen.
+    pub restores_left: u8,
+    /// The snapshot restores go back to: the revision and the fence record
+    /// of the deployment as it began.
+    pub snapshot: (Revision, Fence),
     pub history: History,
 }
 
@@ -63,25 +71,38 @@ pub struct History {
     pub handed_over: bool,
     /// The provider aborted a running call of an older epoch.
     pub drained: bool,
+    /// A new owner claimed with an epoch not above one the provider had
+    /// already seen for the cluster.
+    pub stale_claim: bool,
+    /// A replica took up the epoch base another replica set.
+    pub followed_base: bool,
+    /// A cluster was claimed after a restore.
+    pub claimed_after_restore: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Replica {
     /// The lease the replica believes it holds (etcd may have dropped it).
     pub session: Option<LeaseId>,
-    /// The epoch of each cluster it believes it owns.
-    pub owned: Vec<Option<Revision>>,
+    /// The create revision and the epoch of each cluster it believes it
+    /// owns.
+    pub owned: Vec<Option<(Revision, Revision)>>,
     /// The operation it drives, per cluster.
     pub holding: Vec<Option<Holding>>,
+    /// The fence record as it last read it: its claims use the base and
+    /// compare the revision.
+    pub fence: FenceView,
 }
 
 impl Replica {
     /// Its claim on `cluster`: only while it believes its lease alive, as
     /// `Ownership::claim` does.
     pub fn claim(&self, cluster: ClusterId) -> Option<Claim> {
+        let (create_revision, epoch) = self.owned[cluster]?;
         Some(Claim {
             lease: self.session?,
-            epoch: self.owned[cluster]?,
+            create_revision,
+            epoch,
         })
     }
 
@@ -257,8 +278,23 @@ pub enum Action {
     KeepAliveTimeout { replica: ReplicaId },
     /// A replica without a session grants a new lease and rebinds its
     /// member key to it, having revoked its previous incarnation's lease
-    /// if etcd still holds it.
+    /// if etcd still holds it, and reads the fence record: when it was
+    /// written in another history of etcd (a restore since), the replica
+    /// writes it anew with a new base (`restore::fence_at_join`).
     Rejoin { replica: ReplicaId },
+    /// A replica that joined through an etcd member lagging behind takes
+    /// it for a restore: it writes the fence record anew with a new base
+    /// (compared with the record it read) and claims under it; spends a
+    /// rebase.
+    Rebase { replica: ReplicaId },
+    /// A replica whose claim failed on the fence record's compare reads
+    /// the record again and claims under it from now on
+    /// (`Ownership::reread_fence`).
+    RereadFence { replica: ReplicaId },
+    /// etcd restored from the snapshot, every replica stopped before and
+    /// started after (PRODUCTION.md), with no call in flight and every
+    /// operation ended; spends a restore.
+    Restore,
 }
 
 impl Kind {
@@ -302,6 +338,7 @@ impl State {
             session: store.members[replica],
             owned: vec![None; model.clusters],
             holding: vec![None; model.clusters],
+            fence: store.fence.view(),
         };
         State {
             replicas: (0..model.replicas).map(replica).collect(),
@@ -313,6 +350,9 @@ impl State {
             stalls_left: model.stalls,
             slow_calls_left: model.slow_calls,
             handovers_left: model.handovers,
+            rebases_left: model.rebases,
+            restores_left: model.restores,
+            snapshot: (store.revision, store.fence),
             history: History::default(),
             store,
         }
@@ -331,6 +371,12 @@ impl State {
                 actions.push(Action::LeaseNotFound { replica });
             } else if self.faults_left > 0 {
                 actions.push(Action::KeepAliveTimeout { replica });
+            }
+            if self.rebases_left > 0 {
+                actions.push(Action::Rebase { replica });
+            }
+            if local.fence != self.store.fence.view() {
+                actions.push(Action::RereadFence { replica });
             }
             for cluster in 0..self.store.states.len() {
                 self.reconcile(replica, cluster, actions);
@@ -356,6 +402,17 @@ impl State {
             }
         }
         self.lease_losses(actions);
+        if self.restores_left > 0 && self.quiescent() {
+            actions.push(Action::Restore);
+        }
+    }
+
+    /// No call in flight or running at the provider, and every operation
+    /// ended: when the model lets etcd be restored.
+    fn quiescent(&self) -> bool {
+        self.calls.is_empty()
+            && self.provider.running.is_empty()
+            && self.store.operations.iter().all(|o| o.status.is_terminal())
     }
 
     /// Leases etcd drops: a lease its replica has given up on expires for
@@ -482,7 +539,7 @@ impl State {
                 cluster,
                 kind,
             } => next.accept_claimed(model, replica, cluster, kind)?,
-            Action::Claim { replica, cluster } => next.claim(replica, cluster)?,
+            Action::Claim { replica, cluster } => next.claim(model, replica, cluster)?,
             Action::Release { replica, cluster } => next.release(replica, cluster)?,
             Action::HandOver { replica, cluster } => next.hand_over(replica, cluster)?,
             Action::Read { replica, cluster } => next.read(model, replica, cluster)?,
@@ -511,13 +568,20 @@ impl State {
                 next.faults_left -= 1;
                 next.replicas[replica].drop_session();
             }
-            Action::Rejoin { replica } => {
-                // Its member key still bound to a lease etcd holds: that is
-                // its own lost incarnation's, revoked at once.
-                if let Some(old) = next.store.members[replica] {
-                    next.store.expire(old);
-                }
-                next.replicas[replica].session = Some(next.store.join(replica));
+            Action::Rejoin { replica } => next.rejoin(model, replica),
+            Action::Rebase { replica } => {
+                next.rebases_left -= 1;
+                next.replicas[replica].fence = next.store.rebase(false);
+            }
+            Action::RereadFence { replica } => {
+                next.history.followed_base = true;
+                next.replicas[replica].fence = next.store.fence.view();
+            }
+            Action::Restore => {
+                next.restores_left -= 1;
+                next.replicas.iter_mut().for_each(Replica::drop_session);
+                let (revision, fence) = next.snapshot;
+                next.store.restore(revision, fence);
             }
         }
         // Checked here, for every action, against the state etcd held just
@@ -531,6 +595,21 @@ impl State {
             }
         }
         Some(next)
+    }
+
+    /// `Membership::join`: revokes its own lost incarnation's lease (its
+    /// member key still bound to a lease etcd holds), grants a new one,
+    /// and reads the fence record, writing it anew when it was written in
+    /// another history of etcd.
+    fn rejoin(&mut self, model: &Drover, replica: ReplicaId) {
+        if let Some(old) = self.store.members[replica] {
+            self.store.expire(old);
+        }
+        self.replicas[replica].session = Some(self.store.join(replica));
+        self.replicas[replica].fence = match self.store.fence.history == self.store.history {
+            true => self.store.fence.view(),
+            false => self.store.rebase(model.has(Flaw::BaseFromRestoredRecord)),
+        };
     }
 
     /// Records an owner write taking effect, and whether etcd still held
@@ -613,19 +692,35 @@ impl State {
         Some(())
     }
 
-    /// `Ownership::try_claim`: compare the owner key absent, put it bound
-    /// to the replica's lease. The replica is in the member list, so etcd
-    /// still holds that lease (its member key is bound to it).
-    fn claim(&mut self, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
-        let lease = self.replicas[replica].session?;
+    /// `Ownership::try_claim`: compare the owner key absent and the fence
+    /// record as this replica read it, put the owner key bound to the
+    /// replica's lease; the epoch is the record's base plus the key's
+    /// create revision. The replica is in the member list, so etcd still
+    /// holds that lease (its member key is bound to it).
+    fn claim(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+        let local = &self.replicas[replica];
+        let lease = local.session?;
+        let view = local.fence;
+        if !model.has(Flaw::NoFenceCompare) && self.store.fence.mod_revision != view.revision {
+            return None;
+        }
         self.owner_wrote(lease);
-        let epoch = self.store.commit();
+        let create_revision = self.store.commit();
+        let epoch = view.base + create_revision;
+        if self
+            .provider
+            .newest(cluster)
+            .is_some_and(|seen| epoch <= seen)
+        {
+            self.history.stale_claim = true;
+        }
+        self.history.claimed_after_restore |= self.store.history > 0;
         self.store.owners[cluster] = Some(OwnerKey {
             replica,
             lease,
-            create_revision: epoch,
+            create_revision,
         });
-        self.replicas[replica].owned[cluster] = Some(epoch);
+        self.replicas[replica].owned[cluster] = Some((create_revision, epoch));
         Some(())
     }
 

@@ -51,6 +51,11 @@ impl Provider {
         }
     }
 
+    /// The newest epoch it has seen for `cluster`.
+    pub fn newest(&self, cluster: ClusterId) -> Option<Revision> {
+        self.newest[cluster]
+    }
+
     /// Whether a call (or a fenced read) with `epoch` would be refused as
     /// stale.
     pub fn refuses(&self, cluster: ClusterId, epoch: Revision) -> bool {

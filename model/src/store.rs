@@ -101,6 +101,10 @@ pub struct OwnerKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Claim {
     pub lease: LeaseId,
+    /// The owner key's create revision.
+    pub create_revision: Revision,
+    /// The fencing epoch: the epoch base it claimed under plus the create
+    /// revision (`replication::fencing_epoch`).
     pub epoch: Revision,
 }
 
@@ -108,9 +112,41 @@ impl OwnerKey {
     /// Whether this key is the one `claim` was made with: the fence every
     /// owner write compares (lease and create revision).
     pub fn is(&self, claim: Claim) -> bool {
-        self.lease == claim.lease && self.create_revision == claim.epoch
+        self.lease == claim.lease && self.create_revision == claim.create_revision
     }
 }
+
+/// `fence`: the epoch base every claim is made under, which history of
+/// etcd it was written in (a restore starts a new one: the raft index the
+/// real record keeps), and the record's mod revision, which every claim
+/// compares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Fence {
+    pub base: Revision,
+    pub history: u8,
+    pub mod_revision: Revision,
+}
+
+/// The fence record as a replica read it: what its claims use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FenceView {
+    pub base: Revision,
+    pub revision: Revision,
+}
+
+impl Fence {
+    pub fn view(&self) -> FenceView {
+        FenceView {
+            base: self.base,
+            revision: self.mod_revision,
+        }
+    }
+}
+
+/// How far the wall clock moves per revision: faster (microseconds
+/// against a few thousand writes a second), so a base taken from it
+/// lands above every epoch handed out before.
+const CLOCK_PER_REVISION: Revision = 3;
 
 /// The compares of an executor write: the state key and the operation as
 /// last read and, when fencing, the owner key as claimed.
@@ -126,6 +162,12 @@ pub struct Guard {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Store {
     pub revision: Revision,
+    /// Which history of etcd this is: a restore starts a new one (a new
+    /// raft log) and does not set it back.
+    pub history: u8,
+    /// The wall clock, which a restore does not set back either.
+    pub clock: Revision,
+    pub fence: Fence,
     /// Leases etcd still holds.
     pub leases: BTreeSet<LeaseId>,
     next_lease: LeaseId,
@@ -142,6 +184,9 @@ impl Store {
     pub fn new(replicas: usize, clusters: usize) -> Self {
         let mut store = Store {
             revision: 0,
+            history: 0,
+            clock: 0,
+            fence: Fence::default(),
             leases: BTreeSet::new(),
             next_lease: 0,
             members: vec![None; replicas],
@@ -166,7 +211,48 @@ impl Store {
     /// The revision of a transaction that writes.
     pub fn commit(&mut self) -> Revision {
         self.revision += 1;
+        self.clock += CLOCK_PER_REVISION;
         self.revision
+    }
+
+    /// Writes the fence record with a new base, as a replica that takes
+    /// etcd for restored does: the clock less the revision, so that the
+    /// next epoch is about the clock; never below the recorded base + 1.
+    /// `from_record` takes the restored record's base + 1 instead (the
+    /// scheme Drover had: a restored record rolls back with the data).
+    pub fn rebase(&mut self, from_record: bool) -> FenceView {
+        let base = match from_record {
+            true => self.fence.base + 1,
+            false => (self.clock - self.revision).max(self.fence.base + 1),
+        };
+        let mod_revision = self.commit();
+        self.fence = Fence {
+            base,
+            history: self.history,
+            mod_revision,
+        };
+        self.fence.view()
+    }
+
+    /// `etcdctl snapshot restore` of a snapshot taken at `revision` with
+    /// the fence record `fence`, every replica stopped first: a new
+    /// history, the revision and the fence record back to the snapshot's,
+    /// every lease and every key bound to one gone, and every other key
+    /// as written at or before the snapshot's revision (see the crate's
+    /// caveats for what this leaves out).
+    pub fn restore(&mut self, revision: Revision, fence: Fence) {
+        for lease in self.leases.clone() {
+            self.expire(lease);
+        }
+        self.history += 1;
+        self.revision = revision;
+        self.fence = fence;
+        for key in &mut self.states {
+            key.mod_revision = key.mod_revision.min(revision);
+        }
+        for operation in &mut self.operations {
+            operation.mod_revision = operation.mod_revision.min(revision);
+        }
     }
 
     /// Grants a lease and puts `members/<replica>` bound to it (rebinding

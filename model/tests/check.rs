@@ -3,8 +3,10 @@
 //! states explored and the counterexamples.
 
 use drover_model::properties::{
-    DRAINED, EPOCHS_GROW, EVERYTHING_ENDS, HANDED_OVER, LIVE_LEASE_WRITES, NONE_BESIDE,
-    NO_LATE_CALL, ORPHAN_RESUMED, RESUMED, STEPS_FORWARD, SUCCESS_SHOWN,
+    BASE_FOLLOWED, CALL_OUTLIVES_DRIVE, CLAIMED_AFTER_RESTORE, CLAIMS_ABOVE_SEEN, DRAINED,
+    EPOCHS_GROW, EVERYTHING_ENDS, FENCE_RETRIED, HANDED_OVER, LIVE_LEASE_WRITES, NONE_BESIDE,
+    NO_LATE_CALL, ORPHAN_FAILED, ORPHAN_RESUMED, RESUMED, STALE_REFUSED, STEPS_FORWARD,
+    SUCCESS_SHOWN, TWO_BELIEVERS,
 };
 use drover_model::{Drover, Flaw, OrphanPolicy};
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
@@ -13,11 +15,17 @@ use std::time::Instant;
 /// Explores every reachable state and asserts every property, except that
 /// the scenarios in `beyond` are asserted unreachable (their budget is not
 /// given here), which keeps that list honest; so is a hand-over without
-/// its budget.
+/// its budget, a rebase and a restore.
 fn check(model: Drover, beyond: &[&str]) {
     let mut beyond = beyond.to_vec();
     if model.handovers == 0 {
         beyond.push(HANDED_OVER);
+    }
+    if model.rebases == 0 {
+        beyond.push(BASE_FOLLOWED);
+    }
+    if model.restores == 0 {
+        beyond.push(CLAIMED_AFTER_RESTORE);
     }
     let started = Instant::now();
     let checker = model.checker().spawn_bfs().join();
@@ -204,4 +212,80 @@ fn handing_over_to_an_owner_that_does_not_fence_lets_the_old_call_land_late() {
     }
     .with(Flaw::UnfencedOrphans);
     refute(model, NO_LATE_CALL);
+}
+
+/// A replica joining through a lagging etcd member sets a new epoch base
+/// while its peer owns a cluster; the peer's next claim fails on the fence
+/// record, it reads the record again and claims under the new base, and
+/// every property holds (a lease loss moves the cluster between them).
+#[test]
+fn a_join_through_a_lagging_member_moves_every_replica_to_one_base() {
+    let model = Drover {
+        rebases: 1,
+        stalls: 0,
+        slow_calls: 0,
+        read_errors: 0,
+        ..Drover::new(2, 1, 1, 1)
+    };
+    check(model, &[RESUMED, DRAINED, FENCE_RETRIED, ORPHAN_FAILED]);
+}
+
+/// Without the fence record's compare in every claim, a replica that read
+/// the old base claims after its peer set a new one: its epoch is below
+/// the one the provider saw from the peer.
+#[test]
+fn claiming_without_the_fence_compare_claims_below_a_seen_epoch() {
+    let model = Drover {
+        rebases: 1,
+        stalls: 0,
+        slow_calls: 0,
+        read_errors: 0,
+        ..Drover::new(2, 1, 1, 1)
+    }
+    .with(Flaw::NoFenceCompare);
+    refute(model, CLAIMS_ABOVE_SEEN);
+}
+
+/// The same snapshot restored twice, operations run after each: every
+/// claim after a restore is above every epoch the provider saw.
+#[test]
+fn restoring_one_snapshot_twice_keeps_epochs_growing() {
+    let model = Drover {
+        restores: 2,
+        stalls: 0,
+        slow_calls: 0,
+        read_errors: 0,
+        ..Drover::new(2, 1, 2, 0)
+    };
+    let beyond = [
+        RESUMED,
+        DRAINED,
+        FENCE_RETRIED,
+        ORPHAN_FAILED,
+        ORPHAN_RESUMED,
+    ];
+    check(
+        model,
+        &[
+            &beyond[..],
+            &[STALE_REFUSED, TWO_BELIEVERS, CALL_OUTLIVES_DRIVE],
+        ]
+        .concat(),
+    );
+}
+
+/// A restore whose base is the restored record's plus one (Drover's
+/// generation): the second restore of one snapshot hands out the first
+/// restore's epochs again, below what the provider saw.
+#[test]
+fn a_base_from_the_restored_record_repeats_epochs_after_a_second_restore() {
+    let model = Drover {
+        restores: 2,
+        stalls: 0,
+        slow_calls: 0,
+        read_errors: 0,
+        ..Drover::new(2, 1, 2, 0)
+    }
+    .with(Flaw::BaseFromRestoredRecord);
+    refute(model, CLAIMS_ABOVE_SEEN);
 }

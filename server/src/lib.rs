@@ -79,5 +79,6 @@ pub mod scanner;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod supervisor;
 pub mod task;
 pub mod telemetry;

@@ -31,6 +31,7 @@ use crate::provider::Providers;
 use crate::replication::{Ownership, OwnershipConfig};
 use crate::scanner::Scanner;
 use crate::store::{MeteredStore, SharedStore};
+use crate::supervisor::Supervisor;
 use crate::task::{TaskScheduler, TaskStore};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -71,6 +72,9 @@ pub struct Replica {
     /// The admin port closes when this is dropped: orchestrators probe it
     /// through the drain, so it is held until the replica exits.
     pub admin_open: watch::Sender<bool>,
+    /// The background tasks, each under its name: a panic in one ends the
+    /// replica, and they are joined when it stops.
+    pub tasks: Supervisor,
 }
 
 /// The parts of a replica with a provider: cluster ownership and the
@@ -110,10 +114,11 @@ impl Replica {
         let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
         // In the background: an etcd that is slow to answer must not hold
         // up the start.
+        let mut tasks = Supervisor::new();
         let checked = (store.clone(), Arc::clone(&metrics));
-        tokio::spawn(
-            async move { crate::store::known_issues::report(&checked.0, &checked.1).await },
-        );
+        tasks.spawn("etcd-version-check", async move {
+            crate::store::known_issues::report(&checked.0, &checked.1).await
+        });
         let operations = Operations::new(
             store.clone(),
             keys.clone(),
@@ -126,7 +131,10 @@ impl Replica {
         let (stop_work, work_stopped) = watch::channel(false);
         let incarnation = admin_http::Incarnation::default();
         let feed = ConsoleFeed::new();
-        tokio::spawn(Arc::clone(&feed).run(Arc::clone(&cache), keys.clone(), work_stopped.clone()));
+        tasks.spawn(
+            "console-feed",
+            Arc::clone(&feed).run(Arc::clone(&cache), keys.clone(), work_stopped.clone()),
+        );
         let console = Console::new(
             config.security.tokens.as_ref(),
             Arc::clone(&cache),
@@ -134,20 +142,21 @@ impl Replica {
             feed,
         );
         let admin_listener = bind_admin(config.admin_listen, config.admin_listen_fallback).await?;
-        let admin = start_admin(admin_listener, &metrics, &incarnation, console);
+        let admin = start_admin(admin_listener, &metrics, &incarnation, console, &mut tasks);
         if let Some(interval) = config.compact_interval {
-            tokio::spawn(crate::compactor::run(
+            let compactor = crate::compactor::run(
                 store.clone(),
                 config.key_prefix.clone(),
                 interval,
                 work_stopped.clone(),
-            ));
+            );
+            tasks.spawn("compactor", compactor);
         }
         // The cache follows etcd until the lease is revoked: the hand-off
         // decides from it which clusters run nothing here.
         let (stop_cache, cache_stopped) = watch::channel(false);
-        tokio::spawn(Arc::clone(&cache).run(cache_stopped));
-        let replica = Self {
+        tasks.spawn("cluster-cache", Arc::clone(&cache).run(cache_stopped));
+        let mut replica = Self {
             store,
             keys,
             metrics,
@@ -163,6 +172,7 @@ impl Replica {
                 stop_cache,
             },
             admin_open: admin.open,
+            tasks,
         };
         Ok(match providers {
             Some(providers) => {
@@ -187,7 +197,7 @@ impl Replica {
     /// until `work_stopped`. `admin_address` (where the admin port listens)
     /// goes into the member record for the peers' liveness connections.
     fn start_workers(
-        &self,
+        &mut self,
         config: &Config,
         providers: Arc<Providers>,
         admin_address: SocketAddr,
@@ -206,8 +216,13 @@ impl Replica {
             },
             Arc::clone(&self.metrics),
         );
-        tokio::spawn(Arc::clone(&replication).run_membership(work_stopped.clone()));
-        tokio::spawn(
+        let tasks = &mut self.tasks;
+        tasks.spawn(
+            "membership",
+            Arc::clone(&replication).run_membership(work_stopped.clone()),
+        );
+        tasks.spawn(
+            "ownership",
             Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
         );
         if let Some(after) = config.provider_handover_after {
@@ -217,14 +232,15 @@ impl Replica {
                 after,
                 work_stopped.clone(),
             );
-            tokio::spawn(probes);
+            tasks.spawn("provider-probes", probes);
         }
         // Off, a crashed peer is left to its lease TTL (the /liveness
         // endpoint still answers, for peers that do watch).
         if config.peer_liveness {
-            tokio::spawn(
-                Arc::clone(&replication)
-                    .run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
+            let liveness = Arc::clone(&replication);
+            tasks.spawn(
+                "liveness",
+                liveness.run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
             );
         }
         let executor = Executor::new(
@@ -235,7 +251,10 @@ impl Replica {
             config.operation_timeouts.clone(),
             config.orphaned_operations,
         );
-        tokio::spawn(Arc::clone(&executor).run(work_stopped.clone(), adoptions));
+        tasks.spawn(
+            "executor",
+            Arc::clone(&executor).run(work_stopped.clone(), adoptions),
+        );
         let tasks = TaskScheduler::new(
             TaskStore::new(self.store.clone(), self.keys.clone()),
             Arc::clone(&providers),
@@ -244,7 +263,10 @@ impl Replica {
             Arc::clone(&self.metrics),
             config.task_run_timeout,
         );
-        tokio::spawn(Arc::clone(&tasks).run(work_stopped.clone()));
+        self.tasks.spawn(
+            "task-scheduler",
+            Arc::clone(&tasks).run(work_stopped.clone()),
+        );
         let scanner = Scanner::new(
             self.operations.clone(),
             Arc::clone(&executor),
@@ -253,7 +275,7 @@ impl Replica {
             Arc::clone(&self.cache),
             config.scan_interval,
         );
-        tokio::spawn(scanner.run(work_stopped));
+        self.tasks.spawn("scanner", scanner.run(work_stopped));
         Workers {
             replication,
             executor,
@@ -311,18 +333,20 @@ fn start_admin(
     metrics: &Arc<Metrics>,
     incarnation: &admin_http::Incarnation,
     console: Console,
+    tasks: &mut Supervisor,
 ) -> Admin {
     let ready = Arc::new(AtomicBool::new(true));
     let (open, closed) = watch::channel(false);
     tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness, /ui)");
-    tokio::spawn(admin_http::serve(
+    let serve = admin_http::serve(
         listener,
         Arc::clone(metrics),
         Arc::clone(&ready),
         Arc::clone(incarnation),
         Some(Arc::new(console)),
         closed,
-    ));
+    );
+    tasks.spawn("admin-http", serve);
     Admin {
         ready,
         open,

@@ -20,6 +20,7 @@ use drover_proto::v1::{
 };
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
@@ -50,7 +51,13 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Panicked(crate::supervisor::Panicked),
 }
+
+/// How long the replica's tasks get to end after the drain before they
+/// are aborted.
+const TASKS_JOIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Serves the replica's gRPC API until `shutdown` completes. With a
 /// provider the replica joins as a member, owns its share of the clusters
@@ -79,7 +86,8 @@ pub async fn serve(
         workers,
         cache,
         switches,
-        admin_open: _admin_open,
+        admin_open,
+        mut tasks,
         ..
     } = replica;
     let drain = Drain {
@@ -93,6 +101,12 @@ pub async fn serve(
     tokio::select! {
         served = router.serve_with_incoming_shutdown(incoming(listener), drain) => served?,
         _ = grace_over => tracing::warn!("grace period over: closing remaining connections"),
+        panicked = tasks.panicked() => return Err(ServeError::Panicked(panicked)),
+    }
+    drop(admin_open);
+    let aborted = tasks.join(TASKS_JOIN_LIMIT).await;
+    if !aborted.is_empty() {
+        tracing::warn!(?aborted, "tasks still running after the drain were aborted");
     }
     tracing::info!("stopped");
     Ok(())

@@ -28,4 +28,10 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    // A panic goes into the log in its format (JSON too), with where it
+    // happened, rather than only as raw text on stderr.
+    std::panic::set_hook(Box::new(|panic| {
+        let backtrace = std::backtrace::Backtrace::capture();
+        tracing::error!(%panic, %backtrace, "panicked");
+    }));
 }

@@ -32,6 +32,21 @@ impl ReplicaProcess {
         Self::serve_over(etcd_endpoint, replica_id, extra, None).await
     }
 
+    /// As [`Self::serve_with`], with environment variables of its own and
+    /// its log (stderr) written to `log`.
+    pub async fn serve_logged(
+        etcd_endpoint: &str,
+        replica_id: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Self {
+        let mut command = Command::new(workspace_binary("drover"));
+        let file = std::fs::File::create(log).expect("create the replica's log");
+        command.envs(env.iter().copied()).stderr(file);
+        Self::serve_command(command, "127.0.0.1", etcd_endpoint, replica_id, extra, None).await
+    }
+
     /// As [`Self::serve_with`] for a replica serving TLS (`--tls-cert` ...
     /// among `extra`); the harness checks its health with `tls`.
     pub async fn serve_tls(
@@ -110,13 +125,13 @@ impl ReplicaProcess {
     ) -> Self {
         let admin_port = free_port();
         command.args(["--admin-listen", &format!("{host}:{admin_port}")]);
+        // stderr is inherited unless the caller chose where it goes.
         let child = command
             .env(
                 "RUST_LOG",
                 std::env::var("DROVER_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn drover");
         let mut replica = Self {
@@ -190,8 +205,13 @@ impl ReplicaProcess {
     /// Waits (without blocking the runtime) for the replica to exit, for at
     /// most 30 s.
     pub async fn wait_exit(&mut self) -> ExitStatus {
+        self.wait_exit_within(Duration::from_secs(30)).await
+    }
+
+    /// As [`Self::wait_exit`], for at most `within`.
+    pub async fn wait_exit_within(&mut self, within: Duration) -> ExitStatus {
         let mut exit = None;
-        wait_until(Duration::from_secs(30), "the replica to exit", || {
+        wait_until(within, "the replica to exit", || {
             exit = self.child.try_wait().expect("poll drover");
             std::future::ready(exit.is_some())
         })

@@ -7,7 +7,7 @@ use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, service_health, ReplicaProcess};
 use drover_tests::scrape::{fetch, metrics};
 use drover_tests::workspace_binary;
-use drover_tests::{create_only, create_running, wait_until};
+use drover_tests::{create_only, create_running, owner, wait_until, TempDir};
 use std::process::Command;
 use std::time::Duration;
 use tokio_stream::StreamExt;
@@ -1261,4 +1261,63 @@ async fn a_replica_out_of_descriptors_waits_instead_of_spinning_and_serves_again
     .await;
     let (status, _) = drover_tests::http_get(&replica.admin_endpoint(), "/healthz");
     assert_eq!(status, 200);
+}
+
+/// A background loop that panics ends the replica at once, non-zero (70)
+/// with the panic in its log, so a supervisor restarts it; its peer takes
+/// its clusters through the liveness connection the exit closes, well
+/// inside the lease TTL (10 s), never a replica serving with a dead loop.
+#[tokio::test]
+async fn a_panicking_loop_ends_the_replica_and_a_peer_takes_its_clusters() {
+    let etcd = EtcdProcess::start().await;
+    let sim = SimProcess::start().await;
+    let dir = TempDir::new("panic");
+    let (trigger, log) = (dir.path().join("panic-now"), dir.path().join("r1.log"));
+    let hook = format!("ownership@{}", trigger.display());
+    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "10"];
+    let env = [("DROVER_TEST_PANIC", hook.as_str())];
+    let mut r1 = ReplicaProcess::serve_logged(&etcd.endpoint(), "r1", &args, &env, &log).await;
+    let r2 = ReplicaProcess::serve_with(&etcd.endpoint(), "r2", &args).await;
+    let mut client = r2.client().await;
+    let mut admin = v1::admin_client::AdminClient::connect(r2.endpoint())
+        .await
+        .unwrap();
+    let mut of_r1 = None;
+    for n in 0..8 {
+        let name = format!("c{n}");
+        create_running(&mut client, &name, 0).await;
+        let owned = owner(&mut admin, &name).await.expect("an owner");
+        if owned.replica == "r1" {
+            of_r1 = Some(name);
+            break;
+        }
+    }
+    let cluster = of_r1.expect("r1 owns one of 8 clusters");
+
+    std::fs::write(&trigger, "").unwrap();
+    let panicked = std::time::Instant::now();
+    let status = r1.wait_exit_within(Duration::from_secs(5)).await;
+    let exited = panicked.elapsed();
+    assert_eq!(status.code(), Some(70), "{status:?}");
+    assert!(
+        exited < Duration::from_secs(1),
+        "exited {exited:?} after the panic"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("task ownership panicked"), "{logged}");
+    wait_until(Duration::from_secs(30), "r2 to own r1's cluster", || {
+        let (mut admin, cluster) = (admin.clone(), cluster.clone());
+        async move {
+            owner(&mut admin, &cluster)
+                .await
+                .is_some_and(|o| o.replica == "r2")
+        }
+    })
+    .await;
+    let taken = panicked.elapsed();
+    assert!(
+        taken < Duration::from_secs(10),
+        "taken after {taken:?}: the TTL's work, not the exit's"
+    );
+    eprintln!("r1 exited {exited:?} after its loop panicked; r2 owned {cluster} after {taken:?}");
 }

@@ -31,6 +31,12 @@ const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 const EXIT_UNAVAILABLE: u8 = 69;
 /// Another live process holds this replica id (EX_CONFIG).
 const EXIT_REPLICA_ID_IN_USE: u8 = 78;
+/// A background task panicked (EX_SOFTWARE): a supervisor starts the
+/// replica again, and its peers have taken its clusters meanwhile.
+const EXIT_SOFTWARE: u8 = 70;
+/// How long the tasks still running at exit (a blocking DNS lookup, say)
+/// may hold the process up.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_millis(500);
 /// 128 + SIGINT, as shells report a process stopped by an interrupt.
 const EXIT_INTERRUPTED: i32 = 130;
 
@@ -66,7 +72,9 @@ fn main() -> ExitCode {
     };
     drover_server::telemetry::init(config.log_format);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    runtime.block_on(run(config, embedded))
+    let code = runtime.block_on(run(config, embedded));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    code
 }
 
 async fn run(config: Config, embedded: Option<Simulator>) -> ExitCode {
@@ -107,6 +115,10 @@ async fn run(config: Config, embedded: Option<Simulator>) -> ExitCode {
         Err(error @ ServeError::Start(StartError::ReplicaIdInUse { .. })) => {
             tracing::error!(%error, "refusing to start");
             ExitCode::from(EXIT_REPLICA_ID_IN_USE)
+        }
+        Err(error @ ServeError::Panicked(_)) => {
+            tracing::error!(%error, "exiting: a replica that runs on without one of its tasks would serve half-dead");
+            ExitCode::from(EXIT_SOFTWARE)
         }
         Err(error) => {
             tracing::error!(%error, "replica failed");

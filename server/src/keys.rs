@@ -3,6 +3,22 @@
 //! Every cluster key ends its name with `/`, so `clusters/foo/` is never a
 //! prefix of `clusters/foobar/`.
 
+/// The leaf names under `clusters/<name>/`: the rest of a cluster key, as
+/// [`KeyLayout::split_cluster_key`](crate::keys::KeyLayout::split_cluster_key)
+/// returns it.
+pub mod leaf {
+    /// The desired state, written by users.
+    pub const SPEC: &str = "spec";
+    /// The lifecycle state and operation slot: the CAS target.
+    pub const STATE: &str = "state";
+    /// The observed status, written only by Drover.
+    pub const STATUS: &str = "status";
+    /// The newest spec generation whose tasks were reconciled.
+    pub const TASK_SET: &str = "taskset";
+    /// What every task record's leaf starts with (`tasks/<type>/<name>`).
+    pub const TASKS: &str = "tasks/";
+}
+
 /// Builds every key Drover writes, under one configurable prefix.
 #[derive(Debug, Clone)]
 pub struct KeyLayout {
@@ -35,22 +51,22 @@ impl KeyLayout {
 
     /// The desired state, written by users.
     pub fn cluster_spec(&self, name: &str) -> String {
-        format!("{}spec", self.cluster(name))
+        format!("{}{}", self.cluster(name), leaf::SPEC)
     }
 
     /// The lifecycle state and operation slot: the CAS target.
     pub fn cluster_state(&self, name: &str) -> String {
-        format!("{}state", self.cluster(name))
+        format!("{}{}", self.cluster(name), leaf::STATE)
     }
 
     /// The observed status, written only by Drover.
     pub fn cluster_status(&self, name: &str) -> String {
-        format!("{}status", self.cluster(name))
+        format!("{}{}", self.cluster(name), leaf::STATUS)
     }
 
     /// `<prefix>clusters/<name>/tasks/`: the task records of a cluster.
     pub fn tasks(&self, name: &str) -> String {
-        format!("{}tasks/", self.cluster(name))
+        format!("{}{}", self.cluster(name), leaf::TASKS)
     }
 
     /// One task record; identity is (type, name).
@@ -60,7 +76,7 @@ impl KeyLayout {
 
     /// The newest spec generation whose tasks were reconciled.
     pub fn task_set(&self, name: &str) -> String {
-        format!("{}taskset", self.cluster(name))
+        format!("{}{}", self.cluster(name), leaf::TASK_SET)
     }
 
     /// `<prefix>runs/<cluster>/`: the task runs of a cluster.

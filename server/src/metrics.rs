@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::kind::OperationKind;
+use crate::sync::lock;
 use crate::task::TaskType;
 
 /// Results of a finished operation, as `drover_operations_total` labels them.
@@ -125,14 +126,6 @@ impl Drop for Running {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere must not stop the metrics: the map stays consistent
-    // (every change is one insert or remove).
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Every metric Drover records.
 pub struct Metrics {
     registry: Registry,
@@ -182,203 +175,83 @@ pub struct Metrics {
     pub etcd_known_issues: Family<IssueLabels, Gauge>,
 }
 
+/// Builds [`Metrics`] from one row per metric family: the field, the metric
+/// (its type, labels and buckets), then its name (after `drover_`; counters
+/// get `_total`) and help. Families are registered, and so rendered, in row
+/// order.
+macro_rules! metric_families {
+    ($($field:ident: $metric:expr => $name:literal, $help:literal;)*) => {{
+        let mut registry = Registry::with_prefix("drover");
+        $(
+            let $field = $metric;
+            registry.register($name, $help, $field.clone());
+        )*
+        Metrics {
+            registry,
+            running: RunningOperations::default(),
+            $($field,)*
+        }
+    }};
+}
+
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::with_prefix("drover");
-        let operations = Family::<OperationLabels, Counter>::default();
-        registry.register(
-            "operations",
-            "Finished operations by kind and result",
-            operations.clone(),
-        );
-        let operation_seconds =
-            Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                operation_histogram,
-            );
-        registry.register(
-            "operation_duration_seconds",
-            "Operation duration from acceptance to end",
-            operation_seconds.clone(),
-        );
-        let oldest_running = Family::<KindLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "oldest_running_operation_age_seconds",
-            "Age (since acceptance) of the oldest operation of the kind running on this replica; 0 when none runs",
-            oldest_running.clone(),
-        );
-        let transitions = Family::<TransitionLabels, Counter>::default();
-        registry.register(
-            "state_transitions",
-            "Cluster state changes by from and to state",
-            transitions.clone(),
-        );
-        let etcd_request_seconds =
-            Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                seconds_histogram,
-            );
-        registry.register(
-            "etcd_request_duration_seconds",
-            "Store request latency by request kind",
-            etcd_request_seconds.clone(),
-        );
-        let etcd_request_errors = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "etcd_request_errors",
-            "Store requests that failed (etcd unreachable, timed out, refused) by request kind",
-            etcd_request_errors.clone(),
-        );
-        let provider_request_seconds =
-            Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                seconds_histogram,
-            );
-        registry.register(
-            "provider_request_duration_seconds",
-            "Provider call latency by call, answered or not",
-            provider_request_seconds.clone(),
-        );
-        let provider_request_retries = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "provider_request_retries",
-            "Provider calls sent again because the provider was unavailable (restarting, unreachable) or busy, by call",
-            provider_request_retries.clone(),
-        );
-        let keepalive_failures = Counter::default();
-        registry.register(
-            "lease_keepalive_failures",
-            "Failed lease keep-alives",
-            keepalive_failures.clone(),
-        );
-        let providers_unreachable = Gauge::default();
-        registry.register(
-            "providers_unreachable",
-            "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)",
-            providers_unreachable.clone(),
-        );
-        let leases_lost = Counter::default();
-        registry.register(
-            "leases_lost",
-            "Replica leases found expired (keep-alives failed for longer than the TTL): every cluster dropped at once and a new lease joined",
-            leases_lost.clone(),
-        );
-        let clusters_owned = Gauge::default();
-        registry.register(
-            "clusters_owned",
-            "Clusters this replica owns",
-            clusters_owned.clone(),
-        );
-        let ownership_passes = Counter::default();
-        registry.register(
-            "ownership_passes",
-            "Ownership passes run (each goes over every cluster in the cache)",
-            ownership_passes.clone(),
-        );
-        let clusters_claimed = Counter::default();
-        registry.register(
-            "clusters_claimed",
-            "Clusters this replica claimed: each claim is an owner change, under a new fencing epoch (summed over the replicas: how often clusters moved)",
-            clusters_claimed.clone(),
-        );
-        let clusters = Gauge::default();
-        registry.register(
-            "clusters",
-            "Clusters in this replica's watch cache (all clusters)",
-            clusters.clone(),
-        );
-        let orphan_recoveries = Counter::default();
-        registry.register(
-            "orphan_recoveries",
-            "Operations failed and task runs aborted because their owner was lost",
-            orphan_recoveries.clone(),
-        );
-        let orphan_resumes = Counter::default();
-        registry.register(
-            "orphan_resumes",
-            "Operations a new owner resumed from their last persisted step after their owner was lost",
-            orphan_resumes.clone(),
-        );
-        let previous_incarnations_revoked = Counter::default();
-        registry.register(
-            "previous_incarnations_revoked",
-            "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once",
-            previous_incarnations_revoked.clone(),
-        );
-        let peer_crashes_detected = Counter::default();
-        registry.register(
-            "peer_crashes_detected",
-            "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation",
-            peer_crashes_detected.clone(),
-        );
-        let peer_leases_revoked = Counter::default();
-        registry.register(
-            "peer_leases_revoked",
-            "Leases of crashed peers revoked by this replica, handing their clusters over before the TTL",
-            peer_leases_revoked.clone(),
-        );
-        let liveness_self_suspected = Counter::default();
-        registry.register(
-            "liveness_self_suspected",
-            "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)",
-            liveness_self_suspected.clone(),
-        );
-        let liveness_peers_connected = Gauge::default();
-        registry.register(
-            "liveness_peers_connected",
-            "Peers this replica holds a liveness connection to",
-            liveness_peers_connected.clone(),
-        );
-        let newer_schema_skipped = Counter::default();
-        registry.register(
-            "newer_schema_records",
-            "Times a cluster was left alone because its records have a newer schema",
-            newer_schema_skipped.clone(),
-        );
-        let task_runs = Family::<TaskRunLabels, Counter>::default();
-        registry.register(
-            "task_runs",
-            "Finished task runs by task type and status",
-            task_runs.clone(),
-        );
-        let task_last_success = Family::<TaskTypeLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "task_last_success_timestamp_seconds",
-            "When a run of the task type last ended done on this replica (Unix seconds)",
-            task_last_success.clone(),
-        );
-        let etcd_known_issues = Family::<IssueLabels, Gauge>::default();
-        registry.register(
-            "etcd_known_issue",
-            "Known etcd issues of the etcd version in use (see PRODUCTION.md)",
-            etcd_known_issues.clone(),
-        );
-        let metrics = Arc::new(Self {
-            registry,
-            operations,
-            operation_seconds,
-            oldest_running,
-            running: RunningOperations::default(),
-            transitions,
-            etcd_request_seconds,
-            etcd_request_errors,
-            provider_request_seconds,
-            provider_request_retries,
-            keepalive_failures,
-            leases_lost,
-            clusters_owned,
-            providers_unreachable,
-            ownership_passes,
-            clusters_claimed,
-            clusters,
-            orphan_recoveries,
-            orphan_resumes,
-            previous_incarnations_revoked,
-            peer_crashes_detected,
-            peer_leases_revoked,
-            liveness_peers_connected,
-            liveness_self_suspected,
-            newer_schema_skipped,
-            task_runs,
-            task_last_success,
-            etcd_known_issues,
+        let metrics = Arc::new(metric_families! {
+            operations: Family::<OperationLabels, Counter>::default()
+                => "operations", "Finished operations by kind and result";
+            operation_seconds:
+                Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram)
+                => "operation_duration_seconds", "Operation duration from acceptance to end";
+            oldest_running: Family::<KindLabels, Gauge<f64, AtomicU64>>::default()
+                => "oldest_running_operation_age_seconds", "Age (since acceptance) of the oldest operation of the kind running on this replica; 0 when none runs";
+            transitions: Family::<TransitionLabels, Counter>::default()
+                => "state_transitions", "Cluster state changes by from and to state";
+            etcd_request_seconds:
+                Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
+                => "etcd_request_duration_seconds", "Store request latency by request kind";
+            etcd_request_errors: Family::<RequestLabels, Counter>::default()
+                => "etcd_request_errors", "Store requests that failed (etcd unreachable, timed out, refused) by request kind";
+            provider_request_seconds:
+                Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
+                => "provider_request_duration_seconds", "Provider call latency by call, answered or not";
+            provider_request_retries: Family::<RequestLabels, Counter>::default()
+                => "provider_request_retries", "Provider calls sent again because the provider was unavailable (restarting, unreachable) or busy, by call";
+            keepalive_failures: Counter::default()
+                => "lease_keepalive_failures", "Failed lease keep-alives";
+            providers_unreachable: Gauge::default()
+                => "providers_unreachable", "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)";
+            leases_lost: Counter::default()
+                => "leases_lost", "Replica leases found expired (keep-alives failed for longer than the TTL): every cluster dropped at once and a new lease joined";
+            clusters_owned: Gauge::default()
+                => "clusters_owned", "Clusters this replica owns";
+            ownership_passes: Counter::default()
+                => "ownership_passes", "Ownership passes run (each goes over every cluster in the cache)";
+            clusters_claimed: Counter::default()
+                => "clusters_claimed", "Clusters this replica claimed: each claim is an owner change, under a new fencing epoch (summed over the replicas: how often clusters moved)";
+            clusters: Gauge::default()
+                => "clusters", "Clusters in this replica's watch cache (all clusters)";
+            orphan_recoveries: Counter::default()
+                => "orphan_recoveries", "Operations failed and task runs aborted because their owner was lost";
+            orphan_resumes: Counter::default()
+                => "orphan_resumes", "Operations a new owner resumed from their last persisted step after their owner was lost";
+            previous_incarnations_revoked: Counter::default()
+                => "previous_incarnations_revoked", "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once";
+            peer_crashes_detected: Counter::default()
+                => "peer_crashes_detected", "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation";
+            peer_leases_revoked: Counter::default()
+                => "peer_leases_revoked", "Leases of crashed peers revoked by this replica, handing their clusters over before the TTL";
+            liveness_self_suspected: Counter::default()
+                => "liveness_self_suspected", "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)";
+            liveness_peers_connected: Gauge::default()
+                => "liveness_peers_connected", "Peers this replica holds a liveness connection to";
+            newer_schema_skipped: Counter::default()
+                => "newer_schema_records", "Times a cluster was left alone because its records have a newer schema";
+            task_runs: Family::<TaskRunLabels, Counter>::default()
+                => "task_runs", "Finished task runs by task type and status";
+            task_last_success: Family::<TaskTypeLabels, Gauge<f64, AtomicU64>>::default()
+                => "task_last_success_timestamp_seconds", "When a run of the task type last ended done on this replica (Unix seconds)";
+            etcd_known_issues: Family::<IssueLabels, Gauge>::default()
+                => "etcd_known_issue", "Known etcd issues of the etcd version in use (see PRODUCTION.md)";
         });
         metrics.create_alerted_series();
         metrics

@@ -25,6 +25,7 @@
 
 use crate::replication::{Claim, Ownership};
 use crate::store::{Op, SharedStore, StoreError, Txn};
+use crate::sync::lock;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -214,8 +215,4 @@ async fn written_by(store: &SharedStore, marker: Option<&Op>) -> Result<Option<i
     Ok(current
         .filter(|kv| &kv.value == value)
         .map(|kv| kv.mod_revision))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -34,7 +34,13 @@ pub async fn state_history(store: &dyn Store, prefix: &str) -> HashMap<String, V
             .expect("history replays promptly")
             .expect("watch open")
             .expect("history is not compacted");
-        if event.kind == EventKind::Put && event.kv.key.ends_with("/state") {
+        // `<clusters>/<name>/state`, not a task's key that ends the same.
+        let leaf = event
+            .kv
+            .key
+            .strip_prefix(clusters.as_str())
+            .map(|rest| rest.split_once('/'));
+        if event.kind == EventKind::Put && matches!(leaf, Some(Some((_, "state")))) {
             let record: StateRecord = serde_json::from_slice(&event.kv.value).expect("state JSON");
             let states = history.entry(record.uid.clone()).or_default();
             if states.last() != Some(&record.state) {

@@ -9,10 +9,12 @@ use crate::cluster::{
     Autoscaling, ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError,
 };
 use crate::executor::Executor;
+use crate::keys::leaf;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
 use crate::provider::Providers;
+use crate::store::EventKind;
 use crate::task::TaskError;
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
@@ -377,7 +379,7 @@ impl ClustersService {
                         return;
                     }
                 };
-                let Some((name, leaf)) = keys.split_cluster_key(&event.kv.key) else {
+                let Some((name, rest)) = keys.split_cluster_key(&event.kv.key) else {
                     continue;
                 };
                 let revision = event.kv.mod_revision;
@@ -385,7 +387,7 @@ impl ClustersService {
                     continue;
                 }
                 last = Some((name.to_string(), revision));
-                let message = if event.kind == crate::store::EventKind::Delete && leaf == "state" {
+                let message = if event.kind == EventKind::Delete && rest == leaf::STATE {
                     v1::ClusterEvent {
                         kind: v1::cluster_event::Kind::Delete as i32,
                         cluster: Some(v1::Cluster {

@@ -30,7 +30,7 @@
 //!   the replica drains), unless it fails.
 
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
-use crate::keys::KeyLayout;
+use crate::keys::{leaf, KeyLayout};
 use crate::metrics::Metrics;
 use crate::store::{
     EventKind, KeyValue, RangeRequest, SharedStore, StoreError, WatchEvent, WatchStream,
@@ -65,9 +65,9 @@ impl Snapshot {
         let has_tasks = self.clusters.get(name).is_some_and(|leaves| {
             leaves
                 .keys()
-                .any(|leaf| leaf.starts_with("tasks/") || leaf == "taskset")
+                .any(|key| key.starts_with(leaf::TASKS) || key == leaf::TASK_SET)
                 || leaves
-                    .get("spec")
+                    .get(leaf::SPEC)
                     .is_some_and(|kv| declares_tasks(&kv.value))
         });
         if has_tasks {
@@ -78,11 +78,18 @@ impl Snapshot {
     }
 }
 
-/// Whether writing or deleting a cluster's `leaf` key can change whether
-/// the cluster has tasks: its spec (which declares them) and its task keys.
-/// State and status writes, most of the traffic, cannot.
-fn affects_tasks(leaf: &str) -> bool {
-    leaf == "spec" || leaf == "taskset" || leaf.starts_with("tasks/")
+/// Whether writing or deleting the cluster key with leaf `key` can change
+/// whether the cluster has tasks: its spec (which declares them) and its
+/// task keys. State and status writes, most of the traffic, cannot.
+fn affects_tasks(key: &str) -> bool {
+    key == leaf::SPEC || key == leaf::TASK_SET || key.starts_with(leaf::TASKS)
+}
+
+/// Whether `key` is a cluster's state key: its leaf is `state` (a task's
+/// key under `tasks/` may end in `/state` too, when the task is so named).
+fn is_state_key(keys: &KeyLayout, key: &str) -> bool {
+    keys.split_cluster_key(key)
+        .is_some_and(|(_, rest)| rest == leaf::STATE)
 }
 
 /// Whether a stored spec record lists tasks. The spec omits an empty task
@@ -331,7 +338,7 @@ impl ClusterCache {
     fn apply(&self, kind: EventKind, kv: KeyValue) {
         // Followers hear of a state change once the cache shows it.
         let changed_state =
-            (kind == EventKind::Put && kv.key.ends_with("/state")).then(|| kv.clone());
+            (kind == EventKind::Put && is_state_key(&self.keys, &kv.key)).then(|| kv.clone());
         let revision = kv.mod_revision;
         self.apply_to_snapshot(kind, kv);
         self.applied.send_replace(revision);
@@ -391,7 +398,7 @@ impl ClusterCache {
             return false;
         }
         for (name, leaves) in &snapshot.clusters {
-            if let Some(state) = leaves.get("state") {
+            if let Some(state) = leaves.get(leaf::STATE) {
                 visit(name.trim_end_matches('/'), state);
             }
         }
@@ -413,7 +420,11 @@ impl ClusterCache {
             .store
             .range(RangeRequest::prefix(self.keys.clusters()))
             .await?;
-        for kv in listed.kvs.iter().filter(|kv| kv.key.ends_with("/state")) {
+        for kv in listed
+            .kvs
+            .iter()
+            .filter(|kv| is_state_key(&self.keys, &kv.key))
+        {
             if let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) {
                 visit(cluster, kv);
             }
@@ -503,6 +514,16 @@ impl ClusterCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_clusters_own_state_key_is_one_not_a_task_named_state() {
+        let keys = KeyLayout::new("/drover/v1/");
+        assert!(is_state_key(&keys, &keys.cluster_state("prod")));
+        let task = keys.task("prod", "backup", "state");
+        assert!(task.ends_with("/state"), "{task}");
+        assert!(!is_state_key(&keys, &task));
+        assert!(!is_state_key(&keys, &keys.cluster_spec("prod")));
+    }
     use crate::cluster::Spec;
     use crate::store::{MemoryStore, Store};
 

@@ -8,7 +8,7 @@
 //!   read).
 
 use super::*;
-use crate::keys::KeyLayout;
+use crate::keys::{leaf, KeyLayout};
 use crate::store::{
     CmpOp, Compare, GetResult, KeyValue, Op, RangeRequest, SharedStore, StoreError, Txn,
 };
@@ -319,10 +319,12 @@ impl Registry {
     pub(crate) fn assemble(&self, kvs: Vec<KeyValue>) -> Result<Option<ClusterRecord>> {
         let (mut spec, mut state, mut status, mut status_revision) = (None, None, None, 0);
         for kv in kvs {
-            match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {
-                Some("spec") => spec = Some((from_json::<SpecRecord>(&kv)?, kv.mod_revision)),
-                Some("state") => state = Some((from_json::<StateRecord>(&kv)?, kv.mod_revision)),
-                Some("status") => {
+            match self.keys.split_cluster_key(&kv.key).map(|(_, rest)| rest) {
+                Some(leaf::SPEC) => spec = Some((from_json::<SpecRecord>(&kv)?, kv.mod_revision)),
+                Some(leaf::STATE) => {
+                    state = Some((from_json::<StateRecord>(&kv)?, kv.mod_revision))
+                }
+                Some(leaf::STATUS) => {
                     status = Some(from_json::<StatusRecord>(&kv)?);
                     status_revision = kv.mod_revision;
                 }

@@ -41,6 +41,7 @@ use crate::store::StoreFailure;
 use crate::store::{
     CmpOp, Compare, KeyValue, LeaseId, Op, OpResult, RangeRequest, SharedStore, StoreError, Txn,
 };
+use crate::sync::lock;
 use feed::OperationFeed;
 pub(crate) use feed::{Follower, Seen};
 use std::sync::{Arc, Mutex};
@@ -634,10 +635,6 @@ pub const REQUEST_RETENTION: Duration = Duration::from_secs(3600);
 /// How long one retention lease is used for new request entries; its TTL
 /// is this much longer than [`REQUEST_RETENTION`].
 const RETENTION_SHARING: Duration = Duration::from_secs(60);
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How far over the limit the history may grow before it is collected.
 fn gc_slack(limit: usize) -> usize {

@@ -49,6 +49,7 @@ use crate::cluster::SCHEMA_VERSION;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::store::{CmpOp, Compare, LeaseId, SharedStore};
+use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -428,8 +429,4 @@ impl Drop for Hold {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -34,6 +34,7 @@ use crate::owner_work::OwnerWork;
 use crate::provider::{due_by, Providers};
 use crate::replication::{Claim, Hold, Ownership};
 use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
+use crate::sync::lock;
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
 use std::collections::{HashMap, HashSet};
@@ -724,8 +725,4 @@ fn token(uid: &str, claim: Claim, run: &str) -> pb::FencingToken {
 fn instant_of(at: DateTime<Utc>) -> Instant {
     let delay = (at - Utc::now()).to_std().unwrap_or_default();
     Instant::now() + delay
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -4,7 +4,7 @@ use super::reconcile::Existing;
 use super::record::{TaskRun, TaskSetRecord};
 use super::TaskError;
 use crate::cluster::{from_json, ClusterRecord, Registry, SCHEMA_VERSION};
-use crate::keys::KeyLayout;
+use crate::keys::{leaf, KeyLayout};
 use crate::replication::Claim;
 use crate::store::{Op, RangeRequest, SharedStore, Txn};
 
@@ -83,12 +83,12 @@ impl TaskStore {
             .unwrap_or(0);
         let (mut tasks, mut reconciled, mut rest) = (Vec::new(), None, Vec::new());
         for kv in result.kvs {
-            match self.keys.split_cluster_key(&kv.key).map(|(_, leaf)| leaf) {
-                Some(leaf) if leaf.starts_with("tasks/") => tasks.push(Existing {
+            match self.keys.split_cluster_key(&kv.key).map(|(_, tail)| tail) {
+                Some(tail) if tail.starts_with(leaf::TASKS) => tasks.push(Existing {
                     record: from_json(&kv)?,
                     revision: kv.mod_revision,
                 }),
-                Some("taskset") => {
+                Some(leaf::TASK_SET) => {
                     let marker: TaskSetRecord = from_json(&kv)?;
                     reconciled = Some((marker.generation, kv.mod_revision));
                 }

@@ -848,27 +848,7 @@ async fn bulk(
         .iter()
         .map(|(_, r)| rss_kib(r.pid()) as f64 / 1024.0)
         .collect();
-    // Nothing runs now; what is left is lease renewals, ownership passes
-    // and the watches: the standing cost of this many clusters.
-    let etcd_pid = bench.etcd.pid().expect("etcd is running");
-    let replica_pids: Vec<u32> = bench.replicas.iter().map(|(_, r)| r.pid()).collect();
-    let cpu_now = || {
-        let replicas: Duration = replica_pids.iter().map(|pid| cpu_time(*pid)).sum();
-        (cpu_time(etcd_pid), replicas)
-    };
-    let before = cpu_now();
-    let rest = tokio::time::sleep(REST_SAMPLE);
-    profiled(
-        &bench.etcd,
-        profiles,
-        "rest",
-        REST_SAMPLE + Duration::from_secs(1),
-        rest,
-    )
-    .await;
-    let after = cpu_now();
-    let share = |used: Duration| hundredths(used.as_secs_f64() / REST_SAMPLE.as_secs_f64());
-    let rest_cpu = (share(after.0 - before.0), share(after.1 - before.1));
+    let rest_cpu = rest_cpu(bench, profiles).await;
 
     let victim = bench.replicas[0].0.clone();
     let mut replica = bench.remove(&victim);
@@ -907,6 +887,31 @@ async fn bulk(
     }
 }
 
+/// The CPU etcd and the replicas (together) use at rest, each as a share of
+/// one CPU. Nothing runs now; what is left is lease renewals, ownership
+/// passes and the watches: the standing cost of this many clusters.
+async fn rest_cpu(bench: &Bench, profiles: Option<&std::path::Path>) -> (f64, f64) {
+    let etcd_pid = bench.etcd.pid().expect("etcd is running");
+    let replica_pids: Vec<u32> = bench.replicas.iter().map(|(_, r)| r.pid()).collect();
+    let cpu_now = || {
+        let replicas: Duration = replica_pids.iter().map(|pid| cpu_time(*pid)).sum();
+        (cpu_time(etcd_pid), replicas)
+    };
+    let before = cpu_now();
+    let rest = tokio::time::sleep(REST_SAMPLE);
+    profiled(
+        &bench.etcd,
+        profiles,
+        "rest",
+        REST_SAMPLE + Duration::from_secs(1),
+        rest,
+    )
+    .await;
+    let after = cpu_now();
+    let share = |used: Duration| hundredths(used.as_secs_f64() / REST_SAMPLE.as_secs_f64());
+    (share(after.0 - before.0), share(after.1 - before.1))
+}
+
 /// Bulk clusters with an owner key, not counting those owned by `dead`.
 async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
     let owners = store
@@ -924,7 +929,17 @@ async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let length = Duration::from_secs(args.seconds);
+    let (mut bench, pinned) = start(&args).await;
+    let report = measure(&mut bench, &args, pinned).await;
+    let json = serde_json::to_string_pretty(&report.json(&args)).unwrap();
+    std::fs::write(&args.json, json).expect("write the JSON report");
+    report.print_table(&args);
+    println!("JSON: {}", args.json.display());
+}
+
+/// etcd (pinned to `--etcd-cpu` when asked: the CPUs of etcd and of
+/// everything else), the simulated provider and three replicas.
+async fn start(args: &Args) -> (Bench, Option<(String, String)>) {
     let etcd = match &args.etcd_profiles {
         Some(dir) => {
             std::fs::create_dir_all(dir)
@@ -946,7 +961,12 @@ async fn main() {
     for _ in 0..3 {
         bench.add_replica().await;
     }
+    (bench, pinned)
+}
 
+/// Every phase, in order.
+async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)>) -> Report {
+    let length = Duration::from_secs(args.seconds);
     let drover = throughput(
         &bench.etcd,
         &bench.replicas,
@@ -961,191 +981,262 @@ async fn main() {
         args.etcd_profiles.as_deref(),
     )
     .await;
-    let raw = drover.raw_per_second;
     eprintln!("failover x{}...", args.failovers);
-    let failovers = failover(&mut bench, args.failovers).await;
+    let failovers = failover(bench, args.failovers).await;
     eprintln!("SIGTERM hand-off...");
-    let handoff = handoff(&mut bench).await;
-    let crash = crash_phase(&mut bench, &args).await;
+    let handoff = handoff(bench).await;
+    let crash = crash_phase(bench, args).await;
     eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
     let profiles = args.etcd_profiles.as_deref();
-    let bulk = bulk(&mut bench, args.bulk_clusters, args.clients, profiles).await;
-
-    let target = goal(raw, drover.writes_per_op);
-    // How many raw CAS worth of etcd CPU one Drover write costs (reads and
-    // watch deliveries included): 1 would mean no overhead at all.
-    let etcd_cost_per_write = hundredths(
-        drover.cpu_per_op.etcd.as_secs_f64()
-            / drover.writes_per_op
-            / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9),
-    );
-    let round_ratios: Vec<f64> = drover.round_ratios.iter().map(|r| hundredths(*r)).collect();
-    let report: Value = json!({
-        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
-        "clients": args.clients,
-        "rounds": args.rounds,
-        "seconds_per_phase": args.seconds,
-        "cpus": pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
-        "lease_ttl_seconds": args.ttl,
-        "raw_etcd_cas_per_second": raw.round(),
-        "drover": {
-            "operations_per_second": (drover.ops_per_second * 10.0).round() / 10.0,
-            "latency_p50_ms": ms(drover.p50),
-            "latency_p99_ms": ms(drover.p99),
-            "etcd_writes_per_operation": hundredths(drover.writes_per_op),
-            "goal_operations_per_second": target.round(),
-            "ratio_to_goal": hundredths(drover.ops_per_second / target),
-            "ratio_to_goal_per_round": round_ratios,
-            "etcd_per_operation": drover.etcd_per_op.json(),
-            "etcd_wal": {"raw": drover.raw_wal.json(), "drover": drover.drover_wal.json()},
-            "replica_waits_ms": {
-                "etcd_txn": hundredths(drover.waits.txn_ms()),
-                "provider_call": hundredths(drover.waits.provider_ms()),
-            },
-            "cpu_us_per_operation": {
-                "etcd": us(drover.cpu_per_op.etcd),
-                "replicas": us(drover.cpu_per_op.replicas),
-                "provider": us(drover.cpu_per_op.provider),
-                "benchmark_clients": us(drover.cpu_per_op.clients),
-            },
-            "etcd_cpu_us_per_raw_cas": us(drover.etcd_cpu_per_raw_txn),
-            "etcd_cpu_per_write_in_raw_cas": etcd_cost_per_write,
-        },
-        "failover_ms": {
-            "p50": ms(percentile(&failovers, 0.5)),
-            "p99": ms(percentile(&failovers, 0.99)),
-            "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
-        },
-        "sigterm_handoff_ms": ms(handoff),
-        "crash": crash.iter().map(Crashes::json).collect::<Vec<_>>(),
-        "bulk": {
-            "clusters": args.bulk_clusters,
-            "recovery_ms": ms(bulk.recovery),
-            "slowest_etcd_request_ms": ms(bulk.slowest_request),
-            "replica_rss_mib": bulk.rss_mib,
-            "cpu_at_rest": {"etcd": bulk.rest_cpu.0, "replicas": bulk.rest_cpu.1},
-        },
-    });
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report).unwrap())
-        .expect("write the JSON report");
-    println!("{:<44} {:>24} {:>14}", "measure", "value", "goal");
-    let row =
-        |name: &str, value: String, goal: String| println!("{name:<44} {value:>24} {goal:>14}");
-    row("raw etcd CAS txn/s", format!("{raw:.0}"), String::new());
-    row(
-        "drover operations/s",
-        format!("{:.1}", drover.ops_per_second),
-        format!(">= {target:.0}"),
-    );
-    row(
-        "drover op latency p50 / p99 (ms)",
-        format!("{:.1} / {:.1}", ms(drover.p50), ms(drover.p99)),
-        String::new(),
-    );
-    let ratios: Vec<String> = round_ratios.iter().map(|r| format!("{r:.2}")).collect();
-    row(
-        "ratio to goal (pooled; per round)",
-        format!(
-            "{:.2}; {}",
-            drover.ops_per_second / target,
-            ratios.join(" ")
-        ),
-        ">= 1".into(),
-    );
-    row(
-        "etcd writes per operation",
-        format!("{:.2}", drover.writes_per_op),
-        "<= 3 (1 step)".into(),
-    );
-    row(
-        "etcd per op: txn / range / watch events (responses)",
-        format!(
-            "{:.2} / {:.2} / {:.2} ({:.2})",
-            drover.etcd_per_op.txns,
-            drover.etcd_per_op.ranges,
-            drover.etcd_per_op.watch_events,
-            drover.etcd_per_op.watch_responses
-        ),
-        String::new(),
-    );
-    row(
-        "etcd fsync ms; writes per fsync: raw / drover",
-        format!(
-            "{:.2} / {:.2}; {:.1} / {:.1}",
-            drover.raw_wal.fsync_ms(),
-            drover.drover_wal.fsync_ms(),
-            drover.raw_wal.writes_per_fsync(),
-            drover.drover_wal.writes_per_fsync()
-        ),
-        String::new(),
-    );
-    row(
-        "replicas' mean wait ms: etcd txn / provider",
-        format!(
-            "{:.2} / {:.2}",
-            drover.waits.txn_ms(),
-            drover.waits.provider_ms()
-        ),
-        String::new(),
-    );
-    row(
-        "CPU us per op: etcd / replicas / provider / clients",
-        format!(
-            "{:.0} / {:.0} / {:.0} / {:.0}",
-            us(drover.cpu_per_op.etcd),
-            us(drover.cpu_per_op.replicas),
-            us(drover.cpu_per_op.provider),
-            us(drover.cpu_per_op.clients)
-        ),
-        String::new(),
-    );
-    row(
-        "etcd CPU us per raw CAS; per write, in CAS",
-        format!(
-            "{:.0}; {etcd_cost_per_write:.2}",
-            us(drover.etcd_cpu_per_raw_txn)
-        ),
-        String::new(),
-    );
-    row(
-        "kill -9 to orphan recovered p50 / p99 (ms)",
-        format!(
-            "{:.0} / {:.0}",
-            ms(percentile(&failovers, 0.5)),
-            ms(percentile(&failovers, 0.99))
-        ),
-        format!("<= {} (p99)", args.ttl * 1000 + 1000),
-    );
-    row(
-        "SIGTERM hand-off (ms)",
-        format!("{:.0}", ms(handoff)),
-        "<= 1000".into(),
-    );
-    for figures in &crash {
-        crash_rows(figures, &row);
+    let bulk = bulk(bench, args.bulk_clusters, args.clients, profiles).await;
+    Report {
+        pinned,
+        drover,
+        failovers,
+        handoff,
+        crash,
+        bulk,
     }
-    row(
-        &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
-        format!("{:.0}", ms(bulk.recovery)),
-        format!("<= {}", args.ttl * 1000 + 5000),
-    );
-    row(
-        "slowest etcd request meanwhile (ms)",
-        format!("{:.1}", ms(bulk.slowest_request)),
-        String::new(),
-    );
-    let rss: Vec<String> = bulk.rss_mib.iter().map(|m| format!("{m:.0}")).collect();
-    row(
-        "replica RSS at bulk size (MiB)",
-        rss.join(" / "),
-        "<= 64".into(),
-    );
-    row(
-        "CPU at rest, bulk size (cores): etcd / replicas",
-        format!("{:.2} / {:.2}", bulk.rest_cpu.0, bulk.rest_cpu.1),
-        String::new(),
-    );
-    println!("JSON: {}", args.json.display());
+}
+
+/// What every phase measured: written as JSON and printed as a table.
+struct Report {
+    /// The CPUs of etcd and of everything else, with `--etcd-cpu`.
+    pinned: Option<(String, String)>,
+    drover: Throughput,
+    /// kill -9 failovers, sorted.
+    failovers: Vec<Duration>,
+    handoff: Duration,
+    crash: Vec<Crashes>,
+    bulk: Bulk,
+}
+
+impl Report {
+    /// The Drover operations/s goal for the raw etcd CAS rate measured.
+    fn target(&self) -> f64 {
+        goal(self.drover.raw_per_second, self.drover.writes_per_op)
+    }
+
+    /// How many raw CAS worth of etcd CPU one Drover write costs (reads and
+    /// watch deliveries included): 1 would mean no overhead at all.
+    fn etcd_cost_per_write(&self) -> f64 {
+        let drover = &self.drover;
+        hundredths(
+            drover.cpu_per_op.etcd.as_secs_f64()
+                / drover.writes_per_op
+                / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9),
+        )
+    }
+
+    /// Each round's ratio to its goal, to two decimals.
+    fn round_ratios(&self) -> Vec<f64> {
+        self.drover
+            .round_ratios
+            .iter()
+            .map(|r| hundredths(*r))
+            .collect()
+    }
+
+    fn json(&self, args: &Args) -> Value {
+        let (drover, failovers, bulk) = (&self.drover, &self.failovers, &self.bulk);
+        let target = self.target();
+        json!({
+            "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "seconds_per_phase": args.seconds,
+            "cpus": self.pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
+            "lease_ttl_seconds": args.ttl,
+            "raw_etcd_cas_per_second": drover.raw_per_second.round(),
+            "drover": {
+                "operations_per_second": (drover.ops_per_second * 10.0).round() / 10.0,
+                "latency_p50_ms": ms(drover.p50),
+                "latency_p99_ms": ms(drover.p99),
+                "etcd_writes_per_operation": hundredths(drover.writes_per_op),
+                "goal_operations_per_second": target.round(),
+                "ratio_to_goal": hundredths(drover.ops_per_second / target),
+                "ratio_to_goal_per_round": self.round_ratios(),
+                "etcd_per_operation": drover.etcd_per_op.json(),
+                "etcd_wal": {"raw": drover.raw_wal.json(), "drover": drover.drover_wal.json()},
+                "replica_waits_ms": {
+                    "etcd_txn": hundredths(drover.waits.txn_ms()),
+                    "provider_call": hundredths(drover.waits.provider_ms()),
+                },
+                "cpu_us_per_operation": {
+                    "etcd": us(drover.cpu_per_op.etcd),
+                    "replicas": us(drover.cpu_per_op.replicas),
+                    "provider": us(drover.cpu_per_op.provider),
+                    "benchmark_clients": us(drover.cpu_per_op.clients),
+                },
+                "etcd_cpu_us_per_raw_cas": us(drover.etcd_cpu_per_raw_txn),
+                "etcd_cpu_per_write_in_raw_cas": self.etcd_cost_per_write(),
+            },
+            "failover_ms": {
+                "p50": ms(percentile(failovers, 0.5)),
+                "p99": ms(percentile(failovers, 0.99)),
+                "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            },
+            "sigterm_handoff_ms": ms(self.handoff),
+            "crash": self.crash.iter().map(Crashes::json).collect::<Vec<_>>(),
+            "bulk": {
+                "clusters": args.bulk_clusters,
+                "recovery_ms": ms(bulk.recovery),
+                "slowest_etcd_request_ms": ms(bulk.slowest_request),
+                "replica_rss_mib": bulk.rss_mib,
+                "cpu_at_rest": {"etcd": bulk.rest_cpu.0, "replicas": bulk.rest_cpu.1},
+            },
+        })
+    }
+
+    fn print_table(&self, args: &Args) {
+        println!("{:<44} {:>24} {:>14}", "measure", "value", "goal");
+        let row =
+            |name: &str, value: String, goal: String| println!("{name:<44} {value:>24} {goal:>14}");
+        self.throughput_rows(&row);
+        self.etcd_rows(&row);
+        self.failover_rows(args, &row);
+        for figures in &self.crash {
+            crash_rows(figures, &row);
+        }
+        self.bulk_rows(args, &row);
+    }
+
+    /// The table rows of the throughput phases: rates, latency, the goal.
+    fn throughput_rows(&self, row: &dyn Fn(&str, String, String)) {
+        let (drover, target) = (&self.drover, self.target());
+        let raw = drover.raw_per_second;
+        row("raw etcd CAS txn/s", format!("{raw:.0}"), String::new());
+        row(
+            "drover operations/s",
+            format!("{:.1}", drover.ops_per_second),
+            format!(">= {target:.0}"),
+        );
+        row(
+            "drover op latency p50 / p99 (ms)",
+            format!("{:.1} / {:.1}", ms(drover.p50), ms(drover.p99)),
+            String::new(),
+        );
+        let ratios: Vec<String> = self
+            .round_ratios()
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect();
+        row(
+            "ratio to goal (pooled; per round)",
+            format!(
+                "{:.2}; {}",
+                drover.ops_per_second / target,
+                ratios.join(" ")
+            ),
+            ">= 1".into(),
+        );
+        row(
+            "etcd writes per operation",
+            format!("{:.2}", drover.writes_per_op),
+            "<= 3 (1 step)".into(),
+        );
+    }
+
+    /// The table rows of what an operation cost: etcd requests, fsyncs,
+    /// waits and CPU.
+    fn etcd_rows(&self, row: &dyn Fn(&str, String, String)) {
+        let drover = &self.drover;
+        row(
+            "etcd per op: txn / range / watch events (responses)",
+            format!(
+                "{:.2} / {:.2} / {:.2} ({:.2})",
+                drover.etcd_per_op.txns,
+                drover.etcd_per_op.ranges,
+                drover.etcd_per_op.watch_events,
+                drover.etcd_per_op.watch_responses
+            ),
+            String::new(),
+        );
+        row(
+            "etcd fsync ms; writes per fsync: raw / drover",
+            format!(
+                "{:.2} / {:.2}; {:.1} / {:.1}",
+                drover.raw_wal.fsync_ms(),
+                drover.drover_wal.fsync_ms(),
+                drover.raw_wal.writes_per_fsync(),
+                drover.drover_wal.writes_per_fsync()
+            ),
+            String::new(),
+        );
+        row(
+            "replicas' mean wait ms: etcd txn / provider",
+            format!(
+                "{:.2} / {:.2}",
+                drover.waits.txn_ms(),
+                drover.waits.provider_ms()
+            ),
+            String::new(),
+        );
+        row(
+            "CPU us per op: etcd / replicas / provider / clients",
+            format!(
+                "{:.0} / {:.0} / {:.0} / {:.0}",
+                us(drover.cpu_per_op.etcd),
+                us(drover.cpu_per_op.replicas),
+                us(drover.cpu_per_op.provider),
+                us(drover.cpu_per_op.clients)
+            ),
+            String::new(),
+        );
+        let etcd_cost_per_write = self.etcd_cost_per_write();
+        row(
+            "etcd CPU us per raw CAS; per write, in CAS",
+            format!(
+                "{:.0}; {etcd_cost_per_write:.2}",
+                us(drover.etcd_cpu_per_raw_txn)
+            ),
+            String::new(),
+        );
+    }
+
+    /// The table rows of the failover and hand-off phases.
+    fn failover_rows(&self, args: &Args, row: &dyn Fn(&str, String, String)) {
+        row(
+            "kill -9 to orphan recovered p50 / p99 (ms)",
+            format!(
+                "{:.0} / {:.0}",
+                ms(percentile(&self.failovers, 0.5)),
+                ms(percentile(&self.failovers, 0.99))
+            ),
+            format!("<= {} (p99)", args.ttl * 1000 + 1000),
+        );
+        row(
+            "SIGTERM hand-off (ms)",
+            format!("{:.0}", ms(self.handoff)),
+            "<= 1000".into(),
+        );
+    }
+
+    /// The table rows of the bulk-recovery phase.
+    fn bulk_rows(&self, args: &Args, row: &dyn Fn(&str, String, String)) {
+        let bulk = &self.bulk;
+        row(
+            &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
+            format!("{:.0}", ms(bulk.recovery)),
+            format!("<= {}", args.ttl * 1000 + 5000),
+        );
+        row(
+            "slowest etcd request meanwhile (ms)",
+            format!("{:.1}", ms(bulk.slowest_request)),
+            String::new(),
+        );
+        let rss: Vec<String> = bulk.rss_mib.iter().map(|m| format!("{m:.0}")).collect();
+        row(
+            "replica RSS at bulk size (MiB)",
+            rss.join(" / "),
+            "<= 64".into(),
+        );
+        row(
+            "CPU at rest, bulk size (cores): etcd / replicas",
+            format!("{:.2} / {:.2}", bulk.rest_cpu.0, bulk.rest_cpu.1),
+            String::new(),
+        );
+    }
 }
 
 /// One configuration of the crash phase: a lease TTL, and fast crash

@@ -40,6 +40,8 @@
 //!   server-sent events and answered by the API's read handlers.
 //! - [`admin_http`]: the admin port: /metrics, /healthz, /readyz, /liveness
 //!   and the console.
+//! - [`supervisor`]: the replica's long-lived tasks, by name: a panic in
+//!   one ends the replica, and they are joined when it stops.
 //! - [`replica`]: starts a replica's parts and returns them by name.
 //! - [`shutdown`]: the drain: health, readiness, the hand-off, the lease.
 //! - [`server`]: assembles services, TLS, auth, health and reflection, and

@@ -27,7 +27,10 @@
 //! - [`replication`]: who owns which cluster (membership, owner keys claimed
 //!   by rendezvous hashing) and the fence every owner write carries.
 //! - [`owner_work`]: what the executor, task scheduler and scanner share: the
-//!   claim check, in-flight marks, the stop flag and the fenced commit.
+//!   claim check, in-flight marks, the stop flag and the fenced commit, and
+//!   the one runtime that runs the three as reconcilers (its queue merges
+//!   the triggers, removes repeats, keeps one reconcile per cluster and
+//!   controller in flight, requeues with a backoff).
 //! - [`operation`]: plans an accept (compares and writes, no side effects);
 //!   reads, waits for and cancels operations.
 //! - [`executor`]: the one path from a lifecycle request to its execution:

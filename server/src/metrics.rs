@@ -85,6 +85,26 @@ pub struct IssueLabels {
     pub issue: String,
 }
 
+/// A controller of owner work: executor, tasks or scanner.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: &'static str,
+}
+
+/// A requeue of owner work and why: after (the reconcile asked), error
+/// (a backoff), pending (a trigger came while it ran).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequeueLabels {
+    pub controller: &'static str,
+    pub reason: &'static str,
+}
+
+/// A reconcile takes from a millisecond (a scan of an idle cluster) to
+/// hours (an executor reconcile drives a whole operation): 1 ms .. ~70 min.
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 4.0, 12))
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub request: String,
@@ -173,6 +193,10 @@ pub struct Metrics {
     pub task_last_success: Family<TaskTypeLabels, Gauge<f64, AtomicU64>>,
     /// 1 for each known etcd issue the etcd in use has (by its version).
     pub etcd_known_issues: Family<IssueLabels, Gauge>,
+    pub owner_work_queue_depth: Family<ControllerLabels, Gauge>,
+    pub owner_work_reconcile_seconds: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    pub owner_work_requeues: Family<RequeueLabels, Counter>,
+    pub owner_work_errors: Family<ControllerLabels, Counter>,
 }
 
 /// Builds [`Metrics`] from one row per metric family: the field, the metric
@@ -252,6 +276,15 @@ impl Metrics {
                 => "task_last_success_timestamp_seconds", "When a run of the task type last ended done on this replica (Unix seconds)";
             etcd_known_issues: Family::<IssueLabels, Gauge>::default()
                 => "etcd_known_issue", "Known etcd issues of the etcd version in use (see PRODUCTION.md)";
+            owner_work_queue_depth: Family::<ControllerLabels, Gauge>::default()
+                => "owner_work_queue_depth", "Owned clusters waiting for a reconcile, by controller (executor, tasks, scanner)";
+            owner_work_reconcile_seconds:
+                Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(reconcile_histogram)
+                => "owner_work_reconcile_duration_seconds", "Reconcile duration by controller (an executor reconcile drives a whole operation)";
+            owner_work_requeues: Family::<RequeueLabels, Counter>::default()
+                => "owner_work_requeues", "Reconciles queued again by controller and reason: after (asked for), error (after a backoff), pending (triggered while running)";
+            owner_work_errors: Family::<ControllerLabels, Counter>::default()
+                => "owner_work_errors", "Reconciles that failed or panicked, by controller";
         });
         metrics.create_alerted_series();
         metrics

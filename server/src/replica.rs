@@ -27,6 +27,7 @@ use crate::executor::Executor;
 use crate::keys::KeyLayout;
 use crate::metrics::Metrics;
 use crate::operation::Operations;
+use crate::owner_work::{OwnerWork, Runtime};
 use crate::provider::Providers;
 use crate::replication::{Ownership, OwnershipConfig};
 use crate::scanner::Scanner;
@@ -77,13 +78,13 @@ pub struct Replica {
     pub tasks: Supervisor,
 }
 
-/// The parts of a replica with a provider: cluster ownership and the
-/// three that run work on the clusters it owns (the scanner runs too, but
-/// nothing outside needs to reach it).
+/// The parts of a replica with a provider: cluster ownership, the
+/// executor (which requests go to) and the owner work it shares with the
+/// task scheduler and the scanner (one runtime runs the three).
 pub struct Workers {
     pub replication: Arc<Ownership>,
     pub executor: Arc<Executor>,
-    pub tasks: Arc<TaskScheduler>,
+    pub work: Arc<OwnerWork>,
 }
 
 /// What stops the background parts of a replica.
@@ -193,7 +194,8 @@ impl Replica {
 
     /// Joins as a member and starts ownership, the provider probes (unless
     /// `--provider-handover-after 0`), the peers' liveness
-    /// connections (unless `--peer-liveness=off`), the executor, the task scheduler and the scanner, all
+    /// connections (unless `--peer-liveness=off`), and the owner-work runtime
+    /// (the executor, the task scheduler and the scanner), all
     /// until `work_stopped`. `admin_address` (where the admin port listens)
     /// goes into the member record for the peers' liveness connections.
     fn start_workers(
@@ -243,43 +245,44 @@ impl Replica {
                 liveness.run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
             );
         }
+        let work = OwnerWork::new(Arc::clone(&replication));
         let executor = Executor::new(
             self.operations.clone(),
             Arc::clone(&providers),
-            Arc::clone(&replication),
+            Arc::clone(&work),
             Arc::clone(&self.cache),
             config.operation_timeouts.clone(),
             config.orphaned_operations,
         );
-        tasks.spawn(
-            "executor",
-            Arc::clone(&executor).run(work_stopped.clone(), adoptions),
-        );
-        let tasks = TaskScheduler::new(
+        let scheduler = TaskScheduler::new(
             TaskStore::new(self.store.clone(), self.keys.clone()),
             Arc::clone(&providers),
-            Arc::clone(&replication),
+            Arc::clone(&work),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
             config.task_run_timeout,
-        );
-        self.tasks.spawn(
-            "task-scheduler",
-            Arc::clone(&tasks).run(work_stopped.clone()),
         );
         let scanner = Scanner::new(
             self.operations.clone(),
             Arc::clone(&executor),
             providers,
-            Arc::clone(&replication),
+            Arc::clone(&work),
             Arc::clone(&self.cache),
             config.scan_interval,
         );
-        self.tasks.spawn("scanner", scanner.run(work_stopped));
+        let runtime = Runtime::new(
+            Arc::clone(&work),
+            Arc::clone(&self.cache),
+            Arc::clone(&self.metrics),
+        )
+        .with(executor.clone())
+        .with(scheduler)
+        .with(scanner);
+        tasks.spawn("owner-work", runtime.run(adoptions, work_stopped));
         Workers {
             replication,
             executor,
-            tasks,
+            work,
         }
     }
 }

@@ -16,28 +16,27 @@
 //!   heals without a new operation. The write is fenced and compares the
 //!   state and status keys as scanned.
 //!
-//! Only clusters this replica owns are scanned, as its watch cache shows
-//! them (a cluster that changed meanwhile only loses the compare-and-swap);
-//! clusters holding an operation are left to the executor.
+//! A reconciler on the owner-work runtime, which hands it every owned
+//! cluster each `--scan-interval`, as its watch cache shows it (read from
+//! etcd while the cache is not ready; a cluster that changed meanwhile only
+//! loses the compare-and-swap); clusters holding an operation are left to
+//! the executor. A check that fails is logged and tried at the next scan.
 
 use crate::cluster::machine::Event;
 use crate::cluster::{
-    to_json, ClusterCache, ClusterFilter, ClusterRecord, ClusterState, NodeStatus, SCHEMA_VERSION,
+    to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, SCHEMA_VERSION,
 };
 use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
-use crate::owner_work::OwnerWork;
+use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::provider::{due_by, node_ready, node_status, Providers, DESCRIBE_TIMEOUT};
-use crate::replication::{Claim, Ownership};
+use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, Op, Txn};
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
-
-const PAGE: usize = 500;
 
 /// The `operation_id` of the scanner's fenced describes.
 const SCAN_OPERATION: &str = "status-scan";
@@ -49,7 +48,7 @@ pub struct Scanner {
     /// Each cluster is described by its own provider.
     providers: Arc<Providers>,
     /// The claim check.
-    work: OwnerWork,
+    work: Arc<OwnerWork>,
     cache: Arc<ClusterCache>,
     interval: Duration,
 }
@@ -59,74 +58,18 @@ impl Scanner {
         operations: Operations,
         executor: Arc<Executor>,
         providers: Arc<Providers>,
-        replication: Arc<Ownership>,
+        work: Arc<OwnerWork>,
         cache: Arc<ClusterCache>,
         interval: Duration,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        Arc::new(Self {
             operations,
             executor,
             providers,
-            work: OwnerWork::new(replication),
+            work,
             cache,
             interval,
-        }
-    }
-
-    /// Scans every `interval` until `shutdown` turns true.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {}
-            }
-            if let Err(error) = self.scan().await {
-                tracing::warn!(%error, "status scan failed");
-            }
-        }
-    }
-
-    /// Checks each owned cluster as the watch cache shows it. Reading every
-    /// cluster from etcd instead, on every replica each interval, cost etcd
-    /// more than a core at rest with ten thousand clusters.
-    async fn scan(&self) -> Result<(), LifecycleError> {
-        for name in self.work.replication().owned_clusters() {
-            match self.cache.get(&name) {
-                Some(Ok(cluster)) => self.check_logged(&cluster).await,
-                // Deleted since, or unreadable (which reads report).
-                Some(Err(_)) => {}
-                None => return self.scan_store().await,
-            }
-        }
-        Ok(())
-    }
-
-    /// Scans every cluster as etcd has it, page by page: while the cache is
-    /// not ready.
-    async fn scan_store(&self) -> Result<(), LifecycleError> {
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .operations
-                .registry()
-                .list(&ClusterFilter::default(), after.as_deref(), PAGE)
-                .await?;
-            for cluster in &page.clusters {
-                self.check_logged(cluster).await;
-            }
-            match page.next_after {
-                Some(next) => after = Some(next),
-                None => return Ok(()),
-            }
-        }
-    }
-
-    async fn check_logged(&self, cluster: &ClusterRecord) {
-        if let Err(error) = self.check(cluster).await {
-            tracing::debug!(cluster = %cluster.spec.name, %error, "scanner left the cluster alone");
-        }
+        })
     }
 
     async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
@@ -285,5 +228,54 @@ impl Scanner {
             tracing::info!(cluster = %name, nodes = nodes.len(), "status nodes refreshed from the provider");
         }
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Scanner {
+    fn controller(&self) -> Controller {
+        Controller::Scanner
+    }
+
+    /// None: the scan comes every interval.
+    fn triggers(&self) -> Triggers {
+        Triggers::default()
+    }
+
+    fn resync(&self) -> Duration {
+        self.interval
+    }
+
+    /// Describes of different clusters go on side by side.
+    fn concurrency(&self) -> usize {
+        4
+    }
+
+    fn candidates(&self) -> Vec<String> {
+        self.work.replication().owned_clusters()
+    }
+
+    async fn reconcile(
+        self: Arc<Self>,
+        cluster: String,
+        _claim: Claim,
+    ) -> Result<Next, ReconcileError> {
+        let record = match self.cache.get(&cluster) {
+            Some(Ok(record)) => record,
+            // Deleted since, or unreadable (which reads report).
+            Some(Err(_)) => return Ok(Next::Idle),
+            // Not in the cache (not ready yet): from etcd.
+            None => match self.operations.registry().get(&cluster).await {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::debug!(cluster, %error, "scanner could not read the cluster");
+                    return Ok(Next::Idle);
+                }
+            },
+        };
+        if let Err(error) = self.check(&record).await {
+            tracing::debug!(cluster, %error, "scanner left the cluster alone");
+        }
+        Ok(Next::Idle)
     }
 }

@@ -24,7 +24,7 @@
 //!   the lease is left to expire and a peer recovers it as an orphan.
 
 use crate::cluster::ClusterCache;
-use crate::executor::Executor;
+use crate::owner_work::OwnerWork;
 use crate::replica::{Switches, Workers};
 use crate::replication::Ownership;
 use std::future::Future;
@@ -97,8 +97,7 @@ impl Drain {
         withdraw.await;
         ready.store(false, Ordering::SeqCst);
         if let Some(workers) = &workers {
-            workers.executor.stop_taking_work();
-            workers.tasks.stop_taking_work();
+            workers.work.stop_taking_work();
         }
         let _ = stop_work.send(true);
         if let Some(workers) = workers {
@@ -113,16 +112,14 @@ impl Drain {
 /// no peer takes a cluster whose operation still calls the provider.
 async fn leave(workers: Workers, cache: &ClusterCache, grace: Duration) {
     let Workers {
-        replication,
-        executor,
-        ..
+        replication, work, ..
     } = workers;
-    hand_off(&replication, &executor, cache, grace).await;
-    if executor.in_flight() == 0 {
+    hand_off(&replication, &work, cache, grace).await;
+    if work.in_flight() == 0 {
         replication.resign().await;
     } else {
         tracing::warn!(
-            running = executor.in_flight(),
+            running = work.in_flight(),
             "operations still running: leaving without revoking the lease, peers take over once this process exits (seen through their liveness connections) or after the TTL"
         );
         replication.leave();
@@ -135,11 +132,11 @@ async fn leave(workers: Workers, cache: &ClusterCache, grace: Duration) {
 /// that follows hands everything over in one go.
 async fn hand_off(
     replication: &Ownership,
-    executor: &Executor,
+    work: &OwnerWork,
     cache: &ClusterCache,
     grace: Duration,
 ) {
-    if executor.in_flight() == 0 {
+    if work.in_flight() == 0 {
         return;
     }
     let deadline = tokio::time::Instant::now() + grace;
@@ -152,11 +149,11 @@ async fn hand_off(
         }
         Err(_) => tracing::warn!("marking this replica draining took the whole hand-off grace"),
     }
-    let mut running = executor.in_flight();
+    let mut running = work.in_flight();
     let mut next_release = tokio::time::Instant::now();
     while running > 0 && tokio::time::Instant::now() < deadline {
         if tokio::time::Instant::now() >= next_release {
-            let released = replication.release_unbusy(cache, |id| executor.runs(id));
+            let released = replication.release_unbusy(cache, |id| work.runs(id));
             match tokio::time::timeout_at(deadline, released).await {
                 Ok(Ok(left)) => tracing::info!(running, owned = left, "draining"),
                 Ok(Err(error)) => tracing::warn!(%error, "hand-off release failed; retrying"),
@@ -165,7 +162,7 @@ async fn hand_off(
             next_release = tokio::time::Instant::now() + HANDOFF_RECHECK;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let now_running = executor.in_flight();
+        let now_running = work.in_flight();
         if now_running < running {
             // An operation ended: its cluster can go as soon as the cache
             // shows it idle.

@@ -652,7 +652,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
     let scheduler = TaskScheduler::new(
         tasks.clone(),
         Arc::new(providers),
-        replication,
+        drover_server::owner_work::OwnerWork::new(replication),
         cache,
         Metrics::new(),
         Duration::from_secs(3600),

@@ -151,6 +151,9 @@ impl Fanout {
 pub enum CacheChange {
     /// A cluster's state key was written.
     State(KeyValue),
+    /// Another key of this cluster was written or deleted, and the cluster
+    /// declares tasks or has task records (or had, before the change).
+    Tasks(String),
     /// The cache listed everything anew: changes may have been missed.
     Relisted,
 }
@@ -335,16 +338,42 @@ impl ClusterCache {
         self.changes.subscribe()
     }
 
+    /// Whether `cluster` declares tasks or has task records.
+    pub fn has_tasks(&self, cluster: &str) -> bool {
+        self.read().with_tasks.contains(&format!("{cluster}/"))
+    }
+
+    /// The key layout the cache reads.
+    pub fn keys(&self) -> &KeyLayout {
+        &self.keys
+    }
+
     fn apply(&self, kind: EventKind, kv: KeyValue) {
-        // Followers hear of a state change once the cache shows it.
-        let changed_state =
-            (kind == EventKind::Put && is_state_key(&self.keys, &kv.key)).then(|| kv.clone());
+        // Followers hear of a change once the cache shows it.
+        let state_key = is_state_key(&self.keys, &kv.key);
+        let changed_state = (kind == EventKind::Put && state_key).then(|| kv.clone());
+        let other_key = (!state_key).then(|| kv.key.clone());
+        let tasks_before = other_key
+            .as_deref()
+            .and_then(|key| self.task_cluster_of(key));
         let revision = kv.mod_revision;
         self.apply_to_snapshot(kind, kv);
         self.applied.send_replace(revision);
         if let Some(kv) = changed_state {
             let _ = self.changes.send(CacheChange::State(kv));
         }
+        let tasks = tasks_before.or_else(|| self.task_cluster_of(other_key.as_deref()?));
+        if let Some(cluster) = tasks {
+            let _ = self.changes.send(CacheChange::Tasks(cluster));
+        }
+    }
+
+    /// The cluster of `key` when the cluster has tasks or the key is one
+    /// that decides whether it has.
+    fn task_cluster_of(&self, key: &str) -> Option<String> {
+        let (dir, leaf) = self.keys.split_cluster_dir(key)?;
+        let with_tasks = affects_tasks(leaf) || self.read().with_tasks.contains(dir);
+        with_tasks.then(|| dir.trim_end_matches('/').to_string())
     }
 
     fn apply_to_snapshot(&self, kind: EventKind, kv: KeyValue) {

@@ -152,6 +152,7 @@ impl ConsoleFeed {
                     _ = stop.changed() => return,
                     change = states.recv() => match change {
                         Ok(CacheChange::State(kv)) => self.state_changed(&keys, &kv),
+                        Ok(CacheChange::Tasks(_)) => {}
                         Ok(CacheChange::Relisted) | Err(broadcast::error::RecvError::Lagged(_)) => {
                             self.send(frame("reset", &serde_json::json!({})));
                         }

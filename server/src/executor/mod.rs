@@ -48,7 +48,6 @@ use crate::config::{OrphanPolicy, Timeouts};
 use crate::operation::{LifecycleError, Operations};
 use crate::owner_work::OwnerWork;
 use crate::provider::Providers;
-use crate::replication::Ownership;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -58,10 +57,11 @@ pub struct Executor {
     /// Each cluster's calls go to its own provider.
     providers: Arc<Providers>,
     /// The claim check, the in-flight marks (operation ids) and the stop
-    /// flag. Once the replica shuts down, operations not started are left
-    /// PENDING for the clusters' next owners, which run them (started here,
-    /// one that outlasted the hand-off would be failed as an orphan).
-    work: OwnerWork,
+    /// flag, shared with the rest of the owner work. Once the replica shuts
+    /// down, operations not started are left PENDING for the clusters'
+    /// next owners, which run them (started here, one that outlasted the
+    /// hand-off would be failed as an orphan).
+    work: Arc<OwnerWork>,
     cache: Arc<ClusterCache>,
     timeouts: Timeouts,
     orphans: OrphanPolicy,
@@ -80,7 +80,7 @@ impl Executor {
     pub fn new(
         operations: Operations,
         providers: Arc<Providers>,
-        replication: Arc<Ownership>,
+        work: Arc<OwnerWork>,
         cache: Arc<ClusterCache>,
         timeouts: Timeouts,
         orphans: OrphanPolicy,
@@ -88,18 +88,13 @@ impl Executor {
         Arc::new(Self {
             operations,
             providers,
-            work: OwnerWork::new(replication),
+            work,
             cache,
             timeouts,
             orphans,
             history: Mutex::new(HashMap::new()),
             capabilities: Mutex::default(),
         })
-    }
-
-    /// Starts no operation from now on (the replica is shutting down).
-    pub fn stop_taking_work(&self) {
-        self.work.stop_taking_work();
     }
 
     /// Notes an operation finished on `cluster`; when its history should be
@@ -167,15 +162,5 @@ impl Executor {
                 request: call.to_string(),
             })
             .inc();
-    }
-
-    /// Operations running on this replica now.
-    pub fn in_flight(&self) -> usize {
-        self.work.in_flight()
-    }
-
-    /// Whether operation `id` runs on this replica now.
-    pub fn runs(&self, id: &str) -> bool {
-        self.work.runs(id)
     }
 }

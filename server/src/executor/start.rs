@@ -11,22 +11,21 @@
 use super::holding::{error, Holding};
 use super::Executor;
 use crate::cluster::machine::Event;
-use crate::cluster::{from_json, now_rfc3339, to_json, CacheChange, StateRecord};
+use crate::cluster::{from_json, now_rfc3339, to_json, StateRecord};
 use crate::config::OrphanPolicy;
 use crate::metrics::Running;
 use crate::operation::{
     Accepted, LifecycleError, OperationRecord, OperationState, Seen, Versioned,
 };
-use crate::owner_work::InFlight;
+use crate::owner_work::{Controller, InFlight, Next, ReconcileError, Reconciler, Triggers};
 use crate::replication::Claim;
 use crate::store::Op;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::sync::{mpsc, watch};
 use tonic::Code;
 
+/// How often every owned slot is looked at, whatever the triggers.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
-const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long the executor waits for the operation feed to deliver an
 /// operation whose accept the watch cache already showed, before reading it
 /// from etcd instead.
@@ -54,86 +53,100 @@ pub(super) enum Held<'e> {
     Orphan(Holding<'e>),
 }
 
-impl Executor {
-    /// Finds and runs operations until `shutdown` turns true; `adoptions`
-    /// names each cluster this replica just became the owner of.
-    ///
-    /// It lists every cluster state holding an operation slot, then follows
-    /// the state changes this replica's watch cache applies (re-listing when
-    /// the cache re-lists or the executor falls behind, and periodically, to
-    /// catch anything missed); it keeps no watch of its own.
-    pub async fn run(
-        self: Arc<Self>,
-        mut shutdown: watch::Receiver<bool>,
-        mut adoptions: mpsc::UnboundedReceiver<String>,
-    ) {
-        while !*shutdown.borrow() {
-            // Subscribe before listing, so no change after the list is missed.
-            let mut changes = self.cache.subscribe();
-            if let Err(error) = self.scan().await {
-                tracing::warn!(%error, "executor scan failed; retrying");
-                tokio::time::sleep(RETRY_DELAY).await;
-                continue;
-            }
-            let rescan = tokio::time::sleep(RESCAN_INTERVAL);
-            tokio::pin!(rescan);
-            loop {
-                tokio::select! {
-                    _ = shutdown.changed() => break,
-                    _ = &mut rescan => break,
-                    Some(cluster) = adoptions.recv() => self.adopt(&cluster).await,
-                    change = changes.recv() => match change {
-                        Ok(CacheChange::State(kv)) => self.state_changed(&kv),
-                        // Missed changes: list again.
-                        Ok(CacheChange::Relisted) | Err(_) => break,
-                    },
-                }
-            }
-        }
-        tracing::info!("executor stopped taking new operations");
+#[async_trait::async_trait]
+impl Reconciler for Executor {
+    fn controller(&self) -> Controller {
+        Controller::Executor
     }
 
-    /// A cluster's state key changed: start the operation in its slot, if
-    /// this replica owns the cluster. Every replica sees every change, so
-    /// only those of owned clusters are parsed.
-    fn state_changed(self: &Arc<Self>, kv: &crate::store::KeyValue) {
-        let Some((cluster, _)) = self.operations.keys().split_cluster_key(&kv.key) else {
-            return;
-        };
-        if self.work.claim(cluster).is_some() {
-            if let Ok(state) = from_json::<StateRecord>(kv) {
-                self.start_slot(cluster, &state, None);
-            }
+    fn triggers(&self) -> Triggers {
+        Triggers {
+            state: true,
+            tasks: false,
+            adoption: true,
         }
     }
 
-    /// Starts every operation found in the slot of an owned cluster, and
-    /// forgets the history counts of clusters no longer owned.
-    async fn scan(self: &Arc<Self>) -> crate::store::Result<()> {
+    /// A look at every slot now and then catches anything a trigger
+    /// missed.
+    fn resync(&self) -> Duration {
+        RESCAN_INTERVAL
+    }
+
+    /// Unbounded: a reconcile drives a whole operation, and every owned
+    /// cluster's operation runs at once (a replica may adopt thousands).
+    fn concurrency(&self) -> usize {
+        usize::MAX
+    }
+
+    /// The owned clusters whose slot holds an operation (every owned one
+    /// while the cache is not ready); forgets the history counts of the
+    /// clusters no longer owned.
+    fn candidates(&self) -> Vec<String> {
         let mut owned = Vec::new();
-        self.cache
-            .for_each_state(|cluster, kv| {
-                if self.work.claim(cluster).is_some() {
-                    owned.push((cluster.to_string(), kv.clone()));
-                }
-            })
-            .await?;
-        for (cluster, kv) in &owned {
-            if let Ok(state) = from_json::<StateRecord>(kv) {
-                self.start_slot(cluster, &state, None);
+        let ready = self.cache.visit_states(|cluster, kv| {
+            if self.work.claim(cluster).is_some() {
+                owned.push((cluster.to_string(), kv.clone()));
             }
-        }
+        });
         self.history()
             .retain(|cluster, _| self.work.claim(cluster).is_some());
-        Ok(())
+        if !ready {
+            return self.work.replication().owned_clusters();
+        }
+        let with_slot = owned.into_iter().filter(|(_, kv)| {
+            from_json::<StateRecord>(kv).is_ok_and(|state| state.operation.is_some())
+        });
+        with_slot.map(|(cluster, _)| cluster).collect()
     }
 
-    /// Looks at a cluster this replica just became the owner of: its
-    /// operation may be one a lost owner left behind.
-    async fn adopt(self: &Arc<Self>, cluster: &str) {
-        // Other owners may have added to its history meanwhile.
+    /// Other owners may have added to its history meanwhile.
+    fn adopted(&self, cluster: &str) {
         self.history().remove(cluster);
-        self.start_slot_of(cluster, None).await;
+    }
+
+    /// Runs the operation in the cluster's slot, if any and not running
+    /// here yet: accepted elsewhere, or left by a lost owner.
+    async fn reconcile(
+        self: Arc<Self>,
+        cluster: String,
+        _claim: Claim,
+    ) -> Result<Next, ReconcileError> {
+        let Some(state) = self.state_of(&cluster).await? else {
+            return Ok(Next::Idle);
+        };
+        let Some(slot) = state.operation else {
+            return Ok(Next::Idle);
+        };
+        if self.work.is_stopping() {
+            return Ok(Next::Idle);
+        }
+        // Running here already: this replica's accept drives it.
+        let Some(mark) = self.work.mark(&slot.id) else {
+            return Ok(Next::Idle);
+        };
+        let origin = Origin::Slot {
+            cluster: cluster.clone(),
+            id: slot.id.clone(),
+        };
+        let driven = self.drive(origin).await;
+        drop(mark);
+        driven?;
+        Ok(Next::Idle)
+    }
+}
+
+impl Executor {
+    /// The cluster's state as the cache shows it (at most moments behind
+    /// etcd: a slot filled after its view arrives as a change), or read
+    /// from etcd when the cache does not have it.
+    async fn state_of(&self, cluster: &str) -> Result<Option<StateRecord>, LifecycleError> {
+        if let Some(Ok(record)) = self.cache.get(cluster) {
+            return Ok(Some(record.state));
+        }
+        let key = self.operations.keys().cluster_state(cluster);
+        let read = self.operations.store().get(&key).await?;
+        Ok(read.into_single().and_then(|kv| from_json(&kv).ok()))
     }
 
     /// Starts the operation in the cluster's slot, if any and not running
@@ -192,17 +205,16 @@ impl Executor {
             ),
             Origin::Slot { cluster, id } => (cluster.clone(), id.clone()),
         };
-        let claim = match &origin {
-            Origin::Accepted(_, claim) => Some(*claim),
-            Origin::Slot { cluster, .. } => self.work.claim(cluster),
-        };
         let this = Arc::clone(self);
         tokio::spawn(async move {
             if let Err(error) = this.drive(origin).await {
-                tracing::warn!(cluster, operation = id, %error, "operation not finished; will retry on the next scan");
+                tracing::warn!(cluster, operation = id, %error, "operation not finished; looking at its cluster again");
             }
             drop(mark);
-            this.drive_ended(&cluster, claim).await;
+            // A trigger that came meanwhile found the operation in flight
+            // here and started nothing (a lapse and a new claim, say):
+            // look again now.
+            this.work.trigger(Controller::Executor, &cluster);
         });
     }
 
@@ -356,19 +368,6 @@ impl Executor {
             })
             .await
             .ok()?,
-        }
-    }
-
-    /// After a drive of an operation of `cluster` that began under `claim`:
-    /// when the cluster was claimed again meanwhile (this replica's session
-    /// lapsed and it won the cluster back under a new epoch), that adoption
-    /// found the operation in flight and started nothing, and the drive
-    /// just ended on the fence: look again now rather than at the next
-    /// rescan.
-    async fn drive_ended(self: &Arc<Self>, cluster: &str, claim: Option<Claim>) {
-        let reclaimed = self.work.claim(cluster);
-        if reclaimed.is_some() && reclaimed != claim {
-            self.start_slot_of(cluster, None).await;
         }
     }
 }

@@ -2,8 +2,9 @@
 //! tasks into task records, starts due runs through the provider, records
 //! how they end, and aborts runs a lost owner left behind.
 //!
-//! A cluster is looked at when its keys change (seen through the watch
-//! cache), when its next activation comes, or when this replica adopts it.
+//! A reconciler on the owner-work runtime: a cluster is looked at when its
+//! keys change (seen through the watch cache), when its next activation
+//! comes, or when this replica adopts it.
 //!
 //! # Guarantees
 //! - Every write compares this replica's ownership of the cluster and the
@@ -30,22 +31,22 @@ use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::Metrics;
-use crate::owner_work::OwnerWork;
+use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::provider::{due_by, Providers};
-use crate::replication::{Claim, Hold, Ownership};
+use crate::replication::{Claim, Hold};
 use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
-use crate::sync::lock;
 use chrono::{DateTime, Utc};
 use drover_proto::provider::v1 as pb;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
-/// How often the scheduler looks for clusters to process.
-const TICK: Duration = Duration::from_millis(250);
-/// How soon a cluster whose processing failed is looked at again.
-const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// How soon a cluster whose task records changed under a look is looked at
+/// again.
+const AFTER_CONFLICT: Duration = Duration::from_secs(1);
+/// Every cluster with tasks is looked at this often, whatever the triggers.
+const RESYNC: Duration = Duration::from_secs(30);
+/// Clusters looked at at once.
+const CONCURRENCY: usize = 4;
 /// How long StopTask may take before the cluster is looked at again later.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts at recording a run's end when the task record keeps changing.
@@ -63,12 +64,6 @@ pub enum ReconcileOutcome {
     Applied { changes: usize, revision: i64 },
 }
 
-/// When to look at a cluster again.
-struct NextLook {
-    revision: i64,
-    wake: Option<Instant>,
-}
-
 pub struct TaskScheduler {
     tasks: TaskStore,
     /// Each cluster's runs go to its own provider.
@@ -78,20 +73,17 @@ pub struct TaskScheduler {
     /// How long a run may take before it is stopped and counted an error.
     run_timeout: Duration,
     /// The claim check, the in-flight marks (runs this replica is waiting
-    /// on the provider for) and the stop flag: once the replica shuts
-    /// down, no run starts (the next owner would abort it).
-    work: OwnerWork,
-    /// Clusters to look at on the next tick whatever their revision: a run
-    /// ended whose end could not be recorded (the failed write changed
-    /// nothing the cache would show).
-    look_again: Mutex<HashSet<String>>,
+    /// on the provider for) and the stop flag, shared with the rest of the
+    /// owner work: once the replica shuts down, no run starts (the next
+    /// owner would abort it).
+    work: Arc<OwnerWork>,
 }
 
 impl TaskScheduler {
     pub fn new(
         tasks: TaskStore,
         providers: Arc<Providers>,
-        replication: Arc<Ownership>,
+        work: Arc<OwnerWork>,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
         run_timeout: Duration,
@@ -99,99 +91,33 @@ impl TaskScheduler {
         Arc::new(Self {
             tasks,
             providers,
-            work: OwnerWork::new(replication),
+            work,
             cache,
             metrics,
             run_timeout,
-            look_again: Mutex::new(HashSet::new()),
         })
     }
 
-    /// Starts no run from now on (the replica is shutting down).
-    pub fn stop_taking_work(&self) {
-        self.work.stop_taking_work();
-    }
-
-    /// Schedules until `shutdown` turns true. Runs in progress are left to
-    /// finish on their own; if the lease goes first, the next owner aborts
-    /// and retries them.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut next_looks: HashMap<String, NextLook> = HashMap::new();
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {}
-            }
-            let look_again = std::mem::take(&mut *lock(&self.look_again));
-            let candidates = self.cache.task_clusters();
-            let names: HashSet<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
-            next_looks.retain(|name, _| names.contains(name.as_str()));
-            for (name, revision) in &candidates {
-                if *shutdown.borrow() {
-                    return;
-                }
-                if self.work.claim(name).is_none() {
-                    next_looks.remove(name);
-                    continue;
-                }
-                let now = Instant::now();
-                let due = look_again.contains(name)
-                    || next_looks.get(name).is_none_or(|s| {
-                        *revision > s.revision || s.wake.is_some_and(|wake| wake <= now)
-                    });
-                if !due {
-                    continue;
-                }
-                let next = match self.process(name).await {
-                    Ok((read_at, wake)) => NextLook {
-                        revision: read_at.max(*revision),
-                        wake: wake.map(instant_of),
-                    },
-                    Err(error) => {
-                        if error.is_conflict() {
-                            tracing::debug!(cluster = %name, %error, "task records changed meanwhile; looking again");
-                        } else {
-                            tracing::warn!(cluster = %name, %error, "task scheduling failed; retrying");
-                        }
-                        NextLook {
-                            revision: *revision,
-                            wake: Some(now + RETRY_AFTER_ERROR),
-                        }
-                    }
-                };
-                next_looks.insert(name.clone(), next);
-            }
-        }
-    }
-
-    /// One look at a cluster: reconcile, then abort, start or note waiting
-    /// runs. Returns the revision up to which it reconciled the spec, and
-    /// when to look again.
+    /// One look at a cluster owned under `claim`: reconcile, then abort,
+    /// start or note waiting runs. Returns when to look again. A spec
+    /// written during the look is a trigger the runtime keeps, so the
+    /// cluster is looked at again once this look ends.
     async fn process(
         self: &Arc<Self>,
         name: &str,
-    ) -> Result<(i64, Option<DateTime<Utc>>), TaskError> {
-        let Some(claim) = self.work.claim(name) else {
-            return Ok((0, None));
-        };
+        claim: Claim,
+    ) -> Result<Option<DateTime<Utc>>, TaskError> {
         let Some(mut read) = self.tasks.read(name).await? else {
-            return Ok((0, None));
+            return Ok(None);
         };
         if read.newer_schema() {
-            return Ok((read.revision, None));
+            return Ok(None);
         }
         let spec = read.cluster.spec.clone();
-        // Only what was reconciled counts as seen. The read again after a
-        // reconcile may show a spec written since the first read: its
-        // cluster must stay due (the cache shows this reconcile's own writes
-        // past the first read, so the next look reconciles it).
-        let reconciled_up_to = read.revision;
         if let ReconcileOutcome::Applied { .. } = self.reconcile_read(&spec, claim, &read).await? {
             match self.tasks.read(name).await? {
                 Some(again) => read = again,
-                None => return Ok((0, None)),
+                None => return Ok(None),
             }
         }
         let mut wake: Option<DateTime<Utc>> = None;
@@ -204,7 +130,7 @@ impl TaskScheduler {
                 (a, b) => a.or(b),
             };
         }
-        Ok((reconciled_up_to, wake))
+        Ok(wake)
     }
 
     /// Reconciles `spec`'s tasks against the task records in the store, as
@@ -448,7 +374,7 @@ impl TaskScheduler {
         claim: Claim,
         hold: Hold,
     ) {
-        let Some(mark) = self.work.mark(&run.id) else {
+        let Some(mark) = self.work.mark_task_run(&run.id) else {
             return;
         };
         let this = Arc::clone(self);
@@ -519,7 +445,7 @@ impl TaskScheduler {
                     // Once it is no longer in flight, the next look asks the
                     // provider again (RunTask is idempotent per run id).
                     drop(mark);
-                    lock(&this.look_again).insert(cluster);
+                    this.work.trigger(Controller::Tasks, &cluster);
                     return;
                 }
             }
@@ -722,7 +648,53 @@ fn token(uid: &str, claim: Claim, run: &str) -> pb::FencingToken {
     }
 }
 
-fn instant_of(at: DateTime<Utc>) -> Instant {
-    let delay = (at - Utc::now()).to_std().unwrap_or_default();
-    Instant::now() + delay
+#[async_trait::async_trait]
+impl Reconciler for TaskScheduler {
+    fn controller(&self) -> Controller {
+        Controller::Tasks
+    }
+
+    fn triggers(&self) -> Triggers {
+        Triggers {
+            state: true,
+            tasks: true,
+            adoption: true,
+        }
+    }
+
+    fn resync(&self) -> Duration {
+        RESYNC
+    }
+
+    fn concurrency(&self) -> usize {
+        CONCURRENCY
+    }
+
+    fn candidates(&self) -> Vec<String> {
+        let clusters = self.cache.task_clusters().into_iter();
+        clusters.map(|(name, _)| name).collect()
+    }
+
+    /// One look at the cluster (see [`TaskScheduler::process`]); again at
+    /// its next activation.
+    async fn reconcile(
+        self: Arc<Self>,
+        cluster: String,
+        claim: Claim,
+    ) -> Result<Next, ReconcileError> {
+        if !self.cache.has_tasks(&cluster) {
+            return Ok(Next::Idle);
+        }
+        match self.process(&cluster, claim).await {
+            Ok(Some(wake)) => Ok(Next::After(
+                (wake - Utc::now()).to_std().unwrap_or_default(),
+            )),
+            Ok(None) => Ok(Next::Idle),
+            Err(error) if error.is_conflict() => {
+                tracing::debug!(cluster, %error, "task records changed meanwhile; looking again");
+                Ok(Next::After(AFTER_CONFLICT))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! What every kind of owner work shares: the executor's operations, the
-//! task scheduler's runs and the status scanner's checks.
+//! task scheduler's runs and the status scanner's checks, and the one
+//! [`runtime`] that runs them.
 //!
 //! Each of them runs work for the clusters this replica owns, and each
 //! needs the same few things, written once here: the claim check, a stop
@@ -7,12 +8,20 @@
 //! once per replica at a time, and the fenced commit that survives a
 //! reply etcd lost. The work itself (what to plan, what to call, what to
 //! write) stays with its owner, small, as kube-runtime keeps reconcilers
-//! small by owning the queue, dedup and requeue itself.
+//! small: the [`runtime`] owns the queue, the removal of repeats and the
+//! requeue.
+//!
+//! One [`OwnerWork`] per replica, shared by all three: one in-flight set,
+//! one stop flag.
 //!
 //! # Guarantees
 //! - [`OwnerWork::mark`] hands out at most one [`InFlight`] per id at a
 //!   time; the mark goes when the guard is dropped, however the work ends
 //!   (a panic included).
+//! - [`OwnerWork::in_flight`] counts what the drain waits for: operations
+//!   and reconciles, not task runs waiting on their provider (a run does
+//!   not keep its cluster through a hand-off: the next owner aborts and
+//!   retries it).
 //! - [`OwnerWork::commit`] applies a transaction only while it carries the
 //!   caller's compares; a write whose reply was lost is retried only while
 //!   the claim it is fenced by still holds, and recognised afterwards by a
@@ -23,29 +32,52 @@
 //! - A claim checked here may end a moment later: every write still
 //!   compares the claim's fence in etcd, so the check only saves work.
 
+pub mod runtime;
+
+pub use runtime::{Controller, Next, ReconcileError, Reconciler, Runtime, Triggers};
+
 use crate::replication::{Claim, Ownership};
 use crate::store::{Op, SharedStore, StoreError, Txn};
 use crate::sync::lock;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc;
 
-/// The shared part of one kind of owner work on this replica.
+/// What a mark in flight is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// An operation's drive (by operation id).
+    Operation,
+    /// A task run waiting on its provider (by run id).
+    TaskRun,
+    /// A reconcile of the runtime (by controller and cluster).
+    Reconcile,
+}
+
+type Marks = Arc<Mutex<HashMap<String, Held>>>;
+
+/// The owner work of this replica: what the executor, the task scheduler
+/// and the scanner share.
 pub struct OwnerWork {
     replication: Arc<Ownership>,
-    in_flight: Arc<Mutex<HashSet<String>>>,
+    in_flight: Marks,
     /// Set once the replica shuts down: no new work starts from then on.
     stopping: AtomicBool,
     /// Wakes what waits out a backoff once `stopping` is set.
     stopped: tokio::sync::Notify,
+    /// Asks the runtime to look at a cluster again ([`Self::trigger`]).
+    triggers: mpsc::UnboundedSender<(Controller, String)>,
+    /// The other end, until the runtime takes it.
+    requests: Mutex<Option<mpsc::UnboundedReceiver<(Controller, String)>>>,
 }
 
 /// The mark of one piece of work in flight here; dropping it ends the mark.
 #[must_use = "the work is in flight only while the guard lives"]
 pub struct InFlight {
     id: String,
-    set: Arc<Mutex<HashSet<String>>>,
+    set: Marks,
 }
 
 impl Drop for InFlight {
@@ -55,13 +87,28 @@ impl Drop for InFlight {
 }
 
 impl OwnerWork {
-    pub fn new(replication: Arc<Ownership>) -> Self {
-        Self {
+    pub fn new(replication: Arc<Ownership>) -> Arc<Self> {
+        let (triggers, requests) = mpsc::unbounded_channel();
+        Arc::new(Self {
             replication,
             in_flight: Arc::default(),
             stopping: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
-        }
+            triggers,
+            requests: Mutex::new(Some(requests)),
+        })
+    }
+
+    /// Asks `controller` to look at `cluster` again soon (a change the
+    /// cache would not show: an operation that ended here, a run's end
+    /// that could not be recorded).
+    pub fn trigger(&self, controller: Controller, cluster: &str) {
+        let _ = self.triggers.send((controller, cluster.to_string()));
+    }
+
+    /// The requests [`Self::trigger`] sends, once: for the runtime.
+    fn take_requests(&self) -> Option<mpsc::UnboundedReceiver<(Controller, String)>> {
+        lock(&self.requests).take()
     }
 
     pub fn replication(&self) -> &Arc<Ownership> {
@@ -79,24 +126,41 @@ impl OwnerWork {
         self.replication.claim(cluster) == Some(claim)
     }
 
-    /// Marks `id` in flight here; `None` when it already is.
+    /// Marks operation `id` in flight here; `None` when it already is.
     pub fn mark(&self, id: &str) -> Option<InFlight> {
-        lock(&self.in_flight)
-            .insert(id.to_string())
-            .then(|| InFlight {
-                id: id.to_string(),
-                set: Arc::clone(&self.in_flight),
-            })
+        self.mark_as(id, Held::Operation)
     }
 
-    /// How many pieces of work are in flight here now.
+    /// Marks task run `id` in flight here; `None` when it already is.
+    pub fn mark_task_run(&self, id: &str) -> Option<InFlight> {
+        self.mark_as(id, Held::TaskRun)
+    }
+
+    fn mark_as(&self, id: &str, held: Held) -> Option<InFlight> {
+        let mut marks = lock(&self.in_flight);
+        if marks.contains_key(id) {
+            return None;
+        }
+        marks.insert(id.to_string(), held);
+        Some(InFlight {
+            id: id.to_string(),
+            set: Arc::clone(&self.in_flight),
+        })
+    }
+
+    /// How many pieces of work the drain waits for are in flight here now:
+    /// operations and reconciles (task runs do not keep their cluster).
     pub fn in_flight(&self) -> usize {
-        lock(&self.in_flight).len()
+        let marks = lock(&self.in_flight);
+        marks
+            .values()
+            .filter(|held| **held != Held::TaskRun)
+            .count()
     }
 
     /// Whether `id` is in flight here now.
     pub fn runs(&self, id: &str) -> bool {
-        lock(&self.in_flight).contains(id)
+        lock(&self.in_flight).contains_key(id)
     }
 
     /// Starts no new work from now on (the replica is shutting down).

@@ -495,7 +495,14 @@ impl Client {
         const SLACK: Duration = Duration::from_secs(5);
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last = operation.clone();
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = {
+            use backon::BackoffBuilder;
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_secs(2))
+                .without_max_times()
+                .build()
+        };
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let call = left.clamp(Duration::from_millis(1), LONGEST_CALL);
@@ -521,8 +528,8 @@ impl Client {
                         return Err(error);
                     }
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    tokio::time::sleep(backoff.min(left)).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(2));
+                    tokio::time::sleep(wait.min(left)).await;
                 }
                 // No answer at all (the replica went silent).
                 Err(_) if out_of_time => return Ok(last),

@@ -68,6 +68,7 @@ pub mod owner_work;
 pub mod provider;
 pub mod replica;
 pub mod replication;
+pub mod retry;
 pub mod scanner;
 pub mod server;
 pub mod shutdown;

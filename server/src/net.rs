@@ -25,7 +25,8 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// The waits of an accept loop while resources are exhausted.
 #[derive(Debug, Default)]
 pub struct AcceptBackoff {
-    next: Option<Duration>,
+    /// The waits since resources ran out; `None` while they have not.
+    waits: Option<backon::ExponentialBackoff>,
 }
 
 impl AcceptBackoff {
@@ -37,17 +38,16 @@ impl AcceptBackoff {
         if !exhausted(error) {
             return None;
         }
-        let wait = self.next.unwrap_or(FIRST_WAIT);
-        if self.next.is_none() {
+        let waits = self.waits.get_or_insert_with(|| {
             tracing::warn!(%error, "cannot accept connections: out of resources; waiting before the next accept");
-        }
-        self.next = Some((wait * 2).min(MAX_WAIT));
-        Some(wait)
+            crate::retry::doubling(FIRST_WAIT, MAX_WAIT)
+        });
+        Some(waits.next().unwrap_or(MAX_WAIT))
     }
 
     /// After an accept that worked.
     pub fn reset(&mut self) {
-        self.next = None;
+        self.waits = None;
     }
 }
 

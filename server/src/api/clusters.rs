@@ -27,6 +27,29 @@ const MAX_PAGE_SIZE: u32 = 1000;
 
 const MAX_ADD_NODES: u32 = 100;
 
+/// The lifecycle requests that carry nothing but the cluster's name and a
+/// request id.
+trait NameOnly {
+    fn name_and_request_id(self) -> (String, String);
+}
+
+macro_rules! name_only {
+    ($($request:ty),*) => {$(
+        impl NameOnly for $request {
+            fn name_and_request_id(self) -> (String, String) {
+                (self.name, self.request_id)
+            }
+        }
+    )*};
+}
+
+name_only!(
+    v1::DeleteClusterRequest,
+    v1::StartClusterRequest,
+    v1::StopClusterRequest,
+    v1::RecoverClusterRequest
+);
+
 /// Serves cluster CRUD and lifecycle requests.
 pub struct ClustersService {
     operations: Operations,
@@ -89,6 +112,19 @@ impl ClustersService {
             "spec.provider",
             format!("cannot change after create (the cluster's provider is {stored:?})"),
         ))
+    }
+
+    /// A lifecycle request that names only its cluster (delete, start,
+    /// stop, recover): one body for the four.
+    async fn name_only(
+        &self,
+        request: Request<impl NameOnly>,
+        kind: OperationKind,
+    ) -> Result<Response<v1::Operation>, Status> {
+        let (name, request_id) = request.into_inner().name_and_request_id();
+        let params = OperationParams::default();
+        let op = self.lifecycle(&name, &request_id, kind, params).await?;
+        Ok(Response::new(op))
     }
 
     /// Validates the common fields and accepts the request.
@@ -491,42 +527,21 @@ impl Clusters for ClustersService {
         &self,
         request: Request<v1::DeleteClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        let op = self.lifecycle(
-            &r.name,
-            &r.request_id,
-            OperationKind::Destroy,
-            OperationParams::default(),
-        );
-        Ok(Response::new(op.await?))
+        self.name_only(request, OperationKind::Destroy).await
     }
 
     async fn start_cluster(
         &self,
         request: Request<v1::StartClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        let op = self.lifecycle(
-            &r.name,
-            &r.request_id,
-            OperationKind::Start,
-            OperationParams::default(),
-        );
-        Ok(Response::new(op.await?))
+        self.name_only(request, OperationKind::Start).await
     }
 
     async fn stop_cluster(
         &self,
         request: Request<v1::StopClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        let op = self.lifecycle(
-            &r.name,
-            &r.request_id,
-            OperationKind::Stop,
-            OperationParams::default(),
-        );
-        Ok(Response::new(op.await?))
+        self.name_only(request, OperationKind::Stop).await
     }
 
     async fn scale_cluster(
@@ -585,14 +600,7 @@ impl Clusters for ClustersService {
         &self,
         request: Request<v1::RecoverClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        let op = self.lifecycle(
-            &r.name,
-            &r.request_id,
-            OperationKind::Recover,
-            OperationParams::default(),
-        );
-        Ok(Response::new(op.await?))
+        self.name_only(request, OperationKind::Recover).await
     }
 }
 

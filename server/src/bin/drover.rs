@@ -28,6 +28,8 @@ pub static MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:200,muzz
 
 /// etcd unreachable at start-up for this long is fatal (EX_UNAVAILABLE).
 const ETCD_STARTUP_DEADLINE: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts at reaching etcd at start-up.
+const ETCD_RETRY_MAX: Duration = Duration::from_secs(2);
 const EXIT_UNAVAILABLE: u8 = 69;
 /// Another live process holds this replica id (EX_CONFIG).
 const EXIT_REPLICA_ID_IN_USE: u8 = 78;
@@ -184,8 +186,9 @@ async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
     options.tls = config.security.etcd_tls.clone();
     options.user = config.security.etcd_user.clone();
     let deadline = tokio::time::Instant::now() + ETCD_STARTUP_DEADLINE;
-    let mut delay = Duration::from_millis(100);
+    let mut delays = drover_server::retry::doubling(Duration::from_millis(100), ETCD_RETRY_MAX);
     loop {
+        let delay = delays.next().unwrap_or(ETCD_RETRY_MAX);
         let attempt = async {
             let store = EtcdStore::connect(&options).await?;
             store.get(&config.key_prefix).await?;
@@ -204,7 +207,6 @@ async fn connect_etcd(config: &Config) -> Option<EtcdStore> {
             Err(error) if tokio::time::Instant::now() < deadline => {
                 tracing::warn!(%error, retry_in = ?delay, "etcd not reachable yet");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
             }
             Err(error) => {
                 tracing::error!(%error, endpoints = ?config.etcd_endpoints, "etcd unreachable; giving up");

@@ -435,15 +435,19 @@ fn cancelled_waiting(status: &tonic::Status) -> tonic::Status {
 /// The waits between attempts at a provider call: doubling from
 /// [`RETRY_FIRST_WAIT`] up to [`RETRY_MAX_WAIT`].
 struct Backoff {
+    /// The next wait, and the ones after it.
     wait: Duration,
+    waits: backon::ExponentialBackoff,
     /// Failures the provider answered (not [`unreachable`]) so far.
     answered: u32,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
+        let mut waits = crate::retry::doubling(RETRY_FIRST_WAIT, RETRY_MAX_WAIT);
         Self {
-            wait: RETRY_FIRST_WAIT,
+            wait: waits.next().unwrap_or(RETRY_FIRST_WAIT),
+            waits,
             answered: 0,
         }
     }
@@ -469,7 +473,7 @@ impl Backoff {
 
     async fn sleep(&mut self) {
         tokio::time::sleep(self.wait).await;
-        self.wait = (self.wait * 2).min(RETRY_MAX_WAIT);
+        self.wait = self.waits.next().unwrap_or(RETRY_MAX_WAIT);
     }
 }
 

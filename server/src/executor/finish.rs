@@ -55,9 +55,10 @@ impl Holding<'_> {
     /// (counted from its acceptance) ends it unfenced.
     pub(super) async fn fence_orphan(&mut self, deadline: tokio::time::Instant) -> Fence {
         let name = self.cluster.spec.name.clone();
-        let mut delay = FENCE_RETRY_FIRST;
+        let mut delays = crate::retry::doubling(FENCE_RETRY_FIRST, FENCE_RETRY_MAX);
         let mut said = false;
         loop {
+            let delay = delays.next().unwrap_or(FENCE_RETRY_MAX);
             let why = match tokio::time::timeout(DESCRIBE_TIMEOUT, self.describe()).await {
                 Ok(Ok(_)) => return Fence::Done,
                 Ok(Err(status)) => format!(
@@ -86,7 +87,6 @@ impl Holding<'_> {
             if !self.executor.work.pause_unless_stopping(pause).await {
                 return Fence::GaveUp;
             }
-            delay = (delay * 2).min(FENCE_RETRY_MAX);
         }
     }
 

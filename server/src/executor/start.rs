@@ -105,6 +105,17 @@ impl Reconciler for Executor {
         self.history().remove(cluster);
     }
 
+    /// A state change is worth a look when its slot holds an operation
+    /// that does not run here (one this replica accepted runs already).
+    fn wants(&self, _cluster: &str, state: Option<&crate::store::KeyValue>) -> bool {
+        let Some(kv) = state else { return true };
+        from_json::<StateRecord>(kv).map_or(true, |state| {
+            state
+                .operation
+                .is_some_and(|slot| !self.work.runs(&slot.id))
+        })
+    }
+
     /// Runs the operation in the cluster's slot, if any and not running
     /// here yet: accepted elsewhere, or left by a lost owner.
     async fn reconcile(

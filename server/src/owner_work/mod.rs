@@ -205,9 +205,10 @@ impl OwnerWork {
         claim: Claim,
         marker: Option<&Op>,
     ) -> Result<i64, StoreError> {
-        let mut delay = Duration::from_millis(100);
+        let mut delays = etcd_retries();
         let mut ambiguous = false;
         loop {
+            let delay = delays.next().unwrap_or(ETCD_RETRY_MAX);
             let error = match store.cas(txn.clone()).await {
                 Ok(result) => return Ok(result.revision),
                 Err(error) => error,
@@ -238,7 +239,6 @@ impl OwnerWork {
                 error => return Err(error),
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 }
@@ -254,8 +254,9 @@ impl OwnerWork {
         cluster: &str,
         claim: Claim,
     ) -> Result<Option<crate::store::KeyValue>, StoreError> {
-        let mut delay = Duration::from_millis(100);
+        let mut delays = etcd_retries();
         loop {
+            let delay = delays.next().unwrap_or(ETCD_RETRY_MAX);
             match store.get(key).await {
                 Ok(read) => return Ok(read.into_single()),
                 Err(StoreError::Unavailable(error)) if self.holds(cluster, claim) => {
@@ -264,9 +265,18 @@ impl OwnerWork {
                 Err(error) => return Err(error),
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
+}
+
+/// The longest wait between two attempts at a write or read etcd could
+/// not take.
+const ETCD_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The waits between attempts at a write or read etcd could not take,
+/// for as long as the claim holds: 100 ms, doubling, at most 2 s.
+fn etcd_retries() -> backon::ExponentialBackoff {
+    crate::retry::doubling(Duration::from_millis(100), ETCD_RETRY_MAX)
 }
 
 /// The revision at which `marker` (a put) is in etcd as it would write it,

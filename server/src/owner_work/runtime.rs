@@ -37,6 +37,7 @@ use super::{Held, InFlight, OwnerWork};
 use crate::cluster::{CacheChange, ClusterCache};
 use crate::metrics::{ControllerLabels, Metrics, RequeueLabels};
 use crate::replication::Claim;
+use crate::store::KeyValue;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -100,6 +101,12 @@ pub trait Reconciler: Send + Sync + 'static {
     /// Told before the adoption's trigger that this replica just adopted
     /// `cluster`.
     fn adopted(&self, _cluster: &str) {}
+    /// Whether a change of `cluster` (its state key as written, for a
+    /// state change) is worth a reconcile: a quick look, so that changes
+    /// of no concern to the controller cost it no task.
+    fn wants(&self, _cluster: &str, _state: Option<&KeyValue>) -> bool {
+        true
+    }
     /// Looks at `cluster`, owned here under `claim`.
     async fn reconcile(
         self: Arc<Self>,
@@ -410,9 +417,9 @@ impl Runtime {
                 let Some((cluster, _)) = self.cache.keys().split_cluster_key(&kv.key) else {
                     return;
                 };
-                (cluster.to_string(), true)
+                (cluster.to_string(), Some(kv))
             }
-            Ok(CacheChange::Tasks(cluster)) => (cluster, false),
+            Ok(CacheChange::Tasks(cluster)) => (cluster, None),
             Ok(CacheChange::Relisted) | Err(broadcast::error::RecvError::Lagged(_)) => {
                 self.lanes
                     .iter_mut()
@@ -427,7 +434,8 @@ impl Runtime {
         }
         for lane in &mut self.lanes {
             let triggers = lane.reconciler.triggers();
-            if triggers.tasks || (state && triggers.state) {
+            let follows = triggers.tasks || (state.is_some() && triggers.state);
+            if follows && lane.reconciler.wants(&cluster, state.as_ref()) {
                 lane.push(cluster.clone(), now);
             }
         }

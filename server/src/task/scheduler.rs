@@ -675,6 +675,11 @@ impl Reconciler for TaskScheduler {
         clusters.map(|(name, _)| name).collect()
     }
 
+    /// Only clusters with tasks.
+    fn wants(&self, cluster: &str, _state: Option<&crate::store::KeyValue>) -> bool {
+        self.cache.has_tasks(cluster)
+    }
+
     /// One look at the cluster (see [`TaskScheduler::process`]); again at
     /// its next activation.
     async fn reconcile(

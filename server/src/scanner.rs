@@ -24,7 +24,8 @@
 
 use crate::cluster::machine::Event;
 use crate::cluster::{
-    to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, SCHEMA_VERSION,
+    from_json, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateRecord,
+    SCHEMA_VERSION,
 };
 use crate::executor::Executor;
 use crate::operation::{
@@ -37,6 +38,15 @@ use crate::store::{CmpOp, Compare, Op, Txn};
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The states [`Scanner::check`] acts on.
+const SCANNED: [ClusterState; 5] = [
+    ClusterState::Running,
+    ClusterState::Alert,
+    ClusterState::Stopped,
+    ClusterState::Error,
+    ClusterState::Destroying,
+];
 
 /// The `operation_id` of the scanner's fenced describes.
 const SCAN_OPERATION: &str = "status-scan";
@@ -251,8 +261,24 @@ impl Reconciler for Scanner {
         4
     }
 
+    /// The owned clusters in a state the scanner acts on, with no
+    /// operation (every owned one while the cache is not ready): a fleet
+    /// at rest is mostly clusters it would only look at and leave.
     fn candidates(&self) -> Vec<String> {
-        self.work.replication().owned_clusters()
+        let mut owned = Vec::new();
+        let ready = self.cache.visit_states(|cluster, kv| {
+            if self.work.claim(cluster).is_some() {
+                owned.push((cluster.to_string(), kv.clone()));
+            }
+        });
+        if !ready {
+            return self.work.replication().owned_clusters();
+        }
+        let scanned = owned.into_iter().filter(|(_, kv)| {
+            from_json::<StateRecord>(kv)
+                .is_ok_and(|state| state.operation.is_none() && SCANNED.contains(&state.state))
+        });
+        scanned.map(|(cluster, _)| cluster).collect()
     }
 
     async fn reconcile(

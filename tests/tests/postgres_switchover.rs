@@ -46,29 +46,14 @@ const OPERATION: Duration = Duration::from_secs(180);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_killed_at_each_step_of_a_switchover_leaves_one_primary_and_every_acknowledged_row(
 ) {
-    let etcd = EtcdProcess::start().await;
-    let mut provider = PgProviderProcess::start().await;
-    let endpoint = provider.endpoint();
-    let args = [
-        "--provider",
-        &endpoint,
-        "--lease-ttl",
-        "10",
-        "--scan-interval",
-        "1",
-    ];
-    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "pg-sw", &args).await;
-    let mut client = replica.client().await;
-    let nodes = create(&mut client).await;
-    let primary = nodes
-        .iter()
-        .find(|n| n.role == "control")
-        .expect("a primary");
-    psql(
-        &address(primary),
-        "CREATE TABLE acked (id bigint PRIMARY KEY)",
-    )
-    .expect("create table");
+    // Bound by name, so etcd and the replica live to the test's end.
+    let Deployment {
+        mut provider,
+        mut client,
+        nodes,
+        _replica,
+        _etcd,
+    } = Deployment::start("pg-sw").await;
     let watch = Watch::start(&nodes, true);
 
     for (n, step) in (1..).zip(STEPS) {
@@ -129,29 +114,14 @@ async fn a_provider_killed_at_each_step_of_a_switchover_leaves_one_primary_and_e
 /// final primary, and each killed primary's data directory is kept aside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps_the_old_one() {
-    let etcd = EtcdProcess::start().await;
-    let mut provider = PgProviderProcess::start().await;
-    let endpoint = provider.endpoint();
-    let args = [
-        "--provider",
-        &endpoint,
-        "--lease-ttl",
-        "10",
-        "--scan-interval",
-        "1",
-    ];
-    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "pg-rp", &args).await;
-    let mut client = replica.client().await;
-    let nodes = create(&mut client).await;
-    let primary = nodes
-        .iter()
-        .find(|n| n.role == "control")
-        .expect("a primary");
-    psql(
-        &address(primary),
-        "CREATE TABLE acked (id bigint PRIMARY KEY)",
-    )
-    .expect("create table");
+    // Bound by name, so etcd and the replica live to the test's end.
+    let Deployment {
+        mut provider,
+        mut client,
+        nodes,
+        _replica,
+        _etcd,
+    } = Deployment::start("pg-rp").await;
     let watch = Watch::start(&nodes, false);
 
     for (n, step) in (1u64..).zip(REPAIR_STEPS) {
@@ -257,6 +227,51 @@ async fn replicated_row(client: &mut drover_client::Client, id: u64) -> Vec<v1::
 
 fn addresses_of(nodes: &[v1::Node]) -> Vec<String> {
     nodes.iter().map(address).collect()
+}
+
+/// etcd, the provider, one replica (lease TTL 10 s, a scan every second)
+/// and a cluster of a primary and a standby with an empty `acked` table.
+struct Deployment {
+    provider: PgProviderProcess,
+    client: drover_client::Client,
+    nodes: Vec<v1::Node>,
+    _replica: ReplicaProcess,
+    _etcd: EtcdProcess,
+}
+
+impl Deployment {
+    async fn start(replica_id: &str) -> Self {
+        let etcd = EtcdProcess::start().await;
+        let provider = PgProviderProcess::start().await;
+        let endpoint = provider.endpoint();
+        let args = [
+            "--provider",
+            &endpoint,
+            "--lease-ttl",
+            "10",
+            "--scan-interval",
+            "1",
+        ];
+        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), replica_id, &args).await;
+        let mut client = replica.client().await;
+        let nodes = create(&mut client).await;
+        let primary = nodes
+            .iter()
+            .find(|n| n.role == "control")
+            .expect("a primary");
+        psql(
+            &address(primary),
+            "CREATE TABLE acked (id bigint PRIMARY KEY)",
+        )
+        .expect("create table");
+        Self {
+            provider,
+            client,
+            nodes,
+            _replica: replica,
+            _etcd: etcd,
+        }
+    }
 }
 
 async fn create(client: &mut drover_client::Client) -> Vec<v1::Node> {

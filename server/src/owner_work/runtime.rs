@@ -254,12 +254,19 @@ impl Runtime {
             .work
             .take_requests()
             .expect("one runtime per owner work");
+        // A closed channel would answer at once on every turn: it stops
+        // being polled.
+        let mut following = true;
         while !*stop.borrow() && !self.work.is_stopping() {
             self.dispatch();
             let wake = self.lanes.iter().map(Lane::wake).min();
             let wake = wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                _ = stop.changed() => {}
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
                 Some(joined) = self.running.join_next_with_id(), if !self.running.is_empty() => {
                     self.finished(joined);
                 }
@@ -267,7 +274,10 @@ impl Runtime {
                 Some((controller, cluster)) = requests.recv() => {
                     self.requested(controller, cluster);
                 }
-                change = changes.recv() => self.changed(change),
+                change = changes.recv(), if following => {
+                    following = !matches!(change, Err(broadcast::error::RecvError::Closed));
+                    self.changed(change);
+                }
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
@@ -426,7 +436,8 @@ impl Runtime {
                     .for_each(|lane| lane.next_resync = now);
                 return;
             }
-            // The cache is gone: the replica is stopping.
+            // The cache is gone (the replica is stopping): not followed
+            // any more.
             Err(broadcast::error::RecvError::Closed) => return,
         };
         if self.work.claim(&cluster).is_none() {

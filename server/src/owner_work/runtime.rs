@@ -509,6 +509,87 @@ mod tests {
         }
     }
 
+    /// Counts its reconciles of "c" and how many ran at once; the first
+    /// asks for another look while it runs, then waits to be released.
+    #[derive(Default)]
+    struct Gated {
+        work: std::sync::OnceLock<Arc<OwnerWork>>,
+        calls: std::sync::atomic::AtomicUsize,
+        running: std::sync::atomic::AtomicUsize,
+        most_at_once: std::sync::atomic::AtomicUsize,
+        release: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl Reconciler for Gated {
+        fn controller(&self) -> Controller {
+            Controller::Scanner
+        }
+        fn triggers(&self) -> Triggers {
+            Triggers::default()
+        }
+        fn resync(&self) -> Duration {
+            Duration::from_secs(3600)
+        }
+        fn concurrency(&self) -> usize {
+            4
+        }
+        fn candidates(&self) -> Vec<String> {
+            vec!["c".into()]
+        }
+        async fn reconcile(
+            self: Arc<Self>,
+            cluster: String,
+            _: Claim,
+        ) -> Result<Next, ReconcileError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.running.fetch_add(1, SeqCst) + 1;
+            self.most_at_once.fetch_max(now, SeqCst);
+            if self.calls.fetch_add(1, SeqCst) == 0 {
+                let work = self.work.get().expect("set");
+                work.trigger(Controller::Scanner, &cluster);
+                self.release.notified().await;
+            }
+            self.running.fetch_sub(1, SeqCst);
+            Ok(Next::Idle)
+        }
+    }
+
+    /// A trigger that comes while the cluster's reconcile runs is kept and
+    /// runs it again once it ends, never beside it.
+    #[tokio::test]
+    async fn a_trigger_during_a_reconcile_runs_it_again_after_never_beside() {
+        use crate::store::{MemoryStore, SharedStore};
+        use std::sync::atomic::Ordering::SeqCst;
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = crate::keys::KeyLayout::new("/t/");
+        let replication = crate::replication::owner_of(store.clone(), &keys, &["c"]).await;
+        let cache = ClusterCache::new(store, keys, Metrics::new());
+        let work = OwnerWork::new(replication);
+        let gated = Arc::new(Gated::default());
+        let _ = gated.work.set(Arc::clone(&work));
+        let runtime = Runtime::new(Arc::clone(&work), cache, Metrics::new()).with(gated.clone());
+        let (stop, stopped) = watch::channel(false);
+        let (_adopt, adoptions) = mpsc::unbounded_channel();
+        let loop_ = tokio::spawn(runtime.run(adoptions, stopped));
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while gated.calls.load(SeqCst) < 1 {
+            assert!(std::time::Instant::now() < until, "the first reconcile");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(work.in_flight(), 1, "the reconcile counts for the drain");
+        gated.release.notify_one();
+        while gated.calls.load(SeqCst) < 2 {
+            assert!(std::time::Instant::now() < until, "the trigger's reconcile");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.send(true).unwrap();
+        loop_.await.unwrap();
+        assert_eq!(gated.calls.load(SeqCst), 2);
+        assert_eq!(gated.most_at_once.load(SeqCst), 1, "never beside");
+        assert_eq!(work.in_flight(), 0);
+    }
+
     #[test]
     fn a_cluster_waits_once_at_its_earliest_time_and_after_its_reconcile() {
         let mut lane = Lane::new(Arc::new(Counting));

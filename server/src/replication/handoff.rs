@@ -153,7 +153,7 @@ impl Ownership {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cluster::{to_json, ClusterState, OperationSlot};
     use crate::store::MemoryStore;
@@ -161,7 +161,11 @@ mod tests {
     /// A replica that joined `store` and owns `clusters`, each with a state
     /// key (its slot holding `op-<cluster>` unless the name says idle) and
     /// that operation's record.
-    async fn owner_of(store: SharedStore, keys: &KeyLayout, clusters: &[&str]) -> Arc<Ownership> {
+    pub(crate) async fn owner_of(
+        store: SharedStore,
+        keys: &KeyLayout,
+        clusters: &[&str],
+    ) -> Arc<Ownership> {
         let config = OwnershipConfig {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),

@@ -33,6 +33,9 @@
 
 mod gray_failure;
 mod handoff;
+/// For tests across the crate: a replica that owns the named clusters.
+#[cfg(test)]
+pub(crate) use handoff::tests::owner_of;
 mod liveness;
 mod membership;
 mod owners_view;

@@ -131,16 +131,13 @@ impl Replica {
         let (listener, address) = bind(config.listen).await?;
         let (stop_work, work_stopped) = watch::channel(false);
         let incarnation = admin_http::Incarnation::default();
-        let feed = ConsoleFeed::new();
-        tasks.spawn(
-            "console-feed",
-            Arc::clone(&feed).run(Arc::clone(&cache), keys.clone(), work_stopped.clone()),
-        );
-        let console = Console::new(
-            config.security.tokens.as_ref(),
-            Arc::clone(&cache),
-            operations.clone(),
-            feed,
+        let console = start_console(
+            config,
+            &cache,
+            &keys,
+            &operations,
+            &work_stopped,
+            &mut tasks,
         );
         let admin_listener = bind_admin(config.admin_listen, config.admin_listen_fallback).await?;
         let admin = start_admin(admin_listener, &metrics, &incarnation, console, &mut tasks);
@@ -218,18 +215,37 @@ impl Replica {
             },
             Arc::clone(&self.metrics),
         );
+        self.start_replication(config, &replication, &providers, &work_stopped);
+        let work = OwnerWork::new(Arc::clone(&replication));
+        let executor = self.start_owner_work(config, providers, &work, adoptions, work_stopped);
+        Workers {
+            replication,
+            executor,
+            work,
+        }
+    }
+
+    /// Membership, ownership, the provider probes and the peers' liveness
+    /// connections, as `config` asks.
+    fn start_replication(
+        &mut self,
+        config: &Config,
+        replication: &Arc<Ownership>,
+        providers: &Arc<Providers>,
+        work_stopped: &watch::Receiver<bool>,
+    ) {
         let tasks = &mut self.tasks;
         tasks.spawn(
             "membership",
-            Arc::clone(&replication).run_membership(work_stopped.clone()),
+            Arc::clone(replication).run_membership(work_stopped.clone()),
         );
         tasks.spawn(
             "ownership",
-            Arc::clone(&replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
+            Arc::clone(replication).run_ownership(Arc::clone(&self.cache), work_stopped.clone()),
         );
         if let Some(after) = config.provider_handover_after {
-            let probes = Arc::clone(&replication).run_provider_probes(
-                Arc::clone(&providers),
+            let probes = Arc::clone(replication).run_provider_probes(
+                Arc::clone(providers),
                 Arc::clone(&self.cache),
                 after,
                 work_stopped.clone(),
@@ -239,17 +255,28 @@ impl Replica {
         // Off, a crashed peer is left to its lease TTL (the /liveness
         // endpoint still answers, for peers that do watch).
         if config.peer_liveness {
-            let liveness = Arc::clone(&replication);
+            let liveness = Arc::clone(replication);
             tasks.spawn(
                 "liveness",
                 liveness.run_liveness(Arc::clone(&self.cache), work_stopped.clone()),
             );
         }
-        let work = OwnerWork::new(Arc::clone(&replication));
+    }
+
+    /// The executor, the task scheduler and the scanner, on one owner-work
+    /// runtime; the executor, which requests go to.
+    fn start_owner_work(
+        &mut self,
+        config: &Config,
+        providers: Arc<Providers>,
+        work: &Arc<OwnerWork>,
+        adoptions: tokio::sync::mpsc::UnboundedReceiver<String>,
+        work_stopped: watch::Receiver<bool>,
+    ) -> Arc<Executor> {
         let executor = Executor::new(
             self.operations.clone(),
             Arc::clone(&providers),
-            Arc::clone(&work),
+            Arc::clone(work),
             Arc::clone(&self.cache),
             config.operation_timeouts.clone(),
             config.orphaned_operations,
@@ -257,7 +284,7 @@ impl Replica {
         let scheduler = TaskScheduler::new(
             TaskStore::new(self.store.clone(), self.keys.clone()),
             Arc::clone(&providers),
-            Arc::clone(&work),
+            Arc::clone(work),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
             config.task_run_timeout,
@@ -266,25 +293,44 @@ impl Replica {
             self.operations.clone(),
             Arc::clone(&executor),
             providers,
-            Arc::clone(&work),
+            Arc::clone(work),
             Arc::clone(&self.cache),
             config.scan_interval,
         );
         let runtime = Runtime::new(
-            Arc::clone(&work),
+            Arc::clone(work),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
         )
         .with(executor.clone())
         .with(scheduler)
         .with(scanner);
-        tasks.spawn("owner-work", runtime.run(adoptions, work_stopped));
-        Workers {
-            replication,
-            executor,
-            work,
-        }
+        self.tasks
+            .spawn("owner-work", runtime.run(adoptions, work_stopped));
+        executor
     }
+}
+
+/// The web console, and the feed that keeps it live until `work_stopped`.
+fn start_console(
+    config: &Config,
+    cache: &Arc<ClusterCache>,
+    keys: &KeyLayout,
+    operations: &Operations,
+    work_stopped: &watch::Receiver<bool>,
+    tasks: &mut Supervisor,
+) -> Console {
+    let feed = ConsoleFeed::new();
+    tasks.spawn(
+        "console-feed",
+        Arc::clone(&feed).run(Arc::clone(cache), keys.clone(), work_stopped.clone()),
+    );
+    Console::new(
+        config.security.tokens.as_ref(),
+        Arc::clone(cache),
+        operations.clone(),
+        feed,
+    )
 }
 
 /// Binds `address` and tells where it listens (the port is chosen when

@@ -39,6 +39,8 @@ impl World {
         self.next_id += 1;
         let id = format!("c{}", self.next_id);
         let provider = self.sim.endpoint();
+        // The checker reads back every accepted operation: none may be
+        // collected as history meanwhile (a fast load makes hundreds).
         let args = [
             "--provider",
             provider.as_str(),
@@ -46,6 +48,8 @@ impl World {
             "2",
             "--scan-interval",
             "1",
+            "--operation-history",
+            "10000",
         ];
         let replica = ReplicaProcess::serve_with(&self.etcd.endpoint(), &id, &args).await;
         self.replicas.push((id, replica));

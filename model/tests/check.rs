@@ -220,13 +220,7 @@ fn handing_over_to_an_owner_that_does_not_fence_lets_the_old_call_land_late() {
 /// every property holds (a lease loss moves the cluster between them).
 #[test]
 fn a_join_through_a_lagging_member_moves_every_replica_to_one_base() {
-    let model = Drover {
-        rebases: 1,
-        stalls: 0,
-        slow_calls: 0,
-        read_errors: 0,
-        ..Drover::new(2, 1, 1, 1)
-    };
+    let model = with_a_lagging_member();
     check(model, &[RESUMED, DRAINED, FENCE_RETRIED, ORPHAN_FAILED]);
 }
 
@@ -235,14 +229,7 @@ fn a_join_through_a_lagging_member_moves_every_replica_to_one_base() {
 /// the one the provider saw from the peer.
 #[test]
 fn claiming_without_the_fence_compare_claims_below_a_seen_epoch() {
-    let model = Drover {
-        rebases: 1,
-        stalls: 0,
-        slow_calls: 0,
-        read_errors: 0,
-        ..Drover::new(2, 1, 1, 1)
-    }
-    .with(Flaw::NoFenceCompare);
+    let model = with_a_lagging_member().with(Flaw::NoFenceCompare);
     refute(model, CLAIMS_ABOVE_SEEN);
 }
 
@@ -250,13 +237,7 @@ fn claiming_without_the_fence_compare_claims_below_a_seen_epoch() {
 /// claim after a restore is above every epoch the provider saw.
 #[test]
 fn restoring_one_snapshot_twice_keeps_epochs_growing() {
-    let model = Drover {
-        restores: 2,
-        stalls: 0,
-        slow_calls: 0,
-        read_errors: 0,
-        ..Drover::new(2, 1, 2, 0)
-    };
+    let model = with_two_restores();
     let beyond = [
         RESUMED,
         DRAINED,
@@ -279,13 +260,30 @@ fn restoring_one_snapshot_twice_keeps_epochs_growing() {
 /// restore's epochs again, below what the provider saw.
 #[test]
 fn a_base_from_the_restored_record_repeats_epochs_after_a_second_restore() {
-    let model = Drover {
+    let model = with_two_restores().with(Flaw::BaseFromRestoredRecord);
+    refute(model, CLAIMS_ABOVE_SEEN);
+}
+
+/// Two replicas, one cluster, one request and one lease loss, with one
+/// join through a lagging member (and no other fault, to keep it small).
+fn with_a_lagging_member() -> Drover {
+    Drover {
+        rebases: 1,
+        stalls: 0,
+        slow_calls: 0,
+        read_errors: 0,
+        ..Drover::new(2, 1, 1, 1)
+    }
+}
+
+/// Two replicas, one cluster, two requests and the snapshot restored
+/// twice (no other fault).
+fn with_two_restores() -> Drover {
+    Drover {
         restores: 2,
         stalls: 0,
         slow_calls: 0,
         read_errors: 0,
         ..Drover::new(2, 1, 2, 0)
     }
-    .with(Flaw::BaseFromRestoredRecord);
-    refute(model, CLAIMS_ABOVE_SEEN);
 }

@@ -83,17 +83,8 @@ async fn a_provider_killed_at_each_step_of_a_switchover_leaves_one_primary_and_e
         "{most_writable} nodes took writes at once"
     );
     assert!(!acked.is_empty(), "the writer wrote nothing");
-    let nodes = client
-        .get_cluster("pg")
-        .await
-        .expect("get")
-        .status
-        .unwrap_or_default()
-        .nodes;
-    let primary = nodes
-        .iter()
-        .find(|n| n.role == "control")
-        .expect("a primary");
+    let nodes = nodes_of(&mut client).await;
+    let primary = primary_of(&nodes);
     assert_eq!(writable(&nodes), vec![primary.id.clone()], "{nodes:#?}");
     let rows = psql(&address(primary), "SELECT id FROM acked").expect("read rows");
     let on_primary: BTreeSet<u64> = rows.lines().map(|l| l.parse().unwrap()).collect();
@@ -126,10 +117,7 @@ async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps
 
     for (n, step) in (1u64..).zip(REPAIR_STEPS) {
         let nodes = replicated_row(&mut client, n).await;
-        let primary = nodes
-            .iter()
-            .find(|n| n.role == "control")
-            .expect("a primary");
+        let primary = primary_of(&nodes);
         provider.restart_with_fault(Some(step)).await;
         let pid = postmaster_pid(primary).expect("the primary's postmaster");
         let killed = std::process::Command::new("kill")
@@ -157,13 +145,7 @@ async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps
             v1::OperationState::Succeeded as i32,
             "killed at {step}: {done:#?}"
         );
-        let after = client
-            .get_cluster("pg")
-            .await
-            .expect("get")
-            .status
-            .unwrap_or_default()
-            .nodes;
+        let after = nodes_of(&mut client).await;
         let old = after
             .iter()
             .find(|n| n.id == primary.id)
@@ -181,10 +163,7 @@ async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps
         "{most_writable} nodes took writes at once"
     );
     let nodes = replicated_row(&mut client, 100).await;
-    let primary = nodes
-        .iter()
-        .find(|n| n.role == "control")
-        .expect("a primary");
+    let primary = primary_of(&nodes);
     let rows = psql(&address(primary), "SELECT count(*) FROM acked").expect("read rows");
     assert_eq!(
         rows,
@@ -196,17 +175,8 @@ async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps
 /// Writes row `id` through the primary and waits until every node has
 /// it; the nodes as Drover shows them.
 async fn replicated_row(client: &mut drover_client::Client, id: u64) -> Vec<v1::Node> {
-    let nodes = client
-        .get_cluster("pg")
-        .await
-        .expect("get")
-        .status
-        .unwrap_or_default()
-        .nodes;
-    let primary = nodes
-        .iter()
-        .find(|n| n.role == "control")
-        .expect("a primary");
+    let nodes = nodes_of(client).await;
+    let primary = primary_of(&nodes);
     psql(
         &address(primary),
         &format!("INSERT INTO acked VALUES ({id})"),
@@ -255,10 +225,7 @@ impl Deployment {
         let replica = ReplicaProcess::serve_with(&etcd.endpoint(), replica_id, &args).await;
         let mut client = replica.client().await;
         let nodes = create(&mut client).await;
-        let primary = nodes
-            .iter()
-            .find(|n| n.role == "control")
-            .expect("a primary");
+        let primary = primary_of(&nodes);
         psql(
             &address(primary),
             "CREATE TABLE acked (id bigint PRIMARY KEY)",
@@ -298,10 +265,23 @@ async fn create(client: &mut drover_client::Client) -> Vec<v1::Node> {
         v1::OperationState::Succeeded as i32,
         "{done:#?}"
     );
-    let cluster = client.get_cluster("pg").await.expect("get");
-    let nodes = cluster.status.unwrap_or_default().nodes;
+    let nodes = nodes_of(client).await;
     assert_eq!(nodes.len(), 2, "{nodes:#?}");
     nodes
+}
+
+/// The cluster's nodes as Drover shows them.
+async fn nodes_of(client: &mut drover_client::Client) -> Vec<v1::Node> {
+    let cluster = client.get_cluster("pg").await.expect("get");
+    cluster.status.unwrap_or_default().nodes
+}
+
+/// The node Drover shows as the primary (the control node).
+fn primary_of(nodes: &[v1::Node]) -> &v1::Node {
+    nodes
+        .iter()
+        .find(|n| n.role == "control")
+        .expect("a primary")
 }
 
 /// A writer (when asked for) inserting ids through whichever node takes

@@ -7,8 +7,8 @@
 //! validates it and hands it to [`executor`], which plans it with
 //! [`operation`] and writes it through [`store`].
 //!
-//! - [`kind`], [`names`], [`net`]: leaves: the operation kinds, the DNS-1123
-//!   rule for names in keys, accepting connections.
+//! - [`names`], [`net`]: leaves: the DNS-1123 rule for names in keys,
+//!   accepting connections.
 //! - `sync`: locking a mutex that a panic poisoned.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
 //! - [`config`]: flags, environment and file, one row per setting,
@@ -26,6 +26,10 @@
 //!   its own) and the simulated provider.
 //! - [`replication`]: who owns which cluster (membership, owner keys claimed
 //!   by rendezvous hashing) and the fence every owner write carries.
+//! - [`kind`]: one module per operation kind with everything the server
+//!   knows of it (its RPC and role, request fields, event, spec edit,
+//!   refusals, steps): the accept and the executor ask it, never match on
+//!   a kind.
 //! - [`owner_work`]: what the executor, task scheduler and scanner share: the
 //!   claim check, in-flight marks, the stop flag and the fenced commit, and
 //!   the one runtime that runs the three as reconcilers (its queue merges

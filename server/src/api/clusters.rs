@@ -5,14 +5,11 @@ use super::convert::{
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{
-    Autoscaling, ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError,
-};
+use crate::cluster::{ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError};
 use crate::executor::Executor;
 use crate::keys::leaf;
-use crate::operation::{
-    LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
-};
+use crate::kind::{Call, LifecycleCall};
+use crate::operation::{LifecycleError, LifecycleRequest, OperationKind, Operations};
 use crate::provider::Providers;
 use crate::store::EventKind;
 use crate::task::TaskError;
@@ -24,31 +21,6 @@ use tonic::{Request, Response, Status};
 
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
-
-const MAX_ADD_NODES: u32 = 100;
-
-/// The lifecycle requests that carry nothing but the cluster's name and a
-/// request id.
-trait NameOnly {
-    fn name_and_request_id(self) -> (String, String);
-}
-
-macro_rules! name_only {
-    ($($request:ty),*) => {$(
-        impl NameOnly for $request {
-            fn name_and_request_id(self) -> (String, String) {
-                (self.name, self.request_id)
-            }
-        }
-    )*};
-}
-
-name_only!(
-    v1::DeleteClusterRequest,
-    v1::StartClusterRequest,
-    v1::StopClusterRequest,
-    v1::RecoverClusterRequest
-);
 
 /// Serves cluster CRUD and lifecycle requests.
 pub struct ClustersService {
@@ -114,113 +86,30 @@ impl ClustersService {
         ))
     }
 
-    /// A lifecycle request that names only its cluster (delete, start,
-    /// stop, recover): one body for the four.
-    async fn name_only(
+    /// Any lifecycle request: its kind reads and checks its own fields,
+    /// then the common ones are checked and the request accepted.
+    async fn lifecycle<R: LifecycleCall>(
         &self,
-        request: Request<impl NameOnly>,
-        kind: OperationKind,
+        request: Request<R>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let (name, request_id) = request.into_inner().name_and_request_id();
-        let params = OperationParams::default();
-        let op = self.lifecycle(&name, &request_id, kind, params).await?;
-        Ok(Response::new(op))
+        let call = request.into_inner().into_call().map_err(ApiError::from)?;
+        Ok(Response::new(self.accept(R::KIND, call).await?))
     }
 
-    /// Validates the common fields and accepts the request.
-    async fn lifecycle(
-        &self,
-        name: &str,
-        request_id: &str,
-        kind: OperationKind,
-        params: OperationParams,
-    ) -> ApiResult<v1::Operation> {
-        validate::cluster_name("name", name)?;
-        validate::request_id("request_id", request_id)?;
+    async fn accept(&self, kind: OperationKind, call: Call) -> ApiResult<v1::Operation> {
+        validate::cluster_name("name", &call.name)?;
+        validate::request_id("request_id", &call.request_id)?;
         let Some(executor) = &self.executor else {
             return Err(LifecycleError::NoProvider.into());
         };
         let request = LifecycleRequest {
             kind,
-            params,
-            request_id: request_id.to_string(),
+            params: call.params,
+            request_id: call.request_id,
         };
-        Ok(operation_to_proto(executor.submit(name, request).await?))
-    }
-
-    async fn scale(&self, request: v1::ScaleClusterRequest) -> ApiResult<v1::Operation> {
-        if request.worker_nodes.is_none()
-            && request.node_offering.is_none()
-            && request.autoscaling.is_none()
-        {
-            return Err(FieldError::new(
-                "worker_nodes",
-                "one of worker_nodes, node_offering or autoscaling is required",
-            )
-            .into());
-        }
-        if let Some(offering) = &request.node_offering {
-            validate::node_offering("node_offering", offering)?;
-        }
-        if request
-            .worker_nodes
-            .is_some_and(|n| n > validate::MAX_WORKER_NODES)
-        {
-            return Err(FieldError::new(
-                "worker_nodes",
-                format!("must be at most {}", validate::MAX_WORKER_NODES),
-            )
-            .into());
-        }
-        let params = OperationParams {
-            worker_nodes: request.worker_nodes,
-            node_offering: request.node_offering,
-            autoscaling: request.autoscaling.map(|a| Autoscaling {
-                enabled: a.enabled,
-                min: a.min,
-                max: a.max,
-            }),
-            ..OperationParams::default()
-        };
-        self.lifecycle(
-            &request.name,
-            &request.request_id,
-            OperationKind::Scale,
-            params,
-        )
-        .await
-    }
-
-    async fn remove_nodes(&self, request: v1::RemoveNodesRequest) -> ApiResult<v1::Operation> {
-        if request.node_ids.is_empty() {
-            return Err(FieldError::new("node_ids", "at least one node id is required").into());
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (i, id) in request.node_ids.iter().enumerate() {
-            if id.is_empty() || id.len() > 128 {
-                return Err(
-                    FieldError::new(format!("node_ids[{i}]"), "must be 1-128 characters").into(),
-                );
-            }
-            if !seen.insert(id) {
-                return Err(FieldError::new(
-                    format!("node_ids[{i}]"),
-                    format!("{id:?} is listed twice"),
-                )
-                .into());
-            }
-        }
-        let params = OperationParams {
-            node_ids: request.node_ids,
-            ..OperationParams::default()
-        };
-        self.lifecycle(
-            &request.name,
-            &request.request_id,
-            OperationKind::RemoveNodes,
-            params,
-        )
-        .await
+        Ok(operation_to_proto(
+            executor.submit(&call.name, request).await?,
+        ))
     }
 
     async fn create(
@@ -527,80 +416,56 @@ impl Clusters for ClustersService {
         &self,
         request: Request<v1::DeleteClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        self.name_only(request, OperationKind::Destroy).await
+        self.lifecycle(request).await
     }
 
     async fn start_cluster(
         &self,
         request: Request<v1::StartClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        self.name_only(request, OperationKind::Start).await
+        self.lifecycle(request).await
     }
 
     async fn stop_cluster(
         &self,
         request: Request<v1::StopClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        self.name_only(request, OperationKind::Stop).await
+        self.lifecycle(request).await
     }
 
     async fn scale_cluster(
         &self,
         request: Request<v1::ScaleClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        Ok(Response::new(self.scale(request.into_inner()).await?))
+        self.lifecycle(request).await
     }
 
     async fn upgrade_cluster(
         &self,
         request: Request<v1::UpgradeClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        validate::version("version", &r.version).map_err(ApiError::from)?;
-        let params = OperationParams {
-            version: Some(r.version),
-            allow_downgrade: r.allow_downgrade,
-            ..OperationParams::default()
-        };
-        Ok(Response::new(
-            self.lifecycle(&r.name, &r.request_id, OperationKind::Upgrade, params)
-                .await?,
-        ))
+        self.lifecycle(request).await
     }
 
     async fn add_nodes(
         &self,
         request: Request<v1::AddNodesRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        if !(1..=MAX_ADD_NODES).contains(&r.count) {
-            let error = FieldError::new("count", format!("must be between 1 and {MAX_ADD_NODES}"));
-            return Err(ApiError::from(error).into());
-        }
-        let params = OperationParams {
-            add_count: Some(r.count),
-            ..OperationParams::default()
-        };
-        Ok(Response::new(
-            self.lifecycle(&r.name, &r.request_id, OperationKind::AddNodes, params)
-                .await?,
-        ))
+        self.lifecycle(request).await
     }
 
     async fn remove_nodes(
         &self,
         request: Request<v1::RemoveNodesRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        Ok(Response::new(
-            ClustersService::remove_nodes(self, request.into_inner()).await?,
-        ))
+        self.lifecycle(request).await
     }
 
     async fn recover_cluster(
         &self,
         request: Request<v1::RecoverClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        self.name_only(request, OperationKind::Recover).await
+        self.lifecycle(request).await
     }
 }
 

@@ -140,17 +140,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
 }
 
 pub fn kind_to_proto(kind: OperationKind) -> v1::OperationKind {
-    use v1::OperationKind as P;
-    match kind {
-        OperationKind::Start => P::Start,
-        OperationKind::Stop => P::Stop,
-        OperationKind::Scale => P::Scale,
-        OperationKind::Upgrade => P::Upgrade,
-        OperationKind::AddNodes => P::AddNodes,
-        OperationKind::RemoveNodes => P::RemoveNodes,
-        OperationKind::Destroy => P::Destroy,
-        OperationKind::Recover => P::Recover,
-    }
+    kind.rules().proto()
 }
 
 fn operation_state_to_proto(state: OperationState) -> v1::OperationState {

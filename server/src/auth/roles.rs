@@ -1,5 +1,6 @@
 //! The role table: the least role each RPC needs.
 
+use crate::kind::kind_of_rpc;
 use serde::Deserialize;
 
 /// Roles, each allowed everything the one before it is.
@@ -32,21 +33,14 @@ pub enum Access {
     Needs(Role),
 }
 
-/// Every drover.v1 RPC and the least role that may call it.
+/// Every drover.v1 RPC but the lifecycle ones (each kind's module names its
+/// own: `crate::kind`) and the least role that may call it.
 pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/drover.v1.Clusters/GetCluster", Role::Viewer),
     ("/drover.v1.Clusters/ListClusters", Role::Viewer),
     ("/drover.v1.Clusters/WatchClusters", Role::Viewer),
     ("/drover.v1.Clusters/CreateCluster", Role::Operator),
     ("/drover.v1.Clusters/UpdateCluster", Role::Operator),
-    ("/drover.v1.Clusters/StartCluster", Role::Operator),
-    ("/drover.v1.Clusters/StopCluster", Role::Operator),
-    ("/drover.v1.Clusters/ScaleCluster", Role::Operator),
-    ("/drover.v1.Clusters/UpgradeCluster", Role::Operator),
-    ("/drover.v1.Clusters/AddNodes", Role::Operator),
-    ("/drover.v1.Clusters/RemoveNodes", Role::Operator),
-    ("/drover.v1.Clusters/RecoverCluster", Role::Operator),
-    ("/drover.v1.Clusters/DeleteCluster", Role::Admin),
     ("/drover.v1.Operations/GetOperation", Role::Viewer),
     ("/drover.v1.Operations/ListOperations", Role::Viewer),
     ("/drover.v1.Operations/WaitOperation", Role::Viewer),
@@ -73,16 +67,18 @@ pub fn required_role(path: &str) -> Access {
     if OPEN_SERVICES.iter().any(|open| path.starts_with(open)) {
         return Access::Open;
     }
-    let role = RPC_ROLES
-        .iter()
-        .find(|(rpc, _)| *rpc == path)
-        .map_or(Role::Admin, |(_, role)| *role);
+    let listed = RPC_ROLES.iter().find(|(rpc, _)| *rpc == path);
+    let role = match listed {
+        Some((_, role)) => *role,
+        None => kind_of_rpc(path).map_or(Role::Admin, |kind| kind.rules().role()),
+    };
     Access::Needs(role)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kind::OperationKind;
     use prost::Message;
 
     /// Every RPC the contract declares is in the table (and nothing else).
@@ -103,7 +99,9 @@ mod tests {
             })
             .collect();
         declared.sort();
+        let lifecycle = OperationKind::ALL.map(|kind| kind.rules().rpc().to_string());
         let mut listed: Vec<String> = RPC_ROLES.iter().map(|(p, _)| p.to_string()).collect();
+        listed.extend(lifecycle);
         listed.sort();
         assert_eq!(declared, listed);
     }
@@ -116,5 +114,13 @@ mod tests {
             Access::Needs(Role::Admin)
         );
         assert!(Role::Viewer < Role::Operator && Role::Operator < Role::Admin);
+    }
+
+    #[test]
+    fn lifecycle_rpcs_need_their_kinds_role() {
+        let start = required_role("/drover.v1.Clusters/StartCluster");
+        assert_eq!(start, Access::Needs(Role::Operator));
+        let delete = required_role("/drover.v1.Clusters/DeleteCluster");
+        assert_eq!(delete, Access::Needs(Role::Admin));
     }
 }

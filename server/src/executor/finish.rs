@@ -8,7 +8,7 @@ use crate::cluster::{
     now_rfc3339, to_json, LastOperation, StateRecord, StatusRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
-use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState};
+use crate::operation::{LifecycleError, OperationError, OperationState};
 use crate::provider::{node_status, DESCRIBE_TIMEOUT};
 use crate::store::{Op, StoreFailure};
 use drover_proto::provider::v1 as pb;
@@ -153,7 +153,7 @@ impl Holding<'_> {
             if self.nodes_fresh && all_at_version(&self.nodes, version) {
                 status.current_version = Some(version.clone());
             }
-            if self.operation.kind == OperationKind::Destroy {
+            if self.operation.kind.rules().clears_nodes() {
                 status.nodes.clear();
             }
         }
@@ -179,16 +179,10 @@ impl Holding<'_> {
         error: Option<OperationError>,
     ) -> Result<(), LifecycleError> {
         let from = self.cluster.state.state;
-        // A go-ahead destroy that works completes, a go-ahead start that
-        // works recovers an Error cluster; other go-aheads stay.
-        let go_ahead_moves = matches!(
-            self.operation.kind,
-            OperationKind::Destroy | OperationKind::Start
-        );
         let to = machine::final_state(
             from,
             self.operation.go_ahead,
-            go_ahead_moves,
+            self.operation.kind.rules().go_ahead_moves(),
             state == OperationState::Succeeded,
             event,
         );

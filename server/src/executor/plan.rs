@@ -1,116 +1,21 @@
-//! The steps of each operation kind, as provider calls.
+//! Planning an operation: its kind's steps (see `crate::kind`), and where
+//! a resumed run picks up.
 
-use crate::cluster::machine::Event;
-use crate::cluster::{ClusterState, Spec};
-use crate::operation::{OperationKind, OperationRecord};
+use crate::cluster::Spec;
+use crate::operation::OperationRecord;
 use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
 
-/// One provider call of an operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Provisions the cluster's nodes (powered on).
-    CreateNodes,
-    StartNodes,
-    StopNodes,
-    Resize {
-        workers: Option<u32>,
-        offering: Option<String>,
-    },
-    UpgradeNode {
-        node_id: String,
-        version: String,
-    },
-    /// Deletes these nodes, or every node when empty.
-    DeleteNodes(Vec<String>),
-    /// Restarts or rebuilds the nodes that are down (a provider without
-    /// RepairNodes has nothing to do here: the health check decides).
-    RepairNodes,
-    /// Every node must be on and healthy.
-    HealthCheck,
-}
-
-impl Step {
-    pub fn name(&self) -> String {
-        match self {
-            Step::CreateNodes => "create nodes".into(),
-            Step::StartNodes => "start nodes".into(),
-            Step::StopNodes => "stop nodes".into(),
-            Step::Resize { workers, offering } => match (workers, offering) {
-                (Some(n), Some(o)) => format!("resize to {n} workers of offering {o}"),
-                (Some(n), None) => format!("resize to {n} workers"),
-                (None, Some(o)) => format!("change the node offering to {o}"),
-                (None, None) => "resize".into(),
-            },
-            Step::UpgradeNode { node_id, version } => {
-                format!("upgrade node {node_id} to {version}")
-            }
-            Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
-            Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
-            Step::RepairNodes => "repair nodes".into(),
-            Step::HealthCheck => "health check".into(),
-        }
-    }
-
-    /// The provider call the step makes: a metric label, so bounded.
-    pub fn provider_call(&self) -> &'static str {
-        match self {
-            Step::CreateNodes => "CreateNodes",
-            Step::StartNodes => "StartNodes",
-            Step::StopNodes => "StopNodes",
-            Step::Resize { .. } => "ResizeNodes",
-            Step::UpgradeNode { .. } => "UpgradeNode",
-            Step::DeleteNodes(_) => "DeleteNodes",
-            Step::RepairNodes => "RepairNodes",
-            Step::HealthCheck => "DescribeCluster",
-        }
-    }
-
-    /// Whether the step changes anything at the provider. Progress is
-    /// persisted (and a cancel noticed) only before such steps: a read-only
-    /// step needs neither.
-    pub fn is_mutating(&self) -> bool {
-        !matches!(self, Step::HealthCheck)
-    }
-
-    /// The event a failure of this step sends: provisioning failures end in
-    /// Error, everything else as the table says for OperationFailed.
-    pub fn failure_event(&self) -> Event {
-        match self {
-            Step::CreateNodes => Event::CreateFailed,
-            _ => Event::OperationFailed,
-        }
-    }
-}
+pub use crate::kind::Step;
 
 /// Whether planning `operation` depends on the nodes as they are now; when
 /// it does not, the executor skips describing them first.
 pub fn needs_nodes(operation: &OperationRecord) -> bool {
-    match operation.kind {
-        // Only a cluster in Error may lack its nodes (its provisioning
-        // failed), and its start then creates them. A stopped cluster has
-        // its nodes: should they have vanished behind Drover's back, the
-        // start fails with the provider's NOT_FOUND instead of silently
-        // provisioning new, empty ones.
-        OperationKind::Start => operation.from_state == ClusterState::Error,
-        OperationKind::Upgrade => true,
-        // A cluster never started has no nodes: nothing to look at.
-        OperationKind::Stop => operation.go_ahead && operation.from_state != ClusterState::Created,
-        OperationKind::Scale
-        | OperationKind::AddNodes
-        | OperationKind::RemoveNodes
-        | OperationKind::Destroy
-        | OperationKind::Recover => false,
-    }
+    operation.kind.rules().needs_nodes(operation)
 }
 
-/// Why `operation` cannot be planned from `nodes` (the provider's answer):
-/// an upgrade of a cluster the provider shows no nodes of would have no
-/// steps and "succeed" with nothing upgraded.
+/// Why `operation` cannot be planned from `nodes` (the provider's answer).
 pub fn check_plan_input(operation: &OperationRecord, nodes: &[ProviderNode]) -> Result<(), String> {
-    if operation.kind == OperationKind::Upgrade && nodes.is_empty() {
-        return Err("the provider shows no nodes for the cluster: nothing to upgrade".into());
-    }
-    Ok(())
+    operation.kind.rules().check_plan_input(operation, nodes)
 }
 
 /// Where a RUNNING operation resumed under the claim that ran it picks up:
@@ -142,67 +47,15 @@ pub fn plan(
     nodes: &[ProviderNode],
     order: UpgradeOrder,
 ) -> Vec<Step> {
-    let params = &operation.params;
-    match operation.kind {
-        // The first start provisions (creating is idempotent); so does a
-        // start of a cluster whose provisioning failed (Error, no nodes).
-        OperationKind::Start
-            if params.provision
-                || operation.from_state == ClusterState::Created
-                || (needs_nodes(operation) && nodes.is_empty()) =>
-        {
-            vec![Step::CreateNodes, Step::HealthCheck]
-        }
-        OperationKind::Start => vec![Step::StartNodes, Step::HealthCheck],
-        // A cluster that was never provisioned has nothing to stop (a
-        // Created one never was: the provider is not even asked).
-        OperationKind::Stop if nodes.is_empty() && operation.go_ahead => vec![],
-        OperationKind::Stop => vec![Step::StopNodes],
-        OperationKind::Scale => vec![Step::Resize {
-            workers: (params.worker_nodes.is_some() || params.autoscaling.is_some())
-                .then_some(spec.worker_nodes),
-            offering: params.node_offering.clone(),
-        }],
-        OperationKind::Upgrade => {
-            let target = params
-                .version
-                .clone()
-                .unwrap_or_else(|| spec.version.clone());
-            // By role in the provider's order (control nodes first unless it
-            // says workers first: a database switches its primary over to an
-            // upgraded replica last); nodes already at the target are
-            // skipped, so an interrupted upgrade can simply be run again.
-            let mut pending: Vec<&ProviderNode> =
-                nodes.iter().filter(|n| n.version != target).collect();
-            let control_last = order == UpgradeOrder::WorkersFirst;
-            pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
-            pending
-                .into_iter()
-                .map(|n| Step::UpgradeNode {
-                    node_id: n.id.clone(),
-                    version: target.clone(),
-                })
-                .collect()
-        }
-        OperationKind::AddNodes => vec![Step::Resize {
-            workers: Some(spec.worker_nodes),
-            offering: None,
-        }],
-        OperationKind::RemoveNodes => vec![Step::DeleteNodes(params.node_ids.clone())],
-        // A cluster never started has nothing at the provider: deleting it
-        // calls nothing.
-        OperationKind::Destroy if operation.from_state == ClusterState::Created => vec![],
-        OperationKind::Destroy => vec![Step::DeleteNodes(Vec::new())],
-        // The provider restarts or rebuilds what is down; then, as for any
-        // operation that ends with the cluster up, every node must be ready.
-        OperationKind::Recover => vec![Step::RepairNodes, Step::HealthCheck],
-    }
+    operation.kind.rules().plan(operation, spec, nodes, order)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::OperationParams;
+    use crate::cluster::machine::Event;
+    use crate::cluster::ClusterState;
+    use crate::operation::{OperationKind, OperationParams};
 
     const CONTROL_FIRST: UpgradeOrder = UpgradeOrder::ControlFirst;
 
@@ -216,27 +69,6 @@ mod tests {
             offering: "m".into(),
             facts: Default::default(),
         }
-    }
-
-    /// Step names are what an operator reads in progress and errors: words,
-    /// not Rust's debug text.
-    #[test]
-    fn a_resize_is_named_in_words() {
-        let resize = |workers, offering: Option<&str>| Step::Resize {
-            workers,
-            offering: offering.map(String::from),
-        };
-        assert_eq!(resize(Some(3), None).name(), "resize to 3 workers");
-        assert_eq!(
-            resize(None, Some("m2")).name(),
-            "change the node offering to m2"
-        );
-        assert_eq!(
-            resize(Some(5), Some("m2")).name(),
-            "resize to 5 workers of offering m2"
-        );
-        let all = [resize(Some(3), None), resize(None, Some("m2"))];
-        assert!(all.iter().all(|s| !s.name().contains("Some(")));
     }
 
     fn start_from(from: ClusterState) -> OperationRecord {

@@ -7,7 +7,7 @@ use super::holding::{error, Holding, Interrupt};
 use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::Event;
 use crate::cluster::now_rfc3339;
-use crate::operation::{LifecycleError, OperationError, OperationKind, OperationState, Progress};
+use crate::operation::{LifecycleError, OperationError, OperationState, Progress};
 use drover_proto::provider::v1::UpgradeOrder;
 use tonic::Code;
 
@@ -184,7 +184,13 @@ impl Holding<'_> {
         };
         check_plan_input(&self.operation, &nodes)
             .map_err(|message| error(Code::FailedPrecondition, message))?;
-        let order = if self.operation.kind == OperationKind::Upgrade {
+        let spec = &self.cluster.spec.spec;
+        let changes_versions = self
+            .operation
+            .kind
+            .rules()
+            .target_version(&self.operation, spec);
+        let order = if changes_versions.is_some() {
             self.upgrade_order(deadline).await?
         } else {
             UpgradeOrder::ControlFirst
@@ -251,21 +257,18 @@ impl Holding<'_> {
     /// Success only as the provider shows it: an upgrade ends with every
     /// node at the target version.
     fn check_outcome(&self) -> Result<(), Option<OperationError>> {
-        if self.operation.kind != OperationKind::Upgrade {
+        let spec = &self.cluster.spec.spec;
+        let rules = self.operation.kind.rules();
+        let Some(target) = rules.target_version(&self.operation, spec) else {
             return Ok(());
-        }
-        let params = &self.operation.params;
-        let target = params
-            .version
-            .as_ref()
-            .unwrap_or(&self.cluster.spec.spec.version);
-        if self.nodes_fresh && all_at_version(&self.nodes, target) {
+        };
+        if self.nodes_fresh && all_at_version(&self.nodes, &target) {
             return Ok(());
         }
         let behind: Vec<&str> = self
             .nodes
             .iter()
-            .filter(|n| &n.version != target)
+            .filter(|n| n.version != target)
             .map(|n| n.id.as_str())
             .collect();
         let message = format!(

@@ -25,56 +25,15 @@ struct Admitted {
     spec_only: bool,
 }
 
-/// Scaling to `params` from `spec`.
-fn scale_event(spec: &Spec, params: &OperationParams) -> Event {
-    if params.autoscaling.is_some() {
-        Event::AutoscaleRequested
-    } else if params.worker_nodes.is_some_and(|n| n < spec.worker_nodes) {
-        Event::ScaleDownRequested
-    } else {
-        Event::ScaleUpRequested
-    }
-}
-
-fn desired_spec(
-    current: &Spec,
-    kind: OperationKind,
-    params: &OperationParams,
-) -> Result<Option<Spec>> {
+/// The spec after `request` on a cluster with `current`, validated; None
+/// when the request leaves it as it is.
+fn desired_spec(current: &Spec, request: &LifecycleRequest) -> Result<Option<Spec>> {
     let mut spec = current.clone();
-    match kind {
-        OperationKind::Scale => {
-            if let Some(workers) = params.worker_nodes {
-                spec.worker_nodes = workers;
-            }
-            if let Some(offering) = &params.node_offering {
-                spec.node_offering = offering.clone();
-            }
-            if let Some(autoscaling) = &params.autoscaling {
-                spec.autoscaling = autoscaling.clone();
-            }
-        }
-        OperationKind::Upgrade => {
-            spec.version = params.version.clone().unwrap_or_default();
-        }
-        OperationKind::AddNodes => {
-            spec.worker_nodes += params.add_count.unwrap_or(0);
-        }
-        OperationKind::RemoveNodes => {
-            let removed = params.node_ids.len() as u32;
-            if removed > spec.worker_nodes {
-                return Err(FieldError::new(
-                    "node_ids",
-                    format!("the cluster has only {} worker nodes", spec.worker_nodes),
-                )
-                .into());
-            }
-            spec.worker_nodes -= removed;
-        }
-        _ => return Ok(None),
+    if !request.kind.rules().edit_spec(&mut spec, &request.params)? {
+        return Ok(None);
     }
     validate::spec("spec", &spec).map_err(|mut error| {
-        error.field = request_field(kind, &error.field);
+        error.field = request_field(request.kind, &error.field);
         error
     })?;
     Ok((spec != *current).then_some(spec))
@@ -84,115 +43,39 @@ fn desired_spec(
 /// caller sent `count` or `autoscaling`, not a spec.
 pub fn request_field(kind: OperationKind, spec_field: &str) -> String {
     let field = spec_field.strip_prefix("spec.").unwrap_or(spec_field);
-    match (kind, field) {
-        (OperationKind::AddNodes, "worker_nodes") => "count".to_string(),
-        (OperationKind::RemoveNodes, "worker_nodes") => "node_ids".to_string(),
-        _ => field.to_string(),
-    }
-}
-
-/// The highest version the cluster runs, as far as Drover saw: its
-/// current version and every node's (a failed upgrade leaves some nodes
-/// ahead of the current version). Versions that do not parse (written
-/// before versions were semantic) are left out: they cannot be compared.
-fn running_version(cluster: &ClusterRecord) -> Option<semver::Version> {
-    let status = cluster.status.as_ref()?;
-    let nodes = status.nodes.iter().map(|node| &node.version);
-    status
-        .current_version
-        .iter()
-        .chain(nodes)
-        .filter_map(|version| validate::parse_version(version).ok())
-        .max()
-}
-
-/// Refuses an upgrade to a version lower than the one the cluster runs,
-/// unless the caller allowed a downgrade. The same version is allowed: it
-/// completes an interrupted upgrade (nodes already there are skipped).
-fn check_downgrade(cluster: &ClusterRecord, params: &OperationParams) -> Result<()> {
-    let target = params.version.as_deref().unwrap_or_default();
-    let (Some(current), Ok(parsed)) = (running_version(cluster), validate::parse_version(target))
-    else {
-        return Ok(());
-    };
-    if parsed < current && !params.allow_downgrade {
-        return Err(LifecycleError::Downgrade {
-            cluster: cluster.spec.name.clone(),
-            current: current.to_string(),
-            target: target.to_string(),
-        });
-    }
-    Ok(())
+    kind.rules()
+        .request_field(field)
+        .unwrap_or(field)
+        .to_string()
 }
 
 fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted> {
-    let name = &cluster.spec.name;
+    let rules = request.kind.rules();
     let state = cluster.state.state;
     let spec = &cluster.spec.spec;
-    let event = match request.kind {
-        OperationKind::Start => Event::StartRequested,
-        OperationKind::Stop => Event::StopRequested,
-        OperationKind::Scale => scale_event(spec, &request.params),
-        OperationKind::Upgrade => Event::UpgradeRequested,
-        OperationKind::AddNodes => Event::AddNodeRequested,
-        OperationKind::RemoveNodes => Event::RemoveNodeRequested,
-        OperationKind::Destroy => Event::DestroyRequested,
-        OperationKind::Recover => Event::RecoveryRequested,
-    };
-    let desired = desired_spec(spec, request.kind, &request.params)?;
-    if request.kind == OperationKind::Upgrade {
-        check_downgrade(cluster, &request.params)?;
-    }
-    if request.kind == OperationKind::Scale {
-        if state == ClusterState::Created {
-            // Nothing exists yet: scaling only edits what will be created.
-            return Ok(Admitted {
-                event,
-                entered: state,
-                spec: desired,
-                spec_only: true,
-            });
-        }
-        if state == ClusterState::Stopped {
-            let only_offering = desired.as_ref().is_none_or(|d| {
-                d.worker_nodes == spec.worker_nodes && d.autoscaling == spec.autoscaling
-            });
-            if !only_offering {
-                return Err(LifecycleError::StoppedClusterScale(name.clone()));
-            }
-        }
+    let event = rules.event(spec, &request.params);
+    let desired = desired_spec(spec, request)?;
+    rules.refuse(cluster, &request.params, desired.as_ref())?;
+    if rules.spec_only(state) {
+        return Ok(Admitted {
+            event,
+            entered: state,
+            spec: desired,
+            spec_only: true,
+        });
     }
     let entered = match machine::admit(state, event) {
         Some(Admission::Moves(to)) => to,
         Some(Admission::GoAhead) => state,
         None => {
             return Err(LifecycleError::NoTransition {
-                cluster: name.clone(),
+                cluster: cluster.spec.name.clone(),
                 state,
                 kind: request.kind.name(),
             })
         }
     };
-    if request.kind == OperationKind::RemoveNodes {
-        // Checked before anything is written: the spec would lose a worker
-        // for a node the provider then fails to find (or, for a control
-        // node, removes).
-        for (i, id) in request.params.node_ids.iter().enumerate() {
-            let worker = cluster.status.as_ref().is_some_and(|status| {
-                status
-                    .nodes
-                    .iter()
-                    .any(|node| node.id == *id && node.role == "worker")
-            });
-            if !worker {
-                return Err(FieldError::new(
-                    format!("node_ids[{i}]"),
-                    format!("{id:?} is not a worker node of cluster {name}"),
-                )
-                .into());
-            }
-        }
-    }
+    rules.refuse_admitted(cluster, &request.params)?;
     Ok(Admitted {
         event,
         entered,

@@ -1,0 +1,142 @@
+//! Upgrade: moves every node to a version, node by node in the order the
+//! provider asks for; it succeeds only when the provider shows every node
+//! at the target.
+
+use super::{Call, KindRules, LifecycleCall, OperationKind, Step};
+use crate::cluster::machine::Event;
+use crate::cluster::validate::{self, FieldError};
+use crate::cluster::{ClusterRecord, Spec};
+use crate::operation::{LifecycleError, OperationParams, OperationRecord};
+use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::v1;
+
+pub struct Upgrade;
+
+impl LifecycleCall for v1::UpgradeClusterRequest {
+    const KIND: OperationKind = OperationKind::Upgrade;
+
+    fn into_call(self) -> Result<Call, FieldError> {
+        validate::version("version", &self.version)?;
+        let params = OperationParams {
+            version: Some(self.version),
+            allow_downgrade: self.allow_downgrade,
+            ..OperationParams::default()
+        };
+        Ok(Call {
+            name: self.name,
+            request_id: self.request_id,
+            params,
+        })
+    }
+}
+
+/// The highest version the cluster runs, as far as Drover saw: its
+/// current version and every node's (a failed upgrade leaves some nodes
+/// ahead of the current version). Versions that do not parse (written
+/// before versions were semantic) are left out: they cannot be compared.
+fn running_version(cluster: &ClusterRecord) -> Option<semver::Version> {
+    let status = cluster.status.as_ref()?;
+    let nodes = status.nodes.iter().map(|node| &node.version);
+    status
+        .current_version
+        .iter()
+        .chain(nodes)
+        .filter_map(|version| validate::parse_version(version).ok())
+        .max()
+}
+
+impl KindRules for Upgrade {
+    fn rpc(&self) -> &'static str {
+        "/drover.v1.Clusters/UpgradeCluster"
+    }
+
+    fn proto(&self) -> v1::OperationKind {
+        v1::OperationKind::Upgrade
+    }
+
+    fn event(&self, _spec: &Spec, _params: &OperationParams) -> Event {
+        Event::UpgradeRequested
+    }
+
+    fn edit_spec(&self, spec: &mut Spec, params: &OperationParams) -> Result<bool, FieldError> {
+        spec.version = params.version.clone().unwrap_or_default();
+        Ok(true)
+    }
+
+    /// Refuses a version lower than the one the cluster runs, unless the
+    /// caller allowed a downgrade. The same version is allowed: it
+    /// completes an interrupted upgrade (nodes already there are skipped).
+    fn refuse(
+        &self,
+        cluster: &ClusterRecord,
+        params: &OperationParams,
+        _desired: Option<&Spec>,
+    ) -> Result<(), LifecycleError> {
+        let target = params.version.as_deref().unwrap_or_default();
+        let (Some(current), Ok(parsed)) =
+            (running_version(cluster), validate::parse_version(target))
+        else {
+            return Ok(());
+        };
+        if parsed < current && !params.allow_downgrade {
+            return Err(LifecycleError::Downgrade {
+                cluster: cluster.spec.name.clone(),
+                current: current.to_string(),
+                target: target.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn needs_nodes(&self, _operation: &OperationRecord) -> bool {
+        true
+    }
+
+    /// An upgrade of a cluster the provider shows no nodes of would have no
+    /// steps and "succeed" with nothing upgraded.
+    fn check_plan_input(
+        &self,
+        _operation: &OperationRecord,
+        nodes: &[ProviderNode],
+    ) -> Result<(), String> {
+        if nodes.is_empty() {
+            return Err("the provider shows no nodes for the cluster: nothing to upgrade".into());
+        }
+        Ok(())
+    }
+
+    /// By role in the provider's order (control nodes first unless it says
+    /// workers first: a database switches its primary over to an upgraded
+    /// replica last); nodes already at the target are skipped, so an
+    /// interrupted upgrade can simply be run again.
+    fn plan(
+        &self,
+        operation: &OperationRecord,
+        spec: &Spec,
+        nodes: &[ProviderNode],
+        order: UpgradeOrder,
+    ) -> Vec<Step> {
+        let target = self.target_version(operation, spec).unwrap_or_default();
+        let mut pending: Vec<&ProviderNode> =
+            nodes.iter().filter(|n| n.version != target).collect();
+        let control_last = order == UpgradeOrder::WorkersFirst;
+        pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
+        pending
+            .into_iter()
+            .map(|n| Step::UpgradeNode {
+                node_id: n.id.clone(),
+                version: target.clone(),
+            })
+            .collect()
+    }
+
+    fn target_version(&self, operation: &OperationRecord, spec: &Spec) -> Option<String> {
+        let params = &operation.params;
+        Some(
+            params
+                .version
+                .clone()
+                .unwrap_or_else(|| spec.version.clone()),
+        )
+    }
+}

@@ -1,5 +1,7 @@
 //! Test harness for Drover's end-to-end tests.
 //!
+//! - [`fixture`]: one test's etcd, simulated provider, replica processes
+//!   and client, from a builder.
 //! - [`etcd`]: a real etcd process per test.
 //! - [`replica`]: a real `drover` replica process.
 //! - [`in_process`]: a replica in the test's process, over a store that
@@ -20,6 +22,7 @@
 pub mod browser;
 pub mod conformance;
 pub mod etcd;
+pub mod fixture;
 pub mod history;
 pub mod in_process;
 pub mod load;

@@ -8,6 +8,7 @@ use drover_client::Client;
 use drover_server::config::Settings;
 use drover_server::replication::preferred;
 use drover_tests::etcd::EtcdProcess;
+use drover_tests::fixture::Backends;
 use drover_tests::in_process::{writes, InProcessReplica, Injection};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, ReplicaProcess};
@@ -68,29 +69,30 @@ async fn task_status(client: &Client, task_type: T, name: &str) -> Option<v1::Ta
     task.status
 }
 
-struct Fixture {
+/// An in-process replica `r1` owning a running cluster `db`, on etcd and a
+/// simulator of their own.
+///
+/// Fields drop in order: the replica first, etcd and the simulator last.
+struct DbOwner {
     replica: InProcessReplica,
     client: Client,
     /// The uid of the cluster `db`.
     uid: String,
-    sim: SimProcess,
-    etcd: EtcdProcess,
+    backends: Backends,
 }
 
-impl Fixture {
-    /// One in-process replica owning a running cluster `db`.
-    async fn new() -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
-        let replica = InProcessReplica::serve(&etcd, "r1", &sim.endpoint(), 2).await;
+impl DbOwner {
+    async fn start() -> Self {
+        let backends = Backends::start().await;
+        let provider = backends.sim.endpoint();
+        let replica = InProcessReplica::serve(&backends.etcd, "r1", &provider, 2).await;
         let mut client = replica.client().await;
         let uid = create_running(&mut client, "db", 1).await.uid;
         Self {
             replica,
             client,
             uid,
-            sim,
-            etcd,
+            backends,
         }
     }
 
@@ -102,7 +104,7 @@ impl Fixture {
     /// then a shutdown, which waits for it in its hand-off; returns the
     /// operation once the replica reports NOT_SERVING.
     async fn drain_holding(&mut self, cluster: &str) -> v1::Operation {
-        self.sim.set_latency(Duration::from_secs(3)).await;
+        self.backends.sim.set_latency(Duration::from_secs(3)).await;
         let request = v1::StopClusterRequest {
             name: cluster.into(),
             request_id: String::new(),
@@ -130,7 +132,7 @@ impl Fixture {
 /// waited for the cluster's next unrelated change.
 #[tokio::test]
 async fn a_task_put_while_the_owner_reconciles_the_previous_one_is_reconciled() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let mut concurrent = f.client.clone();
     f.replica.store.inject(
         |txn| writes(txn, |key| key.ends_with("/taskset"), None),
@@ -161,10 +163,13 @@ async fn a_task_put_while_the_owner_reconciles_the_previous_one_is_reconciled() 
 /// to leave the run RUNNING until the cluster's next unrelated change.
 #[tokio::test]
 async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     // Longer than a scheduler tick: the owner looks at the cluster (for the
     // run's start) while the run is still in flight.
-    f.sim.set_task_latency(Duration::from_secs(1)).await;
+    f.backends
+        .sim
+        .set_task_latency(Duration::from_secs(1))
+        .await;
     f.replica.store.inject(
         |txn| writes(txn, |key| key.contains("/runs/"), Some("\"DONE\"")),
         Injection::Fail,
@@ -199,8 +204,7 @@ async fn a_task_run_whose_end_could_not_be_recorded_is_recorded_on_the_next_look
 /// send StopTask anyway, under an epoch a newer owner may have replaced.
 #[tokio::test]
 async fn a_timed_out_run_is_not_stopped_without_a_live_claim() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let settings = Settings {
         lease_ttl: Some(2),
         task_run_timeout: Some(3),
@@ -298,8 +302,7 @@ async fn assert_recovered(client: &Client, orphan: &v1::Operation) {
 /// in the first.
 #[tokio::test]
 async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at_once() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let orphan = orphan_of_a_killed_replica(&etcd, &sim, 120).await;
     let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
     let claims = AtomicUsize::new(0);
@@ -326,8 +329,7 @@ async fn an_orphan_adopted_in_the_first_of_several_claim_batches_is_recovered_at
 /// why. It used to be failed "anyway" when the look failed.
 #[tokio::test]
 async fn an_orphan_is_failed_only_once_its_new_owner_has_fenced_the_provider() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let orphan = orphan_of_a_killed_replica(&etcd, &sim, 0).await;
     sim.fault("DescribeCluster", 1, false).await;
     sim.fault("DescribeCluster", 1, false).await;
@@ -365,8 +367,7 @@ async fn an_orphan_is_failed_only_once_its_new_owner_has_fenced_the_provider() {
 /// nothing resumed it before the executor's 30 s rescan.
 #[tokio::test]
 async fn an_upgrade_through_a_lapse_whose_lease_lives_goes_on() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let owner = InProcessReplica::serve(&etcd, "owner", &sim.endpoint(), 2).await;
     let mut client = owner.client().await;
     create_running(&mut client, "db", 3).await;
@@ -401,8 +402,7 @@ async fn an_upgrade_through_a_lapse_whose_lease_lives_goes_on() {
 /// as adopted, so the orphan waited for the executor's 30 s rescan.
 #[tokio::test]
 async fn an_orphan_whose_claim_reply_was_lost_is_recovered_at_once() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let orphan = orphan_of_a_killed_replica(&etcd, &sim, 0).await;
     let adopter = InProcessReplica::serve(&etcd, "adopter", &sim.endpoint(), 2).await;
     adopter.store.inject(
@@ -422,7 +422,7 @@ async fn an_orphan_whose_claim_reply_was_lost_is_recovered_at_once() {
 /// executor's rescan, 30 s later.
 #[tokio::test]
 async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     // The cache sees the commit before the replica hears back.
     f.replica.store.inject(
         |txn| writes(txn, |key| key.contains("/operations/db/"), Some("\"Stop\"")),
@@ -453,7 +453,7 @@ async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
 /// cluster being busy with it).
 #[tokio::test]
 async fn droverctl_sends_a_request_again_whose_reply_was_lost_and_starts_one_operation() {
-    let f = Fixture::new().await;
+    let f = DbOwner::start().await;
     f.replica.store.inject(
         |txn| writes(txn, |key| key.contains("/operations/db/"), Some("\"Stop\"")),
         Injection::Lose(Box::pin(async {})),
@@ -500,13 +500,13 @@ async fn droverctl_sends_a_request_again_whose_reply_was_lost_and_starts_one_ope
 /// run ends DONE here; only then does the cluster move.
 #[tokio::test]
 async fn a_run_whose_start_reply_was_lost_while_a_member_joined_still_runs() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let peer_id = (2..)
         .map(|i| format!("r{i}"))
         .find(|id| preferred("db", ["r1", id.as_str()]) == Some(id.as_str()))
         .unwrap();
     let joined: Arc<Mutex<Option<ReplicaProcess>>> = Arc::default();
-    let (etcd, sim) = (f.etcd.endpoint(), f.sim.endpoint());
+    let (etcd, sim) = (f.backends.etcd.endpoint(), f.backends.sim.endpoint());
     let peer = Arc::clone(&joined);
     f.replica.store.inject(
         |txn| writes(txn, |key| key.contains("/runs/"), Some("\"RUNNING\"")),
@@ -538,7 +538,7 @@ async fn a_run_whose_start_reply_was_lost_while_a_member_joined_still_runs() {
     let run = status.last_run.clone().unwrap();
     assert_eq!(run.status, R::Done as i32, "{status:?}");
     assert_eq!(status.error_count, Some(0), "{status:?}");
-    let audit = f.sim.audit(&f.uid).await;
+    let audit = f.backends.sim.audit(&f.uid).await;
     assert!(!audit.iter().any(|e| e.method == "StopTask"), "{audit:#?}");
     drop(joined.lock().unwrap().take());
     f.stop().await;
@@ -551,7 +551,7 @@ async fn a_run_whose_start_reply_was_lost_while_a_member_joined_still_runs() {
 /// short: the next owner failed it as an orphan.
 #[tokio::test]
 async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let mut client = f.client.clone();
     create_running(&mut client, "busy", 1).await;
     let running = f.drain_holding("busy").await;
@@ -567,9 +567,8 @@ async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
         .unwrap()
         .into_inner();
     assert_eq!(accepted.state, O::Pending as i32, "{accepted:?}");
-    f.sim.set_latency(Duration::ZERO).await;
-    let args = ["--provider", &f.sim.endpoint(), "--lease-ttl", "2"];
-    let next = ReplicaProcess::serve_with(&f.etcd.endpoint(), "next", &args).await;
+    f.backends.sim.set_latency(Duration::ZERO).await;
+    let next = f.backends.serve("next", &["--lease-ttl", "2"]).await;
     let done = next
         .client()
         .await
@@ -587,7 +586,7 @@ async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
 /// the error and the client resumes from the last revision it received.
 #[tokio::test]
 async fn a_cluster_watch_whose_read_fails_ends_with_the_error() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let request = v1::WatchClustersRequest {
         from_revision: 0,
         name: "db".into(),
@@ -636,7 +635,7 @@ async fn ownership_passes(replica: &InProcessReplica) -> f64 {
 /// as long as the error lasted.
 #[tokio::test]
 async fn failing_ownership_passes_are_retried_after_a_pause() {
-    let f = Fixture::new().await;
+    let f = DbOwner::start().await;
     f.replica
         .store
         .fail_reads(|read| read.prefix.ends_with("/members/"));
@@ -657,7 +656,7 @@ async fn failing_ownership_passes_are_retried_after_a_pause() {
 /// the signal, and used to go on answering from what it had then.
 #[tokio::test]
 async fn reads_from_a_draining_replica_are_current() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let mut client = f.client.clone();
     f.drain_holding("db").await;
     // A change the draining replica's cache would not follow any more.
@@ -684,7 +683,7 @@ async fn reads_from_a_draining_replica_are_current() {
         .unwrap()
         .into_inner();
     assert_eq!(read.generation, updated.generation, "{read:?}");
-    f.sim.set_latency(Duration::ZERO).await;
+    f.backends.sim.set_latency(Duration::ZERO).await;
     f.stop().await;
 }
 
@@ -695,7 +694,7 @@ async fn reads_from_a_draining_replica_are_current() {
 /// the cluster.
 #[tokio::test]
 async fn a_progress_write_whose_reply_and_recognition_were_lost_goes_on() {
-    let mut f = Fixture::new().await;
+    let mut f = DbOwner::start().await;
     let store = Arc::clone(&f.replica.store);
     f.replica.store.inject(
         |txn| {

@@ -3,49 +3,30 @@
 //! operation history, so that history collection runs during the tests.
 
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
-use drover_client::Client;
 use drover_server::store::{RangeRequest, Store};
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::fixture::Fixture;
 use drover_tests::{create_running, operations_of, wait_until};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
 const PREFIX: &str = "/drover/v1/";
 
-/// Fields drop in order: the replica first, etcd last.
-struct Fixture {
-    _replica: ReplicaProcess,
-    client: Client,
-    sim: SimProcess,
-    etcd: EtcdProcess,
+/// One replica keeping two finished operations per cluster.
+async fn fixture() -> Fixture {
+    let builder = Fixture::builder().scan_interval(1);
+    builder
+        .replica_args(&["--operation-history", "2"])
+        .start()
+        .await
 }
 
-impl Fixture {
-    /// One replica keeping two finished operations per cluster.
-    async fn new() -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
-        let endpoint = sim.endpoint();
-        let args = [
-            "--provider",
-            endpoint.as_str(),
-            "--scan-interval",
-            "1",
-            "--operation-history",
-            "2",
-        ];
-        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-        let client = replica.client().await;
-        Self {
-            _replica: replica,
-            client,
-            sim,
-            etcd,
-        }
-    }
+/// The operations these tests run, and what the provider saw of them.
+trait Runs {
+    async fn run(&mut self, cluster: &str, stop: bool, request_id: &str) -> v1::Operation;
+    async fn stop_nodes_calls(&self, uid: &str) -> usize;
+}
 
+impl Runs for Fixture {
     /// Stops (`stop`) or starts `cluster` under `request_id` and waits for
     /// the operation to succeed; returns it.
     async fn run(&mut self, cluster: &str, stop: bool, request_id: &str) -> v1::Operation {
@@ -76,7 +57,7 @@ impl Fixture {
 
 #[tokio::test]
 async fn every_value_under_the_prefix_is_json() {
-    let mut f = Fixture::new().await;
+    let mut f = fixture().await;
     create_running(&mut f.client, "layout", 1).await;
     // Enough operations with request ids that history collection has run
     // (the entries of collected operations are rewritten), and a task run.
@@ -146,7 +127,7 @@ async fn every_value_under_the_prefix_is_json() {
 
 #[tokio::test]
 async fn a_retried_request_id_answers_with_its_operation_after_history_collection() {
-    let mut f = Fixture::new().await;
+    let mut f = fixture().await;
     let cluster = create_running(&mut f.client, "retried", 1).await;
     let first = f.run("retried", true, "stop-once").await;
     f.run("retried", false, "").await;

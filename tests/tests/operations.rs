@@ -3,48 +3,39 @@
 //! history and checking each change against the table.
 
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
-use drover_client::Client;
 use drover_server::cluster::ClusterState;
 use drover_tests::etcd::EtcdProcess;
-use drover_tests::history::assert_transitions_are_edges;
-use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::fixture::{Fixture, FixtureBuilder};
 use drover_tests::{create_running, operations_of, wait_for_state, wait_running, wait_until};
 use std::time::Duration;
-use tonic::Code;
+use tonic::{Code, Response, Status};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Fields drop in order: the replica first, etcd last.
-struct Fixture {
-    replica: ReplicaProcess,
-    client: Client,
-    sim: SimProcess,
-    etcd: EtcdProcess,
+/// One replica scanning every second; a test that counts DescribeCluster
+/// calls sets its own interval.
+fn fixture() -> FixtureBuilder {
+    Fixture::builder().scan_interval(1)
 }
 
-impl Fixture {
-    async fn new(extra: &[&str]) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
-        let endpoint = sim.endpoint();
-        let mut args = vec!["--provider", endpoint.as_str()];
-        // The status scanner describes every second unless a test that
-        // counts DescribeCluster calls sets its own interval.
-        if !extra.contains(&"--scan-interval") {
-            args.extend(["--scan-interval", "1"]);
-        }
-        args.extend_from_slice(extra);
-        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-        let client = replica.client().await;
-        Self {
-            etcd,
-            sim,
-            replica,
-            client,
-        }
-    }
+/// What these tests ask of the fixture's replica, in one call each.
+trait Calls {
+    async fn create(&mut self, name: &str, workers: u32, create_only: bool) -> v1::Cluster;
+    async fn add_nodes(&mut self, name: &str, count: u32) -> v1::Operation;
+    async fn cluster(&mut self, name: &str) -> v1::Cluster;
+    async fn state(&mut self, name: &str) -> i32;
+    async fn stop(&mut self, name: &str) -> Result<v1::Operation, Status>;
+    async fn start(&mut self, name: &str) -> Result<v1::Operation, Status>;
+    async fn upgrade(&mut self, name: &str, version: &str) -> Result<v1::Operation, Status>;
+    async fn scale(
+        &mut self,
+        name: &str,
+        workers: Option<u32>,
+        offering: Option<&str>,
+    ) -> Result<v1::Operation, Status>;
+}
 
+impl Calls for Fixture {
     /// Creates a cluster and, unless `create_only`, waits for its start.
     async fn create(&mut self, name: &str, workers: u32, create_only: bool) -> v1::Cluster {
         if !create_only {
@@ -90,22 +81,36 @@ impl Fixture {
         self.cluster(name).await.status.unwrap().state.unwrap()
     }
 
-    async fn finish(&mut self, operation: v1::Operation) -> v1::Operation {
-        let done = self
-            .client
-            .wait_operation(&operation, WAIT)
-            .await
-            .expect("wait");
-        assert!(
-            done.state >= O::Succeeded as i32,
-            "still {:?} after {WAIT:?}",
-            done.state
-        );
-        done
+    /// Asks for a stop of `name`: the accepted operation, or the refusal.
+    async fn stop(&mut self, name: &str) -> Result<v1::Operation, Status> {
+        let answer = self.client.clusters().stop_cluster(stop(name)).await;
+        answer.map(Response::into_inner)
     }
 
-    async fn check_history(&self) -> std::collections::HashMap<String, Vec<ClusterState>> {
-        assert_transitions_are_edges(&self.etcd.store().await, "/drover/v1/").await
+    /// Asks for a start of `name`: the accepted operation, or the refusal.
+    async fn start(&mut self, name: &str) -> Result<v1::Operation, Status> {
+        let answer = self.client.clusters().start_cluster(start(name)).await;
+        answer.map(Response::into_inner)
+    }
+
+    /// Asks for an upgrade of `name` to `version`: the accepted operation,
+    /// or the refusal.
+    async fn upgrade(&mut self, name: &str, version: &str) -> Result<v1::Operation, Status> {
+        let request = upgrade(name, version);
+        let answer = self.client.clusters().upgrade_cluster(request).await;
+        answer.map(Response::into_inner)
+    }
+
+    /// Asks for a scale of `name`: the accepted operation, or the refusal.
+    async fn scale(
+        &mut self,
+        name: &str,
+        workers: Option<u32>,
+        offering: Option<&str>,
+    ) -> Result<v1::Operation, Status> {
+        let request = scale(name, workers, offering);
+        let answer = self.client.clusters().scale_cluster(request).await;
+        answer.map(Response::into_inner)
     }
 }
 
@@ -148,7 +153,7 @@ fn methods(entries: &[drover_proto::provider::v1::AuditEntry]) -> Vec<&str> {
 
 #[tokio::test]
 async fn every_operation_kind_end_to_end() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let created = f.create("web", 2, false).await;
     let status = created.status.clone().unwrap();
     assert_eq!(status.state, Some(S::Running as i32));
@@ -156,13 +161,7 @@ async fn every_operation_kind_end_to_end() {
     assert_eq!(status.nodes.len(), 3);
     let uid = created.uid.clone();
 
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("web"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("web").await.unwrap();
     assert_eq!(
         (op.from_state, op.entered_state),
         (S::Running as i32, S::Stopping as i32)
@@ -171,52 +170,23 @@ async fn every_operation_kind_end_to_end() {
     assert_eq!(f.state("web").await, S::Stopped as i32);
 
     // A stopped cluster can only change its offering.
-    let refused = f
-        .client
-        .clusters()
-        .scale_cluster(scale("web", Some(5), None))
-        .await
-        .unwrap_err();
+    let refused = f.scale("web", Some(5), None).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    let op = f
-        .client
-        .clusters()
-        .scale_cluster(scale("web", None, Some("large")))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.scale("web", None, Some("large")).await.unwrap();
     assert_eq!(op.entered_state, S::ScalingStoppedCluster as i32);
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     assert_eq!(f.state("web").await, S::Stopped as i32);
 
-    let op = f
-        .client
-        .clusters()
-        .start_cluster(start("web"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.start("web").await.unwrap();
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
-    let op = f
-        .client
-        .clusters()
-        .scale_cluster(scale("web", Some(4), None))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.scale("web", Some(4), None).await.unwrap();
     assert_eq!(op.entered_state, S::Scaling as i32);
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     let cluster = f.cluster("web").await;
     assert_eq!(cluster.spec.unwrap().worker_nodes, 4);
     assert_eq!(cluster.status.unwrap().nodes.len(), 5);
 
-    let op = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("web", "1.30.0"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.upgrade("web", "1.30.0").await.unwrap();
     assert_eq!(op.entered_state, S::Upgrading as i32);
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Succeeded as i32);
@@ -335,15 +305,9 @@ async fn every_operation_kind_end_to_end() {
 
 #[tokio::test]
 async fn scaling_a_created_cluster_only_edits_the_spec() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let created = f.create("draft", 1, true).await;
-    let op = f
-        .client
-        .clusters()
-        .scale_cluster(scale("draft", Some(6), None))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.scale("draft", Some(6), None).await.unwrap();
     assert_eq!(op.state, O::Succeeded as i32);
     let cluster = f.cluster("draft").await;
     assert_eq!(cluster.generation, 2);
@@ -358,26 +322,16 @@ async fn scaling_a_created_cluster_only_edits_the_spec() {
 
 #[tokio::test]
 async fn refused_requests_name_the_state_and_change_nothing() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("db", 1, false).await;
-    let refused = f
-        .client
-        .clusters()
-        .start_cluster(start("db"))
-        .await
-        .unwrap_err();
+    let refused = f.start("db").await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(
         refused.message().contains("Running"),
         "{}",
         refused.message()
     );
-    let bad = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("db", "latest"))
-        .await
-        .unwrap_err();
+    let bad = f.upgrade("db", "latest").await.unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().starts_with("version: "), "{}", bad.message());
     // Errors that depend on the cluster name the request's fields, not the
@@ -407,12 +361,7 @@ async fn refused_requests_name_the_state_and_change_nothing() {
     };
     let refused = f.client.clusters().remove_nodes(remove).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    let missing = f
-        .client
-        .clusters()
-        .stop_cluster(stop("nope"))
-        .await
-        .unwrap_err();
+    let missing = f.stop("nope").await.unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
     assert_eq!(
         f.cluster("db").await.revision,
@@ -424,7 +373,7 @@ async fn refused_requests_name_the_state_and_change_nothing() {
 
 #[tokio::test]
 async fn of_32_concurrent_conflicting_requests_exactly_one_is_accepted() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("hot", 2, false).await;
     f.sim.set_latency(Duration::from_millis(200)).await;
     let before = f.sim.audit(&cluster.uid).await.len();
@@ -477,18 +426,15 @@ async fn of_32_concurrent_conflicting_requests_exactly_one_is_accepted() {
 
 #[tokio::test]
 async fn failing_steps_end_where_the_table_says() {
-    let mut f = Fixture::new(&["--operation-timeout", "stop=2"]).await;
+    let mut f = fixture()
+        .replica_args(&["--operation-timeout", "stop=2"])
+        .start()
+        .await;
     // A failed upgrade: Upgrading -> Alert, version unchanged, the nodes
     // upgraded so far stay upgraded.
     f.create("up", 2, false).await;
     f.sim.fault("UpgradeNode", 2, false).await;
-    let op = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("up", "1.30.0"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.upgrade("up", "1.30.0").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32);
     let error = done.error.unwrap();
@@ -531,13 +477,7 @@ async fn failing_steps_end_where_the_table_says() {
         O::Failed as i32
     );
     assert_eq!(f.state("broken").await, S::Error as i32);
-    let op = f
-        .client
-        .clusters()
-        .start_cluster(start("broken"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.start("broken").await.unwrap();
     assert_eq!(
         (op.from_state, op.entered_state),
         (S::Error as i32, S::Error as i32),
@@ -553,13 +493,7 @@ async fn failing_steps_end_where_the_table_says() {
     for _ in 0..3 {
         f.sim.fault("StopNodes", 1, true).await;
     }
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("broken"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("broken").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32);
     assert_eq!(done.error.unwrap().code, "DeadlineExceeded");
@@ -569,16 +503,10 @@ async fn failing_steps_end_where_the_table_says() {
 
 #[tokio::test]
 async fn cancel_stops_at_the_next_step_boundary() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("slow", 3, false).await;
     f.sim.set_latency(Duration::from_millis(400)).await;
-    let op = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("slow", "1.30.0"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.upgrade("slow", "1.30.0").await.unwrap();
     let (cluster_name, id) = (op.cluster.clone(), op.id.clone());
     let mut ops = f.client.clone();
     wait_running(&ops, &cluster_name, &id, WAIT).await;
@@ -625,7 +553,7 @@ async fn cancel_stops_at_the_next_step_boundary() {
 
 #[tokio::test]
 async fn a_repeated_request_id_returns_the_same_operation() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("idem", 1, false).await;
     let request = v1::StopClusterRequest {
         name: "idem".into(),
@@ -670,18 +598,12 @@ async fn a_repeated_request_id_returns_the_same_operation() {
 
 #[tokio::test]
 async fn wait_returns_at_the_deadline_for_a_running_operation() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("patient", 1, false).await;
     // Longer than the wait, shorter than the claim's deadline (at a 2 s TTL
     // a provider call has at least about 0.9 s).
     f.sim.set_latency(Duration::from_millis(600)).await;
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("patient"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("patient").await.unwrap();
     let early = f
         .client
         .wait_operation(&op, Duration::from_millis(300))
@@ -697,7 +619,7 @@ async fn wait_returns_at_the_deadline_for_a_running_operation() {
 
 #[tokio::test]
 async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("watched", 2, false).await;
     f.sim.set_health(&cluster.uid, false).await;
     let mut probe = f.client.clone();
@@ -739,7 +661,10 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
 /// ever: the operation stayed PENDING and the cluster busy.
 #[tokio::test]
 async fn a_hung_look_before_the_first_step_times_out_the_operation() {
-    let mut f = Fixture::new(&["--operation-timeout", "start=2"]).await;
+    let mut f = fixture()
+        .replica_args(&["--operation-timeout", "start=2"])
+        .start()
+        .await;
     f.sim.fault("CreateNodes", 1, false).await;
     let request = v1::CreateClusterRequest {
         name: "broken".into(),
@@ -761,13 +686,7 @@ async fn a_hung_look_before_the_first_step_times_out_the_operation() {
     for _ in 0..3 {
         f.sim.fault("DescribeCluster", 1, true).await;
     }
-    let op = f
-        .client
-        .clusters()
-        .start_cluster(start("broken"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.start("broken").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32, "{done:?}");
     let error = done.error.unwrap();
@@ -781,7 +700,7 @@ async fn a_hung_look_before_the_first_step_times_out_the_operation() {
 /// replica for ever.
 #[tokio::test]
 async fn a_hung_look_does_not_stall_the_scanner() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("watched", 1, false).await;
     // The next look is the scanner's (every second here).
     f.sim.fault("DescribeCluster", 1, true).await;
@@ -792,26 +711,17 @@ async fn a_hung_look_does_not_stall_the_scanner() {
 
 #[tokio::test]
 async fn operation_history_is_bounded_per_cluster() {
-    let mut f = Fixture::new(&["--operation-history", "2"]).await;
+    let mut f = fixture()
+        .replica_args(&["--operation-history", "2"])
+        .start()
+        .await;
     f.create("short", 1, false).await;
     // 1 start + 22 stop/start: far more than the bound below.
     let mut last = String::new();
     for _ in 0..11 {
-        let op = f
-            .client
-            .clusters()
-            .stop_cluster(stop("short"))
-            .await
-            .unwrap()
-            .into_inner();
+        let op = f.stop("short").await.unwrap();
         f.finish(op).await;
-        let op = f
-            .client
-            .clusters()
-            .start_cluster(start("short"))
-            .await
-            .unwrap()
-            .into_inner();
+        let op = f.start("short").await.unwrap();
         last = op.id.clone();
         f.finish(op).await;
     }
@@ -832,7 +742,7 @@ async fn operation_history_is_bounded_per_cluster() {
 
 /// How many times the replica's executor described a cluster.
 async fn describes(f: &Fixture) -> f64 {
-    let samples = drover_tests::scrape::metrics(&f.replica.admin_endpoint()).await;
+    let samples = drover_tests::scrape::metrics(&f.replicas[0].admin_endpoint()).await;
     drover_tests::scrape::sum(
         &samples,
         "drover_provider_request_duration_seconds_count",
@@ -845,26 +755,14 @@ async fn describes(f: &Fixture) -> f64 {
 /// that are not ready still fail the start into Alert.
 #[tokio::test]
 async fn the_health_check_describes_only_when_the_last_answer_is_not_all_ready() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("checked", 1, false).await;
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("checked"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("checked").await.unwrap();
     assert_eq!(f.finish(op).await.state, O::Succeeded as i32);
     assert_eq!(describes(&f).await, 0.0, "create's answer was all ready");
     // Stopped: the scanner leaves it alone, so only the start looks.
     f.sim.set_health(&cluster.uid, false).await;
-    let op = f
-        .client
-        .clusters()
-        .start_cluster(start("checked"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.start("checked").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32, "{done:?}");
     assert_eq!(f.state("checked").await, S::Alert as i32);
@@ -874,17 +772,11 @@ async fn the_health_check_describes_only_when_the_last_answer_is_not_all_ready()
 
 #[tokio::test]
 async fn metrics_and_readiness_are_served_on_the_admin_port() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("measured", 1, false).await;
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("measured"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("measured").await.unwrap();
     f.finish(op).await;
-    let admin = f.replica.admin_endpoint();
+    let admin = f.replicas[0].admin_endpoint();
     let (status, body) = drover_tests::http_get(&admin, "/metrics");
     assert_eq!(status, 200);
     for expected in [
@@ -919,7 +811,7 @@ async fn etcd_watchers(etcd: &EtcdProcess) -> f64 {
 /// quiet cluster piled up in the replica and in etcd.
 #[tokio::test]
 async fn a_cluster_watch_ends_when_its_client_goes_away() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("quiet", 1, true).await;
     let before = etcd_watchers(&f.etcd).await;
     let mut streams = Vec::new();
@@ -951,7 +843,7 @@ async fn a_cluster_watch_ends_when_its_client_goes_away() {
 /// that is destroyed; neither writes anything.
 #[tokio::test]
 async fn update_refuses_a_negative_generation_and_tasks_of_a_destroyed_cluster() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("gone", 1, false).await;
     let labels = v1::UpdateClusterRequest {
         name: "gone".into(),
@@ -1001,7 +893,7 @@ async fn update_refuses_a_negative_generation_and_tasks_of_a_destroyed_cluster()
 
 #[tokio::test]
 async fn update_bumps_the_generation_and_watch_streams_every_change() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("seen", 1, false).await;
     let request = v1::WatchClustersRequest {
         from_revision: 0,
@@ -1078,13 +970,7 @@ async fn update_bumps_the_generation_and_watch_streams_every_change() {
     );
     assert_eq!(f.cluster("seen").await.generation, 2, "nothing written");
 
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("seen"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("seen").await.unwrap();
     f.finish(op).await;
     let mut states = Vec::new();
     while states.last() != Some(&(S::Stopped as i32)) {
@@ -1111,17 +997,11 @@ async fn update_bumps_the_generation_and_watch_streams_every_change() {
 #[tokio::test]
 async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
     use drover_server::store::Store;
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     f.create("lean", 1, false).await;
     let store = f.etcd.store().await;
     let before = store.get("/").await.unwrap().revision;
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("lean"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("lean").await.unwrap();
     assert_eq!(op.state, O::Running as i32, "claimed in the accept: {op:?}");
     assert_eq!(op.replica.as_deref(), Some("r1"));
     assert!(op.owner_epoch.is_some_and(|epoch| epoch > 0));
@@ -1141,13 +1021,13 @@ async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
 async fn after_wait_operation_the_cached_cluster_shows_the_finished_operation() {
     const CLIENTS: usize = 8;
     const ROUNDS: usize = 10;
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     for i in 0..CLIENTS {
         f.create(&format!("fresh-{i}"), 1, false).await;
     }
     let mut clients = Vec::new();
     for i in 0..CLIENTS {
-        let mut client = f.replica.client().await;
+        let mut client = f.replicas[0].client().await;
         let name = format!("fresh-{i}");
         clients.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
@@ -1187,18 +1067,12 @@ async fn after_wait_operation_the_cached_cluster_shows_the_finished_operation() 
 /// node upgraded.
 #[tokio::test]
 async fn an_upgrade_whose_describe_fails_fails_and_leaves_the_status() {
-    let mut f = Fixture::new(&["--scan-interval", "3600"]).await;
+    let mut f = fixture().scan_interval(3600).start().await;
     let created = f.create("up", 2, false).await;
     let before = f.cluster("up").await.status.unwrap();
     assert_eq!(before.nodes.len(), 3, "{before:?}");
     f.sim.fault("DescribeCluster", 1, false).await;
-    let op = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("up", "1.30.0"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.upgrade("up", "1.30.0").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32, "{done:?}");
     let error = done.error.unwrap();
@@ -1221,7 +1095,7 @@ async fn an_upgrade_whose_describe_fails_fails_and_leaves_the_status() {
 /// says that the spec asks for more workers than exist.
 #[tokio::test]
 async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
-    let mut f = Fixture::new(&["--scan-interval", "3600"]).await;
+    let mut f = fixture().scan_interval(3600).start().await;
     f.create("w", 2, false).await;
     let before = f.cluster("w").await.status.unwrap();
     f.sim.fault("ResizeNodes", 1, false).await;
@@ -1236,8 +1110,7 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     );
 
     f.sim.fault("StopNodes", 1, false).await;
-    let op = f.client.clusters().stop_cluster(stop("w")).await;
-    let op = op.unwrap().into_inner();
+    let op = f.stop("w").await.unwrap();
     assert_eq!(f.finish(op).await.state, O::Failed as i32);
     let status = f.cluster("w").await.status.unwrap();
     assert_eq!(status.nodes, before.nodes, "the nodes as they were");
@@ -1260,10 +1133,10 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
 /// to be refused, FAILED_PRECONDITION).
 #[tokio::test]
 async fn a_cluster_never_started_is_stopped_and_deleted_without_its_provider() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let created = f.create("draft", 1, true).await;
-    let stopped = f.client.clusters().stop_cluster(stop("draft")).await;
-    let stopped = f.finish(stopped.expect("stop").into_inner()).await;
+    let stopped = f.stop("draft").await.expect("stop");
+    let stopped = f.finish(stopped).await;
     assert_eq!(stopped.state, O::Succeeded as i32, "{stopped:?}");
     assert_eq!(stopped.entered_state, S::Created as i32, "a go-ahead");
     assert!(
@@ -1298,15 +1171,10 @@ async fn a_cluster_never_started_is_stopped_and_deleted_without_its_provider() {
 /// version is accepted and has nothing to do.
 #[tokio::test]
 async fn a_downgrade_is_refused_unless_allowed() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     create_running(&mut f.client, "web", 1).await;
     let before = f.cluster("web").await;
-    let refused = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("web", "1.28.9"))
-        .await
-        .unwrap_err();
+    let refused = f.upgrade("web", "1.28.9").await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     let message = refused.message();
     assert!(message.starts_with("version: "), "{message}");
@@ -1317,12 +1185,8 @@ async fn a_downgrade_is_refused_unless_allowed() {
         "nothing was written"
     );
 
-    let same = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("web", "1.29.0"))
-        .await;
-    let same = f.finish(same.expect("the same version").into_inner()).await;
+    let same = f.upgrade("web", "1.29.0").await.expect("the same version");
+    let same = f.finish(same).await;
     assert_eq!(same.state, O::Succeeded as i32, "{same:?}");
     assert!(same.progress.is_none_or(|p| p.total_steps == 0), "no step");
 
@@ -1339,11 +1203,10 @@ async fn a_downgrade_is_refused_unless_allowed() {
 
     // Ordered as numbers, not as text: 1.100.0 is an upgrade of 1.28.9.
     let up = f
-        .client
-        .clusters()
-        .upgrade_cluster(upgrade("web", "1.100.0"))
-        .await;
-    let up = f.finish(up.expect("1.100.0 is higher").into_inner()).await;
+        .upgrade("web", "1.100.0")
+        .await
+        .expect("1.100.0 is higher");
+    let up = f.finish(up).await;
     assert_eq!(up.state, O::Succeeded as i32, "{up:?}");
     f.check_history().await;
 }
@@ -1354,7 +1217,7 @@ async fn a_downgrade_is_refused_unless_allowed() {
 /// no new operation.
 #[tokio::test]
 async fn a_status_left_stale_by_a_failed_step_heals_without_an_operation() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture().start().await;
     let cluster = f.create("stale", 3, false).await;
     f.sim
         .set_faults(
@@ -1363,13 +1226,7 @@ async fn a_status_left_stale_by_a_failed_step_heals_without_an_operation() {
             Duration::ZERO,
         )
         .await;
-    let op = f
-        .client
-        .clusters()
-        .stop_cluster(stop("stale"))
-        .await
-        .unwrap()
-        .into_inner();
+    let op = f.stop("stale").await.unwrap();
     let done = f.finish(op).await;
     assert_eq!(done.state, O::Failed as i32, "{done:?}");
     let powers = |nodes: Vec<(String, String)>| {

@@ -4,48 +4,27 @@
 //! checked with the provider before anything is written.
 
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
-use drover_client::Client;
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::history::assert_transitions_are_edges;
-use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::fixture::Fixture;
 use drover_tests::{create_running, wait_for_state};
 use std::time::Duration;
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Fields drop in order: the replica first, etcd last.
-struct Fixture {
-    replica: ReplicaProcess,
-    client: Client,
-    sim: SimProcess,
-    etcd: EtcdProcess,
+/// A replica scanning every second, on a simulator started with `sim`.
+async fn fixture(sim: &[&str]) -> Fixture {
+    let builder = Fixture::builder().scan_interval(1).sim_args(sim);
+    builder.start().await
 }
 
-impl Fixture {
-    /// A replica scanning every second, on a simulator started with `sim`.
-    async fn new(sim: &[&str]) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start_with(sim).await;
-        let endpoint = sim.endpoint();
-        let args = ["--provider", endpoint.as_str(), "--scan-interval", "1"];
-        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-        let client = replica.client().await;
-        Self {
-            replica,
-            client,
-            sim,
-            etcd,
-        }
-    }
+/// What these tests read of the fixture: etcd's keys, the replica's
+/// metrics.
+trait Reads {
+    fn keys_of(&self, cluster: &str) -> Vec<String>;
+    async fn validations(&self) -> f64;
+}
 
-    async fn finish(&mut self, operation: v1::Operation) -> v1::Operation {
-        let done = self.client.wait_operation(&operation, WAIT).await.unwrap();
-        assert!(done.state >= O::Succeeded as i32, "still {done:?}");
-        done
-    }
-
+impl Reads for Fixture {
     /// Every key etcd holds that names `cluster`.
     fn keys_of(&self, cluster: &str) -> Vec<String> {
         let keys = self
@@ -59,7 +38,7 @@ impl Fixture {
 
     /// How many times the replica asked the provider to validate a shape.
     async fn validations(&self) -> f64 {
-        let samples = drover_tests::scrape::metrics(&self.replica.admin_endpoint()).await;
+        let samples = drover_tests::scrape::metrics(&self.replicas[0].admin_endpoint()).await;
         drover_tests::scrape::sum(
             &samples,
             "drover_provider_request_duration_seconds_count",
@@ -89,7 +68,7 @@ fn create_request(name: &str, offering: &str) -> v1::CreateClusterRequest {
 /// and the cluster stayed in Alert.
 #[tokio::test]
 async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture(&[]).await;
     let cluster = create_running(&mut f.client, "sick", 2).await;
     let control = f.sim.control().await;
     let mut control = control;
@@ -117,7 +96,7 @@ async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
     assert!(nodes.iter().all(|n| n.healthy), "{nodes:?}");
     let audit = f.sim.audit(&cluster.uid).await;
     assert!(audit.iter().any(|e| e.method == "RepairNodes"), "{audit:?}");
-    assert_transitions_are_edges(&f.etcd.store().await, "/drover/v1/").await;
+    f.check_history().await;
 }
 
 /// A create of an offering the provider does not build is refused by the
@@ -125,7 +104,7 @@ async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
 /// is created as before.
 #[tokio::test]
 async fn a_create_the_provider_refuses_is_invalid_and_writes_nothing() {
-    let f = Fixture::new(&["--versions", "1.29.0,1.30.0", "--offerings", "medium"]).await;
+    let f = fixture(&["--versions", "1.29.0,1.30.0", "--offerings", "medium"]).await;
     let mut client = f.client.clone();
     let refused = client
         .clusters()
@@ -150,7 +129,7 @@ async fn a_create_the_provider_refuses_is_invalid_and_writes_nothing() {
 /// runs. Requests that keep the shape never ask the provider.
 #[tokio::test]
 async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() {
-    let mut f = Fixture::new(&["--versions", "1.29.0,1.30.0", "--offerings", "medium"]).await;
+    let mut f = fixture(&["--versions", "1.29.0,1.30.0", "--offerings", "medium"]).await;
     create_running(&mut f.client, "db", 1).await;
     let before = f.client.get_cluster("db").await.unwrap();
     let asked = f.validations().await;
@@ -218,14 +197,14 @@ async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() 
         .unwrap();
     let done = f.finish(op.into_inner()).await;
     assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-    assert_transitions_are_edges(&f.etcd.store().await, "/drover/v1/").await;
+    f.check_history().await;
 }
 
 /// A provider that does not answer the check refuses the request with
 /// UNAVAILABLE, saying nothing was written, within the bound.
 #[tokio::test]
 async fn a_provider_that_cannot_be_asked_makes_the_create_unavailable() {
-    let f = Fixture::new(&[]).await;
+    let f = fixture(&[]).await;
     f.sim.fault("ValidateSpec", 1, true).await;
     let mut client = f.client.clone();
     let started = std::time::Instant::now();
@@ -248,7 +227,7 @@ async fn a_provider_that_cannot_be_asked_makes_the_create_unavailable() {
 /// shows them in `cluster get -o json`.
 #[tokio::test]
 async fn node_facts_reach_the_status_and_droverctl() {
-    let mut f = Fixture::new(&[]).await;
+    let mut f = fixture(&[]).await;
     let cluster = create_running(&mut f.client, "facts", 1).await;
     let nodes = cluster.status.unwrap().nodes;
     assert_eq!(nodes.len(), 2, "{nodes:?}");
@@ -258,7 +237,7 @@ async fn node_facts_reach_the_status_and_droverctl() {
         assert_eq!(address, Some(expected.as_str()), "{node:?}");
     }
     let shown = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
-        .args(["--endpoint", &f.replica.endpoint()])
+        .args(["--endpoint", &f.replicas[0].endpoint()])
         .args(["cluster", "get", "facts", "-o", "json"])
         .output()
         .expect("run droverctl");

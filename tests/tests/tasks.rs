@@ -14,8 +14,7 @@ use drover_server::metrics::Metrics;
 use drover_server::replication::{Claim, OwnerRecord, Ownership, OwnershipConfig};
 use drover_server::store::SharedStore;
 use drover_server::task::{ReconcileOutcome, TaskScheduler, TaskStore};
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::provider::SimProcess;
+use drover_tests::fixture::{Fixture, FixtureBuilder};
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, owner, wait_until};
 use std::collections::HashSet;
@@ -26,39 +25,26 @@ use tonic::Code;
 const WAIT: Duration = Duration::from_secs(30);
 const PREFIX: &str = "/drover/v1/";
 
-/// Fields drop in order: replicas first, etcd last.
-struct Fixture {
-    replicas: Vec<ReplicaProcess>,
-    client: Client,
-    sim: SimProcess,
-    etcd: EtcdProcess,
+/// `replicas` replicas scanning every second.
+fn fixture(replicas: usize) -> FixtureBuilder {
+    Fixture::builder().replicas(replicas).scan_interval(1)
 }
 
-impl Fixture {
-    async fn new(replicas: usize) -> Self {
-        Self::with_args(replicas, &[]).await
-    }
+/// The task calls these tests make through the fixture's client, and its
+/// etcd as the server's own code sees it.
+trait Tasks {
+    async fn put(&mut self, cluster: &str, task: v1::TaskSpec) -> Result<v1::Task, tonic::Status>;
+    async fn get(
+        &mut self,
+        cluster: &str,
+        task_type: T,
+        name: &str,
+    ) -> Result<v1::Task, tonic::Status>;
+    async fn runs(&mut self, cluster: &str, task_type: T, name: &str) -> Vec<v1::TaskRun>;
+    async fn store(&self) -> SharedStore;
+}
 
-    async fn with_args(replicas: usize, extra: &[&str]) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
-        let endpoint = sim.endpoint();
-        let mut started = Vec::new();
-        for i in 1..=replicas {
-            let mut args = vec!["--provider", endpoint.as_str(), "--scan-interval", "1"];
-            args.extend_from_slice(extra);
-            started
-                .push(ReplicaProcess::serve_with(&etcd.endpoint(), &format!("r{i}"), &args).await);
-        }
-        let client = started[0].client().await;
-        Self {
-            replicas: started,
-            client,
-            sim,
-            etcd,
-        }
-    }
-
+impl Tasks for Fixture {
     async fn put(&mut self, cluster: &str, task: v1::TaskSpec) -> Result<v1::Task, tonic::Status> {
         let request = v1::PutTaskRequest {
             cluster: cluster.into(),
@@ -212,7 +198,7 @@ fn assert_each_run_asked_once(audit: &[pb::AuditEntry]) {
 
 #[tokio::test]
 async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let spec = |tasks| v1::ClusterSpec {
         version: "1.29.0".into(),
         control_nodes: 1,
@@ -333,7 +319,7 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
 
 #[tokio::test]
 async fn tasks_run_once_per_slot_with_status_split_from_spec() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     let put = f.put("db", repair("nightly")).await.unwrap();
     assert_eq!(put.spec.as_ref().unwrap().name, "nightly");
@@ -451,7 +437,7 @@ async fn tasks_run_once_per_slot_with_status_split_from_spec() {
 
 #[tokio::test]
 async fn runs_wait_for_a_running_cluster_with_no_operation() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let request = v1::CreateClusterRequest {
         name: "idle".into(),
         spec: Some(v1::ClusterSpec {
@@ -517,7 +503,7 @@ async fn runs_wait_for_a_running_cluster_with_no_operation() {
 
 #[tokio::test]
 async fn run_errors_and_scheduling_errors_propagate_for_repair_and_backup() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     create_running(&mut f.client, "db", 1).await;
     // Provider-side failures: both types, no retries.
     // Two armed faults: the next two RunTask calls fail, whichever runs first.
@@ -592,7 +578,7 @@ async fn run_errors_and_scheduling_errors_propagate_for_repair_and_backup() {
 /// deleted, recreated or re-keyed.
 #[tokio::test]
 async fn an_older_generation_never_deletes_or_recreates_tasks() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     let store = f.store().await;
     let keys = KeyLayout::new(PREFIX);
@@ -696,7 +682,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
 
 #[tokio::test]
 async fn removing_a_task_stops_its_run() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     f.sim.set_task_latency(Duration::from_secs(60)).await;
     f.put("db", repair("long")).await.unwrap();
@@ -745,7 +731,7 @@ async fn removing_a_task_stops_its_run() {
 /// no slot runs twice and the old run is never resumed.
 #[tokio::test]
 async fn kill_9_of_the_owner_during_a_run_aborts_and_retries_it() {
-    let mut f = Fixture::new(2).await;
+    let mut f = fixture(2).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     f.sim.set_task_latency(Duration::from_secs(60)).await;
     let task = with_schedule(repair("nightly"), |s| {
@@ -824,7 +810,7 @@ async fn kill_9_of_the_owner_during_a_run_aborts_and_retries_it() {
 /// joins (which would abort the run); it moves once the run has ended.
 #[tokio::test]
 async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     let names: Vec<String> = (0..6).map(|i| format!("busy-{i}")).collect();
     let idle: Vec<String> = (0..6).map(|i| format!("idle-{i}")).collect();
     f.sim.set_task_latency(Duration::from_secs(120)).await;
@@ -860,10 +846,7 @@ async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
         "pick other names"
     );
 
-    let provider = f.sim.endpoint();
-    let args = ["--provider", provider.as_str(), "--scan-interval", "1"];
-    f.replicas
-        .push(ReplicaProcess::serve_with(&f.etcd.endpoint(), "r2", &args).await);
+    f.add_replica("r2").await;
     let mut admin = AdminClient::connect(f.replicas[0].endpoint())
         .await
         .unwrap();
@@ -918,7 +901,10 @@ async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
 
 #[tokio::test]
 async fn a_run_that_outlasts_the_timeout_is_stopped_and_counted_an_error() {
-    let mut f = Fixture::with_args(1, &["--task-run-timeout", "2"]).await;
+    let mut f = fixture(1)
+        .replica_args(&["--task-run-timeout", "2"])
+        .start()
+        .await;
     let created = create_running(&mut f.client, "db", 1).await;
     f.sim.fault("RunTask", 1, true).await;
     let task = with_schedule(backup("hangs"), |s| s.num_retries = Some(0));
@@ -953,7 +939,7 @@ async fn a_run_that_outlasts_the_timeout_is_stopped_and_counted_an_error() {
 /// refused naming the field.
 #[tokio::test]
 async fn a_run_carries_its_spec_and_keeps_the_providers_report() {
-    let mut f = Fixture::new(1).await;
+    let mut f = fixture(1).start().await;
     create_running(&mut f.client, "db", 1).await;
     let mut relative = backup("local");
     if let Some(v1::task_spec::Properties::Backup(b)) = relative.properties.as_mut() {

@@ -8,10 +8,11 @@ use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError};
 use crate::executor::Executor;
 use crate::keys::leaf;
+use crate::keys::KeyLayout;
 use crate::kind::{Call, LifecycleCall};
 use crate::operation::{LifecycleError, LifecycleRequest, OperationKind, Operations};
 use crate::provider::Providers;
-use crate::store::EventKind;
+use crate::store::{EventKind, WatchStream};
 use crate::task::TaskError;
 use drover_proto::v1::{self, clusters_server::Clusters};
 use std::pin::Pin;
@@ -271,82 +272,105 @@ impl ClustersService {
         } else {
             keys.cluster(&request.name)
         };
-        let mut watch = self
+        let watch = self
             .operations
             .store()
             .watch(&prefix, request.from_revision)
             .await?;
-        let registry = self.registry.clone();
         let (sender, receiver) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            // The records of one transaction share a revision: one event.
-            let mut last: Option<(String, i64)> = None;
-            loop {
-                // A client that went away ends the etcd watch at once, not
-                // at the next change (a quiet cluster may have none).
-                let event = tokio::select! {
-                    _ = sender.closed() => return,
-                    event = watch.next() => match event {
-                        Some(event) => event,
-                        // Never a clean end: the client must resume.
-                        None => {
-                            let ended = Status::unavailable("the watch ended; resume from the last revision received");
-                            let _ = sender.send(Err(ended)).await;
-                            return;
-                        }
-                    },
-                };
-                let event = match event {
-                    Ok(event) => event,
-                    Err(error) => {
-                        let status: Status = ApiError::from(error).into();
-                        let _ = sender.send(Err(status)).await;
-                        return;
-                    }
-                };
-                let Some((name, rest)) = keys.split_cluster_key(&event.kv.key) else {
-                    continue;
-                };
-                let revision = event.kv.mod_revision;
-                if last.as_ref() == Some(&(name.to_string(), revision)) {
-                    continue;
-                }
-                last = Some((name.to_string(), revision));
-                let message = if event.kind == EventKind::Delete && rest == leaf::STATE {
-                    v1::ClusterEvent {
-                        kind: v1::cluster_event::Kind::Delete as i32,
-                        cluster: Some(v1::Cluster {
-                            name: name.to_string(),
-                            ..Default::default()
-                        }),
-                        revision,
-                    }
-                } else {
-                    match registry.get(name).await {
-                        Ok(cluster) => v1::ClusterEvent {
-                            kind: v1::cluster_event::Kind::Put as i32,
-                            cluster: Some(cluster_to_proto(cluster)),
-                            revision,
-                        },
-                        // Deleted since: its deletion follows.
-                        Err(RegistryError::NotFound(_)) => continue,
-                        // Skipping it would lose the change without a word:
-                        // end the stream, and the client resumes.
-                        Err(error) => {
-                            let status: Status = ApiError::from(error).into();
-                            let _ = sender.send(Err(status)).await;
-                            return;
-                        }
-                    }
-                };
-                if sender.send(Ok(message)).await.is_err() {
-                    return;
-                }
-            }
-        });
+        tokio::spawn(forward_cluster_events(
+            watch,
+            keys,
+            self.registry.clone(),
+            sender,
+        ));
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
             receiver,
         )))
+    }
+}
+
+/// Sends a cluster event for each change `watch` reports until the client
+/// goes away or the watch fails (then with the error, so the client
+/// resumes: never a clean end).
+async fn forward_cluster_events(
+    mut watch: WatchStream,
+    keys: KeyLayout,
+    registry: Registry,
+    sender: tokio::sync::mpsc::Sender<Result<v1::ClusterEvent, Status>>,
+) {
+    // The records of one transaction share a revision: one event.
+    let mut last: Option<(String, i64)> = None;
+    loop {
+        // A client that went away ends the etcd watch at once, not at the
+        // next change (a quiet cluster may have none).
+        let event = tokio::select! {
+            _ = sender.closed() => return,
+            event = watch.next() => event,
+        };
+        let event = match event {
+            Some(Ok(event)) => event,
+            Some(Err(error)) => {
+                let _ = sender.send(Err(ApiError::from(error).into())).await;
+                return;
+            }
+            None => {
+                let ended =
+                    Status::unavailable("the watch ended; resume from the last revision received");
+                let _ = sender.send(Err(ended)).await;
+                return;
+            }
+        };
+        let Some((name, rest)) = keys.split_cluster_key(&event.kv.key) else {
+            continue;
+        };
+        let revision = event.kv.mod_revision;
+        if last.as_ref() == Some(&(name.to_string(), revision)) {
+            continue;
+        }
+        last = Some((name.to_string(), revision));
+        let deleted = event.kind == EventKind::Delete && rest == leaf::STATE;
+        let message = match cluster_event(&registry, name, deleted, revision).await {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => continue,
+            Err(status) => Err(status),
+        };
+        let failed = message.is_err();
+        if sender.send(message).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The event for a change of cluster `name` at `revision`: a DELETE when
+/// its state key went, else a PUT with the cluster as it is now; None when
+/// it was deleted since (its deletion follows).
+async fn cluster_event(
+    registry: &Registry,
+    name: &str,
+    deleted: bool,
+    revision: i64,
+) -> Result<Option<v1::ClusterEvent>, Status> {
+    if deleted {
+        return Ok(Some(v1::ClusterEvent {
+            kind: v1::cluster_event::Kind::Delete as i32,
+            cluster: Some(v1::Cluster {
+                name: name.to_string(),
+                ..Default::default()
+            }),
+            revision,
+        }));
+    }
+    match registry.get(name).await {
+        Ok(cluster) => Ok(Some(v1::ClusterEvent {
+            kind: v1::cluster_event::Kind::Put as i32,
+            cluster: Some(cluster_to_proto(cluster)),
+            revision,
+        })),
+        Err(RegistryError::NotFound(_)) => Ok(None),
+        // Skipping it would lose the change without a word: end the
+        // stream, and the client resumes.
+        Err(error) => Err(ApiError::from(error).into()),
     }
 }
 

@@ -5,7 +5,7 @@
 use super::holding::{error, Holding, Interrupt};
 use crate::cluster::machine::{self, Event};
 use crate::cluster::{
-    now_rfc3339, to_json, LastOperation, StateRecord, StatusRecord, SCHEMA_VERSION,
+    now_rfc3339, to_json, ClusterState, LastOperation, StateRecord, StatusRecord, SCHEMA_VERSION,
 };
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{LifecycleError, OperationError, OperationState};
@@ -170,6 +170,28 @@ impl Holding<'_> {
         status
     }
 
+    /// The metrics of an operation that ended in `state`, moving its
+    /// cluster from `from` to `to`.
+    fn count_finished(&self, state: OperationState, from: ClusterState, to: ClusterState) {
+        let metrics = self.executor.operations.metrics();
+        metrics.transition(from, to);
+        let kind = self.operation.kind.name().to_string();
+        metrics
+            .operations
+            .get_or_create(&OperationLabels {
+                kind: kind.clone(),
+                result: format!("{state:?}").to_lowercase(),
+            })
+            .inc();
+        if let Ok(created) = humantime::parse_rfc3339(&self.operation.created_at) {
+            let elapsed = created.elapsed().unwrap_or_default().as_secs_f64();
+            metrics
+                .operation_seconds
+                .get_or_create(&KindLabels { kind })
+                .observe(elapsed);
+        }
+    }
+
     /// Ends the operation: moves the cluster as the table says (only if it
     /// still holds it), clears the slot, records the outcome and the status.
     pub(super) async fn finish(
@@ -227,23 +249,7 @@ impl Holding<'_> {
                 Err(error) => return Err(error),
             }
         }
-        let metrics = self.executor.operations.metrics();
-        metrics.transition(from, to);
-        let kind = self.operation.kind.name().to_string();
-        metrics
-            .operations
-            .get_or_create(&OperationLabels {
-                kind: kind.clone(),
-                result: format!("{state:?}").to_lowercase(),
-            })
-            .inc();
-        if let Ok(created) = humantime::parse_rfc3339(&self.operation.created_at) {
-            let elapsed = created.elapsed().unwrap_or_default().as_secs_f64();
-            metrics
-                .operation_seconds
-                .get_or_create(&KindLabels { kind })
-                .observe(elapsed);
-        }
+        self.count_finished(state, from, to);
         tracing::info!(
             cluster = %name,
             operation = %self.operation.id,

@@ -84,6 +84,35 @@ fn admit(cluster: &ClusterRecord, request: &LifecycleRequest) -> Result<Admitted
     })
 }
 
+/// The state record an accept leaves: the slot filled and the state
+/// entered, or, for an edit of the spec alone, the state as it was (and the
+/// operation already done).
+fn state_after(
+    view: &ClusterRecord,
+    operation: &mut OperationRecord,
+    admitted: &Admitted,
+    now: String,
+) -> StateRecord {
+    let mut state = view.state.clone();
+    if admitted.spec_only {
+        operation.state = OperationState::Succeeded;
+        operation.started_at = Some(now.clone());
+        operation.finished_at = Some(now);
+        // The state key is rewritten unchanged so that a concurrent
+        // request racing on its revision loses.
+        return state;
+    }
+    state.operation = Some(OperationSlot {
+        id: operation.id.clone(),
+        kind: operation.kind.name().to_string(),
+    });
+    if state.state != admitted.entered {
+        state.state = admitted.entered;
+        state.changed_at = now;
+    }
+    state
+}
+
 /// A new, time-ordered operation id.
 fn new_operation_id() -> String {
     uuid::Uuid::now_v7().to_string()
@@ -210,23 +239,7 @@ impl Operations {
             CmpOp::Equal,
             view.state_revision,
         )];
-        let mut state_after = view.state.clone();
-        if admitted.spec_only {
-            operation.state = OperationState::Succeeded;
-            operation.started_at = Some(now.clone());
-            operation.finished_at = Some(now.clone());
-            // The state key is rewritten unchanged so that a concurrent
-            // request racing on its revision loses.
-        } else {
-            state_after.operation = Some(OperationSlot {
-                id: operation.id.clone(),
-                kind: request.kind.name().to_string(),
-            });
-            if state_after.state != admitted.entered {
-                state_after.state = admitted.entered;
-                state_after.changed_at = now;
-            }
-        }
+        let state_after = state_after(&view, &mut operation, &admitted, now);
         let mut writes = vec![Op::put(&state_key, to_json(&state_after))];
         let spec_after = admitted.spec.map(|spec| SpecRecord {
             generation: view.spec.generation + 1,
@@ -235,23 +248,19 @@ impl Operations {
         });
         if let Some(spec_after) = &spec_after {
             // A concurrent label or task edit must not be overwritten.
+            let spec_key = self.keys.cluster_spec(&cluster);
             compares.push(Compare::mod_revision(
-                self.keys.cluster_spec(&cluster),
+                &spec_key,
                 CmpOp::Equal,
                 view.spec_revision,
             ));
-            writes.push(Op::put(
-                self.keys.cluster_spec(&cluster),
-                to_json(spec_after),
-            ));
+            writes.push(Op::put(spec_key, to_json(spec_after)));
         }
         if !request.request_id.is_empty() {
             let request_key = self.keys.request(&cluster, &request.request_id);
             compares.push(Compare::absent(&request_key));
-            writes.push(Op::put(
-                request_key,
-                to_json(&RequestRecord::new(&operation.id)),
-            ));
+            let record = RequestRecord::new(&operation.id);
+            writes.push(Op::put(request_key, to_json(&record)));
         }
         Ok(AcceptPlan {
             operation,

@@ -142,12 +142,9 @@ impl Replica {
         let admin_listener = bind_admin(config.admin_listen, config.admin_listen_fallback).await?;
         let admin = start_admin(admin_listener, &metrics, &incarnation, console, &mut tasks);
         if let Some(interval) = config.compact_interval {
-            let compactor = crate::compactor::run(
-                store.clone(),
-                config.key_prefix.clone(),
-                interval,
-                work_stopped.clone(),
-            );
+            let prefix = config.key_prefix.clone();
+            let compactor =
+                crate::compactor::run(store.clone(), prefix, interval, work_stopped.clone());
             tasks.spawn("compactor", compactor);
         }
         // The cache follows etcd until the lease is revoked: the hand-off
@@ -172,21 +169,15 @@ impl Replica {
             admin_open: admin.open,
             tasks,
         };
-        Ok(match providers {
-            Some(providers) => {
-                refuse_live_twin(&replica, config, admin.address).await?;
-                let workers = replica.start_workers(config, providers, admin.address, work_stopped);
-                let _ = incarnation.set(Arc::clone(&workers.replication));
-                Self {
-                    workers: Some(workers),
-                    ..replica
-                }
-            }
-            None => {
-                tracing::warn!("no provider configured: lifecycle operations are refused");
-                replica
-            }
-        })
+        let Some(providers) = providers else {
+            tracing::warn!("no provider configured: lifecycle operations are refused");
+            return Ok(replica);
+        };
+        refuse_live_twin(&replica, config, admin.address).await?;
+        let workers = replica.start_workers(config, providers, admin.address, work_stopped);
+        let _ = incarnation.set(Arc::clone(&workers.replication));
+        replica.workers = Some(workers);
+        Ok(replica)
     }
 
     /// Joins as a member and starts ownership, the provider probes (unless

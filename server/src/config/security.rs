@@ -122,102 +122,116 @@ impl SecuritySettings {
     /// Reads and checks every file; `etcd_endpoints` decide whether etcd
     /// is reached over TLS.
     pub fn load(self, etcd_endpoints: &[String]) -> Result<Security, ConfigError> {
-        let server_tls = match pair("tls_cert", "tls_key", self.tls_cert, self.tls_key)? {
-            Some((cert_pem, key_pem)) => {
-                let client_ca_pem = self
-                    .tls_client_ca
-                    .map(|path| read("tls_client_ca", &path))
-                    .transpose()?;
-                let tls = ServerTls {
-                    cert_pem,
-                    key_pem,
-                    client_ca_pem,
-                };
-                // Parses the certificate and key now rather than at bind.
-                tonic::transport::Server::builder()
-                    .tls_config(tls.config())
-                    .map_err(|e| {
-                        invalid("tls_cert", format!("unusable certificate or key: {e}"))
-                    })?;
-                Some(tls)
-            }
-            None if self.tls_client_ca.is_some() => {
-                return Err(invalid("tls_client_ca", "needs tls_cert and tls_key"))
-            }
-            None => None,
-        };
-        let tokens = self
-            .auth_tokens
-            .map(|path| {
-                let text = String::from_utf8(read("auth_tokens", &path)?)
-                    .map_err(|_| invalid("auth_tokens", "is not UTF-8"))?;
-                TokenFile::parse(&text)
-                    .map_err(|e| invalid("auth_tokens", format!("{}: {e}", path.display())))
-            })
-            .transpose()?;
-        let https = etcd_endpoints
-            .iter()
-            .filter(|e| e.starts_with("https://"))
-            .count();
-        if https != 0 && https != etcd_endpoints.len() {
-            return Err(invalid(
-                "etcd_endpoints",
-                "mixes http:// and https:// endpoints",
-            ));
+        Ok(Security {
+            server_tls: server_tls(self.tls_cert, self.tls_key, self.tls_client_ca)?,
+            tokens: self.auth_tokens.map(|path| tokens(&path)).transpose()?,
+            etcd_tls: etcd_tls(etcd_endpoints, self.etcd_ca, self.etcd_cert, self.etcd_key)?,
+            etcd_user: etcd_user(self.etcd_username, self.etcd_password_file)?,
+        })
+    }
+}
+
+/// The gRPC port's certificate, key and (for mTLS) client CA, parsed now
+/// rather than at bind.
+fn server_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<ServerTls>, ConfigError> {
+    let Some((cert_pem, key_pem)) = pair("tls_cert", "tls_key", cert, key)? else {
+        if client_ca.is_some() {
+            return Err(invalid("tls_client_ca", "needs tls_cert and tls_key"));
         }
-        let identity = pair("etcd_cert", "etcd_key", self.etcd_cert, self.etcd_key)?;
-        let etcd_tls = match self.etcd_ca {
-            Some(ca) if https > 0 => Some(EtcdTls {
-                ca_pem: read("etcd_ca", &ca)?,
-                identity,
-            }),
-            Some(_) => return Err(invalid("etcd_ca", "needs https:// etcd endpoints")),
-            None if https > 0 => return Err(invalid(
-                "etcd_ca",
-                "is required with https:// etcd endpoints (the CA that signed etcd's certificate)",
-            )),
-            None if identity.is_some() => {
-                return Err(invalid("etcd_cert", "needs etcd_ca and https:// endpoints"))
-            }
-            None => None,
-        };
-        let etcd_user = match (self.etcd_username, self.etcd_password_file) {
-            (None, None) => None,
-            (Some(name), Some(path)) => {
-                let password = String::from_utf8(read("etcd_password_file", &path)?)
-                    .map_err(|_| invalid("etcd_password_file", "is not UTF-8"))?
-                    .trim_end_matches(['\n', '\r'])
-                    .to_string();
-                if name.is_empty() || password.is_empty() {
-                    return Err(invalid(
-                        "etcd_username",
-                        "the user name and the password file must not be empty",
-                    ));
-                }
-                Some(EtcdUser {
-                    name,
-                    password: Secret::new(password),
-                })
-            }
-            (Some(_), None) => {
-                return Err(invalid(
-                    "etcd_password_file",
-                    "is required with etcd_username",
-                ))
-            }
-            (None, Some(_)) => {
+        return Ok(None);
+    };
+    let client_ca_pem = client_ca
+        .map(|path| read("tls_client_ca", &path))
+        .transpose()?;
+    let tls = ServerTls {
+        cert_pem,
+        key_pem,
+        client_ca_pem,
+    };
+    tonic::transport::Server::builder()
+        .tls_config(tls.config())
+        .map_err(|e| invalid("tls_cert", format!("unusable certificate or key: {e}")))?;
+    Ok(Some(tls))
+}
+
+fn tokens(path: &Path) -> Result<TokenFile, ConfigError> {
+    let text = String::from_utf8(read("auth_tokens", path)?)
+        .map_err(|_| invalid("auth_tokens", "is not UTF-8"))?;
+    TokenFile::parse(&text).map_err(|e| invalid("auth_tokens", format!("{}: {e}", path.display())))
+}
+
+/// TLS to etcd: all endpoints https:// with a CA (and optionally a client
+/// certificate), or none.
+fn etcd_tls(
+    endpoints: &[String],
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<EtcdTls>, ConfigError> {
+    let https = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if https != 0 && https != endpoints.len() {
+        return Err(invalid(
+            "etcd_endpoints",
+            "mixes http:// and https:// endpoints",
+        ));
+    }
+    let identity = pair("etcd_cert", "etcd_key", cert, key)?;
+    match ca {
+        Some(ca) if https > 0 => Ok(Some(EtcdTls {
+            ca_pem: read("etcd_ca", &ca)?,
+            identity,
+        })),
+        Some(_) => Err(invalid("etcd_ca", "needs https:// etcd endpoints")),
+        None if https > 0 => Err(invalid(
+            "etcd_ca",
+            "is required with https:// etcd endpoints (the CA that signed etcd's certificate)",
+        )),
+        None if identity.is_some() => {
+            Err(invalid("etcd_cert", "needs etcd_ca and https:// endpoints"))
+        }
+        None => Ok(None),
+    }
+}
+
+/// etcd's own authentication: a user name and a password file, both or
+/// neither.
+fn etcd_user(
+    name: Option<String>,
+    password_file: Option<PathBuf>,
+) -> Result<Option<EtcdUser>, ConfigError> {
+    match (name, password_file) {
+        (None, None) => Ok(None),
+        (Some(name), Some(path)) => {
+            let password = String::from_utf8(read("etcd_password_file", &path)?)
+                .map_err(|_| invalid("etcd_password_file", "is not UTF-8"))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string();
+            if name.is_empty() || password.is_empty() {
                 return Err(invalid(
                     "etcd_username",
-                    "is required with etcd_password_file",
-                ))
+                    "the user name and the password file must not be empty",
+                ));
             }
-        };
-        Ok(Security {
-            server_tls,
-            tokens,
-            etcd_tls,
-            etcd_user,
-        })
+            Ok(Some(EtcdUser {
+                name,
+                password: Secret::new(password),
+            }))
+        }
+        (Some(_), None) => Err(invalid(
+            "etcd_password_file",
+            "is required with etcd_username",
+        )),
+        (None, Some(_)) => Err(invalid(
+            "etcd_username",
+            "is required with etcd_password_file",
+        )),
     }
 }
 

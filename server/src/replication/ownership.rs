@@ -189,6 +189,27 @@ impl Ownership {
         };
         cache.for_each_state(&mut decide).await?;
         memo.end_pass();
+        self.release_and_claim(lease, to_release, &to_claim, &mut owned)
+            .await?;
+        self.release_unreadable(&mut owned, memo).await?;
+        // Any owned cluster not yet published is announced too: one whose
+        // claim committed in an earlier pass that failed before publishing
+        // it (its reply lost, say) shows up in the owner view with this
+        // replica's lease.
+        self.publish_owned(lease, owned);
+        Ok(read_at)
+    }
+
+    /// Releases the idle clusters another member is preferred for (each
+    /// only while still idle at the revision it was seen idle at), then
+    /// claims the unowned ones this replica is preferred for, in batches.
+    async fn release_and_claim(
+        &self,
+        lease: LeaseId,
+        to_release: Vec<(String, Claim, i64)>,
+        to_claim: &[String],
+        owned: &mut HashMap<String, Claim>,
+    ) -> crate::store::Result<()> {
         for (cluster, claim, idle_at) in to_release {
             let idle =
                 Compare::mod_revision(self.keys.cluster_state(&cluster), CmpOp::Equal, idle_at);
@@ -206,13 +227,7 @@ impl Ownership {
             self.publish_claimed(lease, &claimed);
             owned.extend(claimed);
         }
-        self.release_unreadable(&mut owned, memo).await?;
-        // Any owned cluster not yet published is announced too: one whose
-        // claim committed in an earlier pass that failed before publishing
-        // it (its reply lost, say) shows up in the owner view with this
-        // replica's lease.
-        self.publish_owned(lease, owned);
-        Ok(read_at)
+        Ok(())
     }
 
     /// Releases the owned clusters that no longer exist, or whose records

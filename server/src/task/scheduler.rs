@@ -200,26 +200,9 @@ impl TaskScheduler {
         let mut writes = vec![Op::put(&marker_key, to_json(&marker))];
         let count = changes.len();
         for change in changes {
-            match change {
-                Change::Put { record, revision } => {
-                    let key = keys.task(name, record.task_type.name(), &record.name);
-                    compares.push(match revision {
-                        Some(revision) => Compare::mod_revision(&key, CmpOp::Equal, revision),
-                        None => Compare::absent(&key),
-                    });
-                    tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, generation = spec.generation, created = revision.is_none(), "task reconciled");
-                    writes.push(Op::put(key, to_json(&record)));
-                }
-                Change::Delete { record, revision } => {
-                    let key = keys.task(name, record.task_type.name(), &record.name);
-                    compares.push(Compare::mod_revision(&key, CmpOp::Equal, revision));
-                    writes.push(Op::delete(key));
-                    if let Some(id) = &record.id {
-                        writes.push(Op::delete_prefix(keys.task_runs(name, id)));
-                    }
-                    tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, "task removed from the spec: deleted");
-                }
-            }
+            let (compare, mut ops) = self.change_txn(name, spec.generation, change);
+            compares.push(compare);
+            writes.append(&mut ops);
         }
         let result = self
             .tasks
@@ -230,6 +213,33 @@ impl TaskScheduler {
             changes: count,
             revision: result.revision,
         })
+    }
+
+    /// What applying `change` to cluster `name`'s tasks compares and
+    /// writes.
+    fn change_txn(&self, name: &str, generation: i64, change: Change) -> (Compare, Vec<Op>) {
+        let keys = self.tasks.keys();
+        match change {
+            Change::Put { record, revision } => {
+                let key = keys.task(name, record.task_type.name(), &record.name);
+                let compare = match revision {
+                    Some(revision) => Compare::mod_revision(&key, CmpOp::Equal, revision),
+                    None => Compare::absent(&key),
+                };
+                tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, generation, created = revision.is_none(), "task reconciled");
+                (compare, vec![Op::put(key, to_json(&record))])
+            }
+            Change::Delete { record, revision } => {
+                let key = keys.task(name, record.task_type.name(), &record.name);
+                let compare = Compare::mod_revision(&key, CmpOp::Equal, revision);
+                let mut ops = vec![Op::delete(key)];
+                if let Some(id) = &record.id {
+                    ops.push(Op::delete_prefix(keys.task_runs(name, id)));
+                }
+                tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, id = ?record.id, "task removed from the spec: deleted");
+                (compare, ops)
+            }
+        }
     }
 
     /// Acts on one task record; returns when it next needs a look.
@@ -399,41 +409,13 @@ impl TaskScheduler {
                 Err(tonic::Status::aborted("no longer the owner"))
             };
             let outcome = match ended {
-                Ok(response) => {
-                    let response = response.into_inner();
-                    let report = (!response.report.is_empty()).then_some(response.report);
-                    let (status, error) = match response.status.as_str() {
-                        "DONE" => (RunStatus::Done, None),
-                        "STOPPED" => (RunStatus::Stopped, None),
-                        _ => (
-                            RunStatus::Error,
-                            Some(if response.error.is_empty() {
-                                format!("the provider reported {:?}", response.status)
-                            } else {
-                                response.error
-                            }),
-                        ),
-                    };
-                    Some((status, error, report))
-                }
+                Ok(response) => Some(run_outcome(response.into_inner())),
                 // Fenced off or no longer the owner: the new owner aborts it.
-                Err(status)
-                    if matches!(
-                        status.code(),
-                        tonic::Code::FailedPrecondition | tonic::Code::Aborted
-                    ) =>
-                {
+                Err(status) if no_longer_ours(&status) => {
                     tracing::warn!(cluster, run = %run.id, error = %status.message(), "task run no longer ours");
                     None
                 }
-                Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
-                    Some((RunStatus::Error, Some(status.message().to_string()), None))
-                }
-                Err(status) => Some((
-                    RunStatus::Error,
-                    Some(format!("provider: {}", status.message())),
-                    None,
-                )),
+                Err(status) => Some(failed_call_outcome(&status)),
             };
             if let Some((status, error, report)) = outcome {
                 let run = TaskRun { report, ..run };
@@ -702,4 +684,44 @@ impl Reconciler for TaskScheduler {
             Err(error) => Err(error.into()),
         }
     }
+}
+
+/// How a run ended, with its report: as the provider answered.
+type RunOutcome = (RunStatus, Option<String>, Option<String>);
+
+/// The outcome the provider's answer to RunTask reports.
+fn run_outcome(response: pb::RunTaskResponse) -> RunOutcome {
+    let report = (!response.report.is_empty()).then_some(response.report);
+    let (status, error) = match response.status.as_str() {
+        "DONE" => (RunStatus::Done, None),
+        "STOPPED" => (RunStatus::Stopped, None),
+        _ => (
+            RunStatus::Error,
+            Some(if response.error.is_empty() {
+                format!("the provider reported {:?}", response.status)
+            } else {
+                response.error
+            }),
+        ),
+    };
+    (status, error, report)
+}
+
+/// Whether a failed RunTask says this replica no longer runs the task
+/// (fenced off, or no longer the owner): the new owner aborts the run.
+fn no_longer_ours(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::FailedPrecondition | tonic::Code::Aborted
+    )
+}
+
+/// The outcome of a RunTask that failed otherwise: the run failed.
+fn failed_call_outcome(status: &tonic::Status) -> RunOutcome {
+    let error = if status.code() == tonic::Code::DeadlineExceeded {
+        status.message().to_string()
+    } else {
+        format!("provider: {}", status.message())
+    };
+    (RunStatus::Error, Some(error), None)
 }

@@ -8,28 +8,22 @@
 //! test started are signalled.
 
 use drover_client::v1::{self, OperationState as O};
-use drover_tests::etcd::EtcdProcess;
+use drover_tests::fixture::Fixture;
 use drover_tests::history::{assert_transitions_are_edges, ends, provider_violations};
-use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, operations_of, owner, start_upgrade, wait_running, wait_until};
 use std::time::Duration;
 
 #[tokio::test]
 async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
-    let etcd = EtcdProcess::start().await;
-    let mut sim = SimProcess::start().await;
-    let provider = sim.endpoint();
-    let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
-    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-    let mut client = replica.client().await;
-    let cluster = create_running(&mut client, "lost", 4).await;
+    let mut f = Fixture::builder().ttl(2).start().await;
+    let (sim, client) = (&mut f.sim, &mut f.client);
+    let cluster = create_running(client, "lost", 4).await;
     sim.set_latency(Duration::from_millis(300)).await;
-    let upgrade = start_upgrade(&mut client, "lost", "1.30.0").await;
-    wait_running(&client, "lost", &upgrade.id, Duration::from_secs(20)).await;
+    let upgrade = start_upgrade(client, "lost", "1.30.0").await;
+    wait_running(client, "lost", &upgrade.id, Duration::from_secs(20)).await;
     // Mid-upgrade: at least one node upgraded, more to go.
     wait_until(Duration::from_secs(20), "a node upgraded", || {
-        let sim = &sim;
+        let sim = &*sim;
         async move {
             sim.audit("")
                 .await
@@ -54,7 +48,7 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
 
     // The restarted provider saw only the owner's current epoch, and the
     // operation ran under one epoch.
-    let mut admin = v1::admin_client::AdminClient::connect(replica.endpoint())
+    let mut admin = v1::admin_client::AdminClient::connect(f.replicas[0].endpoint())
         .await
         .unwrap();
     let epoch = owner(&mut admin, "lost").await.expect("an owner").epoch;
@@ -65,10 +59,10 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
     }
     let epochs: Vec<i64> = done.runs.iter().map(|r| r.epoch).collect();
     assert!(epochs.iter().all(|&e| e == epoch), "runs {epochs:?}");
-    let operations = operations_of(&client, "lost").await;
+    let operations = operations_of(client, "lost").await;
     let violations = provider_violations(&audit, &ends(&operations));
     assert!(violations.is_empty(), "{}", violations.join("\n"));
-    assert_transitions_are_edges(&etcd.store().await, "/drover/v1/").await;
+    assert_transitions_are_edges(&f.etcd.store().await, "/drover/v1/").await;
 
     // The cluster is usable afterwards: a repair (Recover) or a stop is
     // accepted and ends.
@@ -102,44 +96,24 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
 
 /// A replica over etcd and a simulator that answers UNAVAILABLE to every
 /// node upgrade, and an upgrade of cluster `name` (2 workers) accepted.
-struct Refusing {
-    etcd: EtcdProcess,
-    sim: SimProcess,
-    replica: ReplicaProcess,
-    client: drover_client::Client,
-    upgrade: v1::Operation,
+async fn refusing(name: &str) -> (Fixture, v1::Operation) {
+    let mut f = Fixture::builder().ttl(2).start().await;
+    create_running(&mut f.client, name, 2).await;
+    f.sim
+        .set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
+        .await;
+    let upgrade = start_upgrade(&mut f.client, name, "1.30.0").await;
+    (f, upgrade)
 }
 
-impl Refusing {
-    async fn start(name: &str) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
-        let provider = sim.endpoint();
-        let args = ["--provider", provider.as_str(), "--lease-ttl", "2"];
-        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-        let mut client = replica.client().await;
-        create_running(&mut client, name, 2).await;
-        sim.set_faults("UpgradeNode:error=1", 7, Duration::ZERO)
-            .await;
-        let upgrade = start_upgrade(&mut client, name, "1.30.0").await;
-        Self {
-            etcd,
-            sim,
-            replica,
-            client,
-            upgrade,
-        }
-    }
-
-    /// Every accepted operation ended, no provider call stale or late, the
-    /// transitions on the table.
-    async fn check(&self, name: &str) {
-        let operations = operations_of(&self.client, name).await;
-        let audit = self.sim.audit("").await;
-        let violations = provider_violations(&audit, &ends(&operations));
-        assert!(violations.is_empty(), "{}", violations.join("\n"));
-        assert_transitions_are_edges(&self.etcd.store().await, "/drover/v1/").await;
-    }
+/// Every accepted operation ended, no provider call stale or late, the
+/// transitions on the table.
+async fn check(f: &Fixture, name: &str) {
+    let operations = operations_of(&f.client, name).await;
+    let audit = f.sim.audit("").await;
+    let violations = provider_violations(&audit, &ends(&operations));
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    f.check_history().await;
 }
 
 /// A provider that keeps answering UNAVAILABLE (it is up, and says the
@@ -148,11 +122,11 @@ impl Refusing {
 /// provider's own message, not at its hour-long timeout.
 #[tokio::test]
 async fn an_upgrade_the_provider_keeps_refusing_fails_with_its_message() {
-    let mut f = Refusing::start("refused").await;
+    let (mut f, upgrade) = refusing("refused").await;
     let started = std::time::Instant::now();
     let done = f
         .client
-        .wait_operation(&f.upgrade, Duration::from_secs(40))
+        .wait_operation(&upgrade, Duration::from_secs(40))
         .await
         .expect("the upgrade ends");
     assert_eq!(done.state, O::Failed as i32, "{done:?}");
@@ -161,13 +135,13 @@ async fn an_upgrade_the_provider_keeps_refusing_fails_with_its_message() {
         message.contains("injected fault in UpgradeNode"),
         "{message}"
     );
-    let retries = upgrade_retries(&f.replica.admin_endpoint()).await;
+    let retries = upgrade_retries(&f.replicas[0].admin_endpoint()).await;
     assert_eq!(retries, 7.0, "8 attempts, 7 of them again");
     eprintln!(
         "refusing provider: the upgrade failed after {:?} and {retries} retries",
         started.elapsed()
     );
-    f.check("refused").await;
+    check(&f, "refused").await;
 }
 
 /// A provider that answers UNAVAILABLE to every node upgrade: the owner
@@ -176,14 +150,14 @@ async fn an_upgrade_the_provider_keeps_refusing_fails_with_its_message() {
 /// retry, not at the operation's timeout.
 #[tokio::test]
 async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
-    let mut f = Refusing::start("waiting").await;
-    let metrics = f.replica.admin_endpoint();
+    let (mut f, upgrade) = refusing("waiting").await;
+    let metrics = f.replicas[0].admin_endpoint();
     wait_until(Duration::from_secs(30), "three retries", || {
         let metrics = metrics.clone();
         async move { upgrade_retries(&metrics).await >= 3.0 }
     })
     .await;
-    let id = f.upgrade.id.clone();
+    let id = upgrade.id.clone();
     let request = v1::GetOperationRequest {
         cluster: "waiting".into(),
         id: id.clone(),
@@ -201,7 +175,7 @@ async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
     // The next retry (within 2 s here) sees the cancel.
     let done = f
         .client
-        .wait_operation(&f.upgrade, Duration::from_secs(15))
+        .wait_operation(&upgrade, Duration::from_secs(15))
         .await
         .expect("the upgrade ends");
     assert_eq!(done.state, O::Cancelled as i32, "{done:?}");
@@ -210,7 +184,7 @@ async fn an_upgrade_waiting_for_an_unavailable_provider_ends_when_cancelled() {
         message.contains("cancelled while waiting for the provider"),
         "{message}"
     );
-    f.check("waiting").await;
+    check(&f, "waiting").await;
 }
 
 /// `drover_provider_request_retries_total{request="UpgradeNode"}` of a

@@ -3,9 +3,7 @@
 //! dashboard query is one a live replica exports.
 
 use drover_client::v1;
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::provider::SimProcess;
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::fixture::Fixture;
 use drover_tests::{create_running, scrape, wait_until};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -129,15 +127,12 @@ async fn every_metric_the_dashboard_and_the_rules_query_is_exported_by_a_replica
     let queried = metric_names(&format!("{dashboard}\n{rules}"));
     assert!(queried.len() >= 10, "{queried:?}");
 
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
-    let args = ["--provider", &sim.endpoint(), "--scan-interval", "1"];
-    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut f = Fixture::builder().scan_interval(1).start().await;
+    let replica = &f.replicas[0];
     // Work, so that the labelled series (provider calls, a finished
     // operation, transitions, a task's last success) exist.
-    let mut client = replica.client().await;
-    create_running(&mut client, "monitored", 1).await;
-    client
+    create_running(&mut f.client, "monitored", 1).await;
+    f.client
         .tasks()
         .put_task(v1::PutTaskRequest {
             cluster: "monitored".into(),

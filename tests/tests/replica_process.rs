@@ -3,7 +3,7 @@
 
 use drover_client::v1;
 use drover_tests::etcd::EtcdProcess;
-use drover_tests::provider::SimProcess;
+use drover_tests::fixture::{Backends, Fixture};
 use drover_tests::replica::{health, service_health, ReplicaProcess};
 use drover_tests::scrape::{fetch, metrics};
 use drover_tests::workspace_binary;
@@ -406,12 +406,9 @@ async fn droverctl_runs_every_lifecycle_command_and_shows_its_operations() {
 /// of waiting out the hand-off of an operation that will not end soon.
 #[tokio::test]
 async fn a_second_sigterm_exits_at_once() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
-    let args = ["--provider", &sim.endpoint()];
-    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-    let mut client = replica.client().await;
-    create_running(&mut client, "slow", 1).await;
+    let mut f = Fixture::builder().start().await;
+    let (replica, client, sim) = (&mut f.replicas[0], &mut f.client, &f.sim);
+    create_running(client, "slow", 1).await;
     sim.set_latency(Duration::from_secs(60)).await;
     let request = v1::StopClusterRequest {
         name: "slow".into(),
@@ -445,14 +442,11 @@ async fn a_second_sigterm_exits_at_once() {
 /// close at SIGTERM).
 #[tokio::test]
 async fn the_admin_port_answers_through_the_drain() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
     // A TTL long enough that the slow call's deadline (the claim's) does
     // not end the operation, and with it the drain, before the checks.
-    let args = ["--provider", &sim.endpoint(), "--lease-ttl", "20"];
-    let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
-    let mut client = replica.client().await;
-    create_running(&mut client, "slow", 1).await;
+    let mut f = Fixture::builder().ttl(20).start().await;
+    let (replica, client, sim) = (&mut f.replicas[0], &mut f.client, &f.sim);
+    create_running(client, "slow", 1).await;
     sim.set_latency(Duration::from_secs(60)).await;
     let request = v1::StopClusterRequest {
         name: "slow".into(),
@@ -1269,8 +1263,7 @@ async fn a_replica_out_of_descriptors_waits_instead_of_spinning_and_serves_again
 /// inside the lease TTL (10 s), never a replica serving with a dead loop.
 #[tokio::test]
 async fn a_panicking_loop_ends_the_replica_and_a_peer_takes_its_clusters() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let dir = TempDir::new("panic");
     let (trigger, log) = (dir.path().join("panic-now"), dir.path().join("r1.log"));
     let hook = format!("ownership@{}", trigger.display());

@@ -4,10 +4,11 @@
 use crate::config::Config;
 use crate::lifecycle;
 use crate::ops::Ctx;
-use crate::store::{ClusterRecord, RunRecord, Store};
+use crate::store::{ClusterRecord, RunRecord, Store, StoreError};
 use crate::{pg, tasks, Inner};
 use drover_proto::provider::v1::{self as pb, provider_server::Provider};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -475,6 +476,18 @@ impl Provider for PostgresProvider {
     }
 }
 
+/// Where a backup run writes, `None` for a repair; an unknown task type is
+/// refused before anything about the run is recorded.
+fn backup_dir_of(r: &pb::RunTaskRequest) -> Result<Option<PathBuf>, Status> {
+    match r.task_type.as_str() {
+        "backup" => Ok(Some(tasks::backup_dir(r.spec.as_ref())?)),
+        "repair" => Ok(None),
+        other => Err(Status::invalid_argument(format!(
+            "task_type: {other:?} is not repair or backup"
+        ))),
+    }
+}
+
 fn outcome(status: &str, error: String, report: String) -> pb::RunTaskResponse {
     pb::RunTaskResponse {
         status: status.into(),
@@ -491,64 +504,75 @@ impl PostgresProvider {
         token: &pb::FencingToken,
         r: &pb::RunTaskRequest,
     ) -> Result<watch::Receiver<Option<pb::RunTaskResponse>>, Status> {
+        // Held until a new run is in `runs`, so two calls with one run id
+        // start it once.
         let mut runs = self.runs.lock().expect("runs lock");
         if let Some(run) = runs.get(&r.run_id) {
             return Ok(run.outcome.clone());
         }
         let store = &self.inner.store;
         if let Some(record) = store.run(&r.run_id)? {
-            // Ended, or cut short by a restart of the provider: never run twice.
-            let (status, error, report) = record.outcome.unwrap_or_else(|| {
-                (
-                    "ERROR".into(),
-                    "the provider restarted during the run".into(),
-                    String::new(),
-                )
-            });
-            let ended = outcome(&status, error, report);
-            store.put_run(
-                &r.run_id,
-                &RunRecord {
-                    outcome: Some((
-                        ended.status.clone(),
-                        ended.error.clone(),
-                        ended.report.clone(),
-                    )),
-                    ..record
-                },
-            )?;
+            let ended = self.recorded_outcome(&r.run_id, record)?;
             return Ok(watch::channel(Some(ended)).1);
         }
-        let dir = match r.task_type.as_str() {
-            "backup" => Some(tasks::backup_dir(r.spec.as_ref())?),
-            "repair" => None,
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "task_type: {other:?} is not repair or backup"
-                )))
-            }
-        };
+        let backup_to = backup_dir_of(r)?;
         let record = RunRecord {
             cluster_uid: token.cluster_uid.clone(),
             epoch: token.epoch,
             outcome: None,
         };
         store.put_run(&r.run_id, &record)?;
+        Ok(self.spawn_run(&mut runs, &r.run_id, record, backup_to))
+    }
+
+    /// The outcome of run `run_id`, in the store but not in progress: the
+    /// one it ended with, or an error if a restart of the provider cut it
+    /// short, written to its record either way.
+    fn recorded_outcome(
+        &self,
+        run_id: &str,
+        mut record: RunRecord,
+    ) -> Result<pb::RunTaskResponse, StoreError> {
+        // Ended, or cut short by a restart of the provider: never run twice.
+        let (status, error, report) = record.outcome.take().unwrap_or_else(|| {
+            (
+                "ERROR".into(),
+                "the provider restarted during the run".into(),
+                String::new(),
+            )
+        });
+        let ended = outcome(&status, error, report);
+        self.save_outcome(run_id, record, &ended)?;
+        Ok(ended)
+    }
+
+    /// Enters run `run_id` in `runs` (where a newer epoch finds it to stop
+    /// it) and runs its task in a tokio task of its own, so a caller that
+    /// goes away does not cut it short. When the task ends or is stopped,
+    /// its outcome is recorded, the run leaves `runs` and the watch
+    /// returned gets the outcome.
+    fn spawn_run(
+        &self,
+        runs: &mut HashMap<String, Run>,
+        run_id: &str,
+        record: RunRecord,
+        backup_to: Option<PathBuf>,
+    ) -> watch::Receiver<Option<pb::RunTaskResponse>> {
         let (stop, mut stopped) = watch::channel(false);
         let (done, outcome_rx) = watch::channel(None);
         runs.insert(
-            r.run_id.clone(),
+            run_id.to_string(),
             Run {
-                uid: token.cluster_uid.clone(),
-                epoch: token.epoch,
+                uid: record.cluster_uid.clone(),
+                epoch: record.epoch,
                 stop,
                 outcome: outcome_rx.clone(),
             },
         );
         let this = self.clone();
-        let run_id = r.run_id.clone();
+        let run_id = run_id.to_string();
         tokio::spawn(async move {
-            let work = this.task(&record.cluster_uid, dir, &run_id);
+            let work = this.task(&record.cluster_uid, backup_to, &run_id);
             let ended = tokio::select! {
                 result = work => match result {
                     Ok(report) => outcome("DONE", String::new(), report),
@@ -556,30 +580,38 @@ impl PostgresProvider {
                 },
                 _ = stopped.wait_for(|s| *s) => outcome("STOPPED", String::new(), String::new()),
             };
-            let saved = (
-                ended.status.clone(),
-                ended.error.clone(),
-                ended.report.clone(),
-            );
-            if let Err(e) = this.inner.store.put_run(
-                &run_id,
-                &RunRecord {
-                    outcome: Some(saved),
-                    ..record
-                },
-            ) {
+            if let Err(e) = this.save_outcome(&run_id, record, &ended) {
                 tracing::error!(run_id, error = %e, "could not record a run's outcome");
             }
             this.runs.lock().expect("runs lock").remove(&run_id);
             let _ = done.send(Some(ended));
         });
-        Ok(outcome_rx)
+        outcome_rx
+    }
+
+    /// Writes `record` back with `ended` as its outcome.
+    fn save_outcome(
+        &self,
+        run_id: &str,
+        record: RunRecord,
+        ended: &pb::RunTaskResponse,
+    ) -> Result<(), StoreError> {
+        let saved = (
+            ended.status.clone(),
+            ended.error.clone(),
+            ended.report.clone(),
+        );
+        let record = RunRecord {
+            outcome: Some(saved),
+            ..record
+        };
+        self.inner.store.put_run(run_id, &record)
     }
 
     async fn task(
         &self,
         uid: &str,
-        backup_to: Option<std::path::PathBuf>,
+        backup_to: Option<PathBuf>,
         run_id: &str,
     ) -> Result<String, Status> {
         let cluster = self

@@ -26,38 +26,29 @@ pub enum ClusterCommand {
     },
     /// Change worker count and/or node offering.
     Scale {
-        name: String,
-        #[arg(long)]
-        workers: Option<u32>,
-        #[arg(long)]
-        offering: Option<String>,
+        #[command(flatten)]
+        args: ScaleArgs,
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
     /// Rolling upgrade to a version (a semantic version, e.g. 1.30.0).
     Upgrade {
-        name: String,
-        #[arg(long)]
-        version: String,
-        /// Allow a version lower than the cluster's (refused otherwise).
-        #[arg(long)]
-        allow_downgrade: bool,
+        #[command(flatten)]
+        args: UpgradeArgs,
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
     /// Add worker nodes.
     AddNodes {
-        name: String,
-        #[arg(long)]
-        count: u32,
+        #[command(flatten)]
+        args: AddNodesArgs,
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
     /// Remove worker nodes by id.
     RemoveNodes {
-        name: String,
-        #[arg(required = true)]
-        node_ids: Vec<String>,
+        #[command(flatten)]
+        args: RemoveNodesArgs,
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
@@ -108,6 +99,88 @@ pub struct CreateArgs {
     create_only: bool,
     #[command(flatten)]
     lifecycle: Lifecycle,
+}
+
+/// `cluster scale`'s own arguments, the lifecycle flags apart. Like the
+/// next three, they build their request themselves, so that [`run`] reads
+/// one short arm per command.
+#[derive(clap::Args)]
+pub struct ScaleArgs {
+    name: String,
+    #[arg(long)]
+    workers: Option<u32>,
+    #[arg(long)]
+    offering: Option<String>,
+}
+
+impl ScaleArgs {
+    fn request(self, request_id: String) -> v1::ScaleClusterRequest {
+        v1::ScaleClusterRequest {
+            name: self.name,
+            worker_nodes: self.workers,
+            node_offering: self.offering,
+            autoscaling: None,
+            request_id,
+        }
+    }
+}
+
+/// `cluster upgrade`'s own arguments, the lifecycle flags apart.
+#[derive(clap::Args)]
+pub struct UpgradeArgs {
+    name: String,
+    #[arg(long)]
+    version: String,
+    /// Allow a version lower than the cluster's (refused otherwise).
+    #[arg(long)]
+    allow_downgrade: bool,
+}
+
+impl UpgradeArgs {
+    fn request(self, request_id: String) -> v1::UpgradeClusterRequest {
+        v1::UpgradeClusterRequest {
+            name: self.name,
+            version: self.version,
+            request_id,
+            allow_downgrade: self.allow_downgrade,
+        }
+    }
+}
+
+/// `cluster add-nodes`'s own arguments, the lifecycle flags apart.
+#[derive(clap::Args)]
+pub struct AddNodesArgs {
+    name: String,
+    #[arg(long)]
+    count: u32,
+}
+
+impl AddNodesArgs {
+    fn request(self, request_id: String) -> v1::AddNodesRequest {
+        v1::AddNodesRequest {
+            name: self.name,
+            count: self.count,
+            request_id,
+        }
+    }
+}
+
+/// `cluster remove-nodes`'s own arguments, the lifecycle flags apart.
+#[derive(clap::Args)]
+pub struct RemoveNodesArgs {
+    name: String,
+    #[arg(required = true)]
+    node_ids: Vec<String>,
+}
+
+impl RemoveNodesArgs {
+    fn request(self, request_id: String) -> v1::RemoveNodesRequest {
+        v1::RemoveNodesRequest {
+            name: self.name,
+            node_ids: self.node_ids,
+            request_id,
+        }
+    }
 }
 
 /// An update names what it changes: with no flag it would replace the
@@ -263,58 +336,17 @@ pub async fn run(
             let request = |request_id| v1::StopClusterRequest { name, request_id };
             lifecycle.run(client, output, request).await
         }
-        ClusterCommand::Scale {
-            name,
-            workers,
-            offering,
-            lifecycle,
-        } => {
-            let request = |request_id| v1::ScaleClusterRequest {
-                name,
-                worker_nodes: workers,
-                node_offering: offering,
-                autoscaling: None,
-                request_id,
-            };
-            lifecycle.run(client, output, request).await
+        ClusterCommand::Scale { args, lifecycle } => {
+            lifecycle.run(client, output, |id| args.request(id)).await
         }
-        ClusterCommand::Upgrade {
-            name,
-            version,
-            allow_downgrade,
-            lifecycle,
-        } => {
-            let request = |request_id| v1::UpgradeClusterRequest {
-                name,
-                version,
-                request_id,
-                allow_downgrade,
-            };
-            lifecycle.run(client, output, request).await
+        ClusterCommand::Upgrade { args, lifecycle } => {
+            lifecycle.run(client, output, |id| args.request(id)).await
         }
-        ClusterCommand::AddNodes {
-            name,
-            count,
-            lifecycle,
-        } => {
-            let request = |request_id| v1::AddNodesRequest {
-                name,
-                count,
-                request_id,
-            };
-            lifecycle.run(client, output, request).await
+        ClusterCommand::AddNodes { args, lifecycle } => {
+            lifecycle.run(client, output, |id| args.request(id)).await
         }
-        ClusterCommand::RemoveNodes {
-            name,
-            node_ids,
-            lifecycle,
-        } => {
-            let request = |request_id| v1::RemoveNodesRequest {
-                name,
-                node_ids,
-                request_id,
-            };
-            lifecycle.run(client, output, request).await
+        ClusterCommand::RemoveNodes { args, lifecycle } => {
+            lifecycle.run(client, output, |id| args.request(id)).await
         }
         ClusterCommand::Recover { name, lifecycle } => {
             let request = |request_id| v1::RecoverClusterRequest { name, request_id };

@@ -14,6 +14,7 @@ use drover_client::v1::{self, OperationState as O};
 use drover_client::Client;
 use drover_server::store::{EtcdOptions, EtcdStore, Store};
 use drover_tests::etcd::{EtcdCluster, EtcdProcess};
+use drover_tests::fixture::Backends;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
@@ -211,10 +212,11 @@ enum Fault {
 
 #[tokio::test]
 async fn faults_under_load_keep_every_invariant() {
+    let Backends { sim, etcd } = Backends::start().await;
     let mut world = World {
         replicas: Vec::new(),
-        sim: SimProcess::start().await,
-        etcd: EtcdProcess::start().await,
+        sim,
+        etcd,
         next_id: 0,
     };
     for _ in 0..3 {

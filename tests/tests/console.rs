@@ -8,8 +8,7 @@
 use drover_client::{v1, Client, ConnectOptions};
 use drover_server::auth::hash_token;
 use drover_tests::browser::{self, Browser};
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::provider::SimProcess;
+use drover_tests::fixture::Backends;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, http_get, TempDir};
 use std::collections::BTreeSet;
@@ -61,8 +60,7 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     if !browser::available() {
         panic!("chromium is missing: run scripts/install-deps.sh");
     }
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let dir = TempDir::new("console");
     let mut tokens = String::new();
     for (name, role, token) in [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)] {

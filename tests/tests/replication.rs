@@ -8,6 +8,7 @@ use drover_proto::provider::v1 as pb;
 use drover_proto::v1::admin_client::AdminClient;
 use drover_server::store::Store;
 use drover_tests::etcd::EtcdProcess;
+use drover_tests::fixture::Backends;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
@@ -40,8 +41,7 @@ impl Cluster3 {
 
     /// Starts `count` replicas with `extra` flags each.
     async fn start_with(count: usize, ttl: u64, extra: &[&str]) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let sim = SimProcess::start().await;
+        let Backends { sim, etcd } = Backends::start().await;
         let mut this = Self {
             etcd,
             sim,
@@ -491,8 +491,7 @@ async fn leases_revoked(admins: &[String]) -> f64 {
 #[tokio::test]
 async fn a_replica_killed_right_after_its_first_claim_costs_no_ttl() {
     const TTL: &str = "15";
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let provider = sim.endpoint();
     let args = [
         "--provider",
@@ -1134,8 +1133,7 @@ async fn etcd_watchers(endpoint: &str) -> f64 {
 /// rescan. It is recovered at once now.
 #[tokio::test]
 async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let ttl = TTL_SECONDS.to_string();
     let endpoint = sim.endpoint();
     let mut args = vec!["--provider", &endpoint, "--lease-ttl", &ttl];
@@ -1173,8 +1171,7 @@ async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() 
 /// explain the hand-over.
 #[tokio::test]
 async fn a_restarted_replica_takes_its_clusters_back_without_waiting_for_the_ttl() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let args = ["--provider", &sim.endpoint(), "--lease-ttl", "60"];
     let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
     let mut client = replica.client().await;
@@ -1405,8 +1402,7 @@ async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
 /// only the revoke can explain it.
 #[tokio::test]
 async fn a_restarted_replica_resumes_its_operation_without_waiting_for_the_ttl() {
-    let etcd = EtcdProcess::start().await;
-    let sim = SimProcess::start().await;
+    let Backends { sim, etcd } = Backends::start().await;
     let endpoint = sim.endpoint();
     let args = ["--provider", &endpoint, "--lease-ttl", "60"];
     let mut replica = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;

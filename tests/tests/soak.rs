@@ -24,6 +24,7 @@
 use drover_client::v1::{self, ClusterState as S, OperationState as O};
 use drover_client::Client;
 use drover_tests::etcd::EtcdProcess;
+use drover_tests::fixture::Backends;
 use drover_tests::history::{
     ends, node_violations, provider_violations, state_history, transition_violations,
 };
@@ -412,10 +413,11 @@ async fn a_random_load_under_provider_and_replica_faults_keeps_every_invariant()
         settings.seed, settings.seed, settings.ops, settings.time,
     );
     let started = Instant::now();
+    let Backends { sim, etcd } = Backends::start().await;
     let mut world = World {
         replicas: Vec::new(),
-        sim: SimProcess::start().await,
-        etcd: EtcdProcess::start().await,
+        sim,
+        etcd,
         endpoints: Arc::new(Mutex::new(Vec::new())),
     };
     for id in 0..REPLICAS {

@@ -4,8 +4,10 @@
 //! killed (by the pid we started) and so is every postgres process whose
 //! command line names the root; the root is removed.
 
-use crate::{free_port, replica::health, wait_until, workspace_binary, TempDir};
-use drover_client::v1;
+use crate::etcd::EtcdProcess;
+use crate::replica::{health, ReplicaProcess};
+use crate::{free_port, wait_until, workspace_binary, TempDir};
+use drover_client::{v1, Client};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -21,6 +23,48 @@ pub const V2: &str = "15.1.0";
 /// Labels `15.0.0` to `15.<LABELS - 1>.0`, all mapped to [`BIN`]: a test
 /// may upgrade that many times in a row.
 pub const LABELS: u32 = 10;
+
+/// etcd, the PostgreSQL provider, replica processes in front of it and a
+/// client of the first: what every PostgreSQL end-to-end test runs on.
+///
+/// Fields drop in order: the replicas first, etcd last.
+pub struct PgDeployment {
+    pub replicas: Vec<ReplicaProcess>,
+    pub client: Client,
+    pub provider: PgProviderProcess,
+    pub etcd: EtcdProcess,
+}
+
+impl PgDeployment {
+    /// Starts etcd, the provider and replicas `ids`, each scanning every
+    /// second. Their lease is long enough (10 s) that most provider calls
+    /// (an initdb, a pg_basebackup) end within one claim deadline; longer
+    /// ones are sent again and converge.
+    pub async fn start(ids: &[&str]) -> Self {
+        let etcd = EtcdProcess::start().await;
+        let provider = PgProviderProcess::start().await;
+        let endpoint = provider.endpoint();
+        let args = [
+            "--provider",
+            &endpoint,
+            "--lease-ttl",
+            "10",
+            "--scan-interval",
+            "1",
+        ];
+        let mut replicas = Vec::new();
+        for id in ids {
+            replicas.push(ReplicaProcess::serve_with(&etcd.endpoint(), id, &args).await);
+        }
+        let client = replicas[0].client().await;
+        Self {
+            replicas,
+            client,
+            provider,
+            etcd,
+        }
+    }
+}
 
 /// The `n`th version label (`version(0)` is [`V1`]).
 pub fn version(n: u32) -> String {

@@ -5,10 +5,9 @@
 //! Recover, a backup restored elsewhere, destroy), and at every step the
 //! databases are checked, not only what Drover says.
 
-use drover_client::{v1, Client};
-use drover_tests::etcd::EtcdProcess;
+use drover_client::v1;
 use drover_tests::postgres::{
-    address, data_dir, postmaster_pid, psql, writable, PgProviderProcess, BIN, V1, V2,
+    address, data_dir, postmaster_pid, psql, writable, PgDeployment, BIN, V1, V2,
 };
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{scrape, start_upgrade, wait_for_state, wait_until};
@@ -20,42 +19,17 @@ const OPERATION: Duration = Duration::from_secs(180);
 const ROWS: u32 = 100;
 
 /// Three replicas in front of the PostgreSQL provider, and a client.
-struct Deployment {
-    provider: PgProviderProcess,
-    replicas: Vec<ReplicaProcess>,
-    client: Client,
-    _etcd: EtcdProcess,
+async fn deployment() -> PgDeployment {
+    PgDeployment::start(&["pg-r1", "pg-r2", "pg-r3"]).await
 }
 
-impl Deployment {
-    async fn start() -> Self {
-        let etcd = EtcdProcess::start().await;
-        let provider = PgProviderProcess::start().await;
-        let endpoint = provider.endpoint();
-        // A lease long enough that most provider calls (an initdb, a
-        // pg_basebackup) end within one claim deadline; longer ones are
-        // sent again and converge.
-        let args = [
-            "--provider",
-            &endpoint,
-            "--lease-ttl",
-            "10",
-            "--scan-interval",
-            "1",
-        ];
-        let mut replicas = Vec::new();
-        for id in ["pg-r1", "pg-r2", "pg-r3"] {
-            replicas.push(ReplicaProcess::serve_with(&etcd.endpoint(), id, &args).await);
-        }
-        let client = replicas[0].client().await;
-        Self {
-            provider,
-            replicas,
-            client,
-            _etcd: etcd,
-        }
-    }
+/// What these tests read of the cluster `pg` and wait for.
+trait Steps {
+    async fn nodes(&mut self) -> Vec<v1::Node>;
+    async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation;
+}
 
+impl Steps for PgDeployment {
     async fn nodes(&mut self) -> Vec<v1::Node> {
         let cluster = self.client.get_cluster("pg").await.expect("get");
         cluster.status.unwrap_or_default().nodes
@@ -100,7 +74,7 @@ async fn rows_everywhere(nodes: &[v1::Node]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
-    let mut d = Deployment::start().await;
+    let mut d = deployment().await;
     let nodes = create(&mut d).await;
     let sql = format!(
         "CREATE TABLE items (id int PRIMARY KEY, name text); \
@@ -124,7 +98,7 @@ async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
 /// everywhere, one run under one epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
-    let mut d = Deployment::start().await;
+    let mut d = deployment().await;
     let nodes = create(&mut d).await;
     let sql = format!(
         "CREATE TABLE items (id int PRIMARY KEY); \
@@ -169,7 +143,7 @@ async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
 
 /// The restarted provider still knows the newest epoch it saw before the
 /// kill: a call under an older one is refused, and changes nothing.
-async fn stale_epochs_are_still_refused(d: &mut Deployment, epoch: i64) {
+async fn stale_epochs_are_still_refused(d: &mut PgDeployment, epoch: i64) {
     use drover_proto::provider::v1 as pb;
     let uid = d.client.get_cluster("pg").await.expect("get").uid;
     let mut provider = pb::provider_client::ProviderClient::connect(d.provider.endpoint())
@@ -206,7 +180,7 @@ async fn provider_retries(replicas: &[ReplicaProcess]) -> f64 {
     total
 }
 
-async fn create(d: &mut Deployment) -> Vec<v1::Node> {
+async fn create(d: &mut PgDeployment) -> Vec<v1::Node> {
     let request = v1::CreateClusterRequest {
         name: "pg".into(),
         spec: Some(v1::ClusterSpec {
@@ -235,7 +209,7 @@ async fn create(d: &mut Deployment) -> Vec<v1::Node> {
     nodes
 }
 
-async fn scale_to_three_standbys(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Node> {
+async fn scale_to_three_standbys(d: &mut PgDeployment, before: &[v1::Node]) -> Vec<v1::Node> {
     let request = v1::ScaleClusterRequest {
         name: "pg".into(),
         worker_nodes: Some(3),
@@ -262,7 +236,7 @@ async fn scale_to_three_standbys(d: &mut Deployment, before: &[v1::Node]) -> Vec
 /// The upgrade rolls node by node, standbys first, then switches the
 /// primary over; a sampler checks every 100 ms that at most one node
 /// accepts writes.
-async fn rolling_upgrade(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Node> {
+async fn rolling_upgrade(d: &mut PgDeployment, before: &[v1::Node]) -> Vec<v1::Node> {
     let old_primary = primary(before).id;
     let stop = Arc::new(AtomicBool::new(false));
     let most_writable = Arc::new(Mutex::new(Vec::new()));
@@ -299,7 +273,7 @@ async fn rolling_upgrade(d: &mut Deployment, before: &[v1::Node]) -> Vec<v1::Nod
     nodes
 }
 
-async fn kill_a_standby_and_recover(d: &mut Deployment, nodes: &[v1::Node]) {
+async fn kill_a_standby_and_recover(d: &mut PgDeployment, nodes: &[v1::Node]) {
     let standby = nodes
         .iter()
         .find(|n| n.role == "worker")
@@ -343,7 +317,7 @@ async fn kill_a_standby_and_recover(d: &mut Deployment, nodes: &[v1::Node]) {
 
 /// A backup task writes a base backup into a `file:` location; a copy of
 /// it, started as a database of its own, has the rows.
-async fn backup_and_restore(d: &mut Deployment) {
+async fn backup_and_restore(d: &mut PgDeployment) {
     let location = d.provider.root().join("backups");
     let task = v1::TaskSpec {
         r#type: v1::TaskType::Backup as i32,
@@ -374,7 +348,7 @@ async fn backup_and_restore(d: &mut Deployment) {
     assert_eq!(restored_rows(d, &backup).await, ROWS.to_string());
 }
 
-async fn wait_for_backup(d: &mut Deployment) -> v1::TaskRun {
+async fn wait_for_backup(d: &mut PgDeployment) -> v1::TaskRun {
     let done = v1::TaskRunStatus::Done as i32;
     let last = Arc::new(Mutex::new(None));
     wait_until(OPERATION, "the backup run to be DONE", || {
@@ -399,7 +373,7 @@ async fn wait_for_backup(d: &mut Deployment) -> v1::TaskRun {
 }
 
 /// Starts PostgreSQL on a copy of `backup` and counts its rows.
-async fn restored_rows(d: &Deployment, backup: &std::path::Path) -> String {
+async fn restored_rows(d: &PgDeployment, backup: &std::path::Path) -> String {
     use drover_postgres_provider::pg::{NodeConf, Pg};
     let scratch = d.provider.root().join("restored");
     let copied = std::process::Command::new("cp")
@@ -438,7 +412,7 @@ async fn restored_rows(d: &Deployment, backup: &std::path::Path) -> String {
 }
 
 /// Destroy leaves nothing: no process, no data directory, every port free.
-async fn destroy(d: &mut Deployment, nodes: &[v1::Node]) {
+async fn destroy(d: &mut PgDeployment, nodes: &[v1::Node]) {
     let request = v1::DeleteClusterRequest {
         name: "pg".into(),
         request_id: String::new(),

@@ -11,11 +11,7 @@
 //! primary's data directory is kept, not deleted.
 
 use drover_client::v1;
-use drover_tests::etcd::EtcdProcess;
-use drover_tests::postgres::{
-    address, postmaster_pid, psql, version, writable, PgProviderProcess, V1,
-};
-use drover_tests::replica::ReplicaProcess;
+use drover_tests::postgres::{address, postmaster_pid, psql, version, writable, PgDeployment, V1};
 use drover_tests::{start_upgrade, wait_for_state};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,13 +43,15 @@ const OPERATION: Duration = Duration::from_secs(180);
 async fn a_provider_killed_at_each_step_of_a_switchover_leaves_one_primary_and_every_acknowledged_row(
 ) {
     // Bound by name, so etcd and the replica live to the test's end.
-    let Deployment {
-        mut provider,
-        mut client,
+    let (
+        PgDeployment {
+            mut provider,
+            mut client,
+            replicas: _replicas,
+            etcd: _etcd,
+        },
         nodes,
-        _replica,
-        _etcd,
-    } = Deployment::start("pg-sw").await;
+    ) = deployment("pg-sw").await;
     let watch = Watch::start(&nodes, true);
 
     for (n, step) in (1..).zip(STEPS) {
@@ -106,13 +104,15 @@ async fn a_provider_killed_at_each_step_of_a_switchover_leaves_one_primary_and_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps_the_old_one() {
     // Bound by name, so etcd and the replica live to the test's end.
-    let Deployment {
-        mut provider,
-        mut client,
+    let (
+        PgDeployment {
+            mut provider,
+            mut client,
+            replicas: _replicas,
+            etcd: _etcd,
+        },
         nodes,
-        _replica,
-        _etcd,
-    } = Deployment::start("pg-rp").await;
+    ) = deployment("pg-rp").await;
     let watch = Watch::start(&nodes, false);
 
     for (n, step) in (1u64..).zip(REPAIR_STEPS) {
@@ -199,46 +199,18 @@ fn addresses_of(nodes: &[v1::Node]) -> Vec<String> {
     nodes.iter().map(address).collect()
 }
 
-/// etcd, the provider, one replica (lease TTL 10 s, a scan every second)
-/// and a cluster of a primary and a standby with an empty `acked` table.
-struct Deployment {
-    provider: PgProviderProcess,
-    client: drover_client::Client,
-    nodes: Vec<v1::Node>,
-    _replica: ReplicaProcess,
-    _etcd: EtcdProcess,
-}
-
-impl Deployment {
-    async fn start(replica_id: &str) -> Self {
-        let etcd = EtcdProcess::start().await;
-        let provider = PgProviderProcess::start().await;
-        let endpoint = provider.endpoint();
-        let args = [
-            "--provider",
-            &endpoint,
-            "--lease-ttl",
-            "10",
-            "--scan-interval",
-            "1",
-        ];
-        let replica = ReplicaProcess::serve_with(&etcd.endpoint(), replica_id, &args).await;
-        let mut client = replica.client().await;
-        let nodes = create(&mut client).await;
-        let primary = primary_of(&nodes);
-        psql(
-            &address(primary),
-            "CREATE TABLE acked (id bigint PRIMARY KEY)",
-        )
-        .expect("create table");
-        Self {
-            provider,
-            client,
-            nodes,
-            _replica: replica,
-            _etcd: etcd,
-        }
-    }
+/// etcd, the provider, one replica `replica_id` and a cluster of a primary
+/// and a standby with an empty `acked` table; returns the nodes too.
+async fn deployment(replica_id: &str) -> (PgDeployment, Vec<v1::Node>) {
+    let mut deployment = PgDeployment::start(&[replica_id]).await;
+    let nodes = create(&mut deployment.client).await;
+    let primary = primary_of(&nodes);
+    psql(
+        &address(primary),
+        "CREATE TABLE acked (id bigint PRIMARY KEY)",
+    )
+    .expect("create table");
+    (deployment, nodes)
 }
 
 async fn create(client: &mut drover_client::Client) -> Vec<v1::Node> {

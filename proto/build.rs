@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "drover/v1/operation.proto",
     "drover/v1/task.proto",
     "drover/v1/admin.proto",
+    "drover/v1/rollout.proto",
     "drover/provider/v1/provider.proto",
     "drover/provider/v1/simulator.proto",
 ];

@@ -143,6 +143,51 @@ impl KeyLayout {
         format!("{}{cluster}", self.owners())
     }
 
+    /// `<prefix>rollouts/`: every rollout's spec and controls, one key
+    /// each (what the replicas follow to find rollouts to own).
+    pub fn rollouts(&self) -> String {
+        format!("{}rollouts/", self.prefix)
+    }
+
+    pub fn rollout(&self, name: &str) -> String {
+        format!("{}{name}", self.rollouts())
+    }
+
+    /// Where a rollout is, written by its owner.
+    pub fn rollout_status(&self, name: &str) -> String {
+        format!("{}rollout-status/{name}", self.prefix)
+    }
+
+    /// `<prefix>rollout-targets/<name>/`: the targets, fixed at create.
+    pub fn rollout_targets(&self, name: &str) -> String {
+        format!("{}rollout-targets/{name}/", self.prefix)
+    }
+
+    /// One chunk of targets; numbered so that key order is their order.
+    pub fn rollout_target_chunk(&self, name: &str, chunk: usize) -> String {
+        format!("{}{chunk:06}", self.rollout_targets(name))
+    }
+
+    /// `<prefix>rollout-clusters/<name>/`: the targets' progress.
+    pub fn rollout_clusters(&self, name: &str) -> String {
+        format!("{}rollout-clusters/{name}/", self.prefix)
+    }
+
+    pub fn rollout_cluster(&self, name: &str, cluster: &str) -> String {
+        format!("{}{cluster}", self.rollout_clusters(name))
+    }
+
+    /// `<prefix>rollout-owners/`: which replica runs which rollout.
+    pub fn rollout_owners(&self) -> String {
+        format!("{}rollout-owners/", self.prefix)
+    }
+
+    /// A rollout's owner, bound to the owner's lease: its lease and create
+    /// revision are the fence of every write the owner makes.
+    pub fn rollout_owner(&self, name: &str) -> String {
+        format!("{}{name}", self.rollout_owners())
+    }
+
     /// The first key after every key of cluster `name`, for paging: `/` is
     /// followed by `0` in byte order and no cluster name contains `/`.
     pub fn after_cluster(&self, name: &str) -> String {

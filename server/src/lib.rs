@@ -41,6 +41,8 @@
 //!   accepts (claimed at once on the owner), then runs the steps, fenced.
 //! - [`task`]: scheduled maintenance tasks: validation, reconcile, scheduler.
 //! - [`scanner`]: moves idle clusters by what the provider reports.
+//! - [`rollout`]: fleet rollouts: a change carried across many clusters in
+//!   stages, owned by one replica and run as a reconciler on the runtime.
 //! - [`api`]: the drover.v1 gRPC services; every lifecycle request goes to
 //!   `Executor::submit`, and errors become statuses in `api::error`, once.
 //! - [`console`]: the read-only web console (`/ui`), kept live by
@@ -73,6 +75,7 @@ pub mod provider;
 pub mod replica;
 pub mod replication;
 pub mod retry;
+pub mod rollout;
 pub mod scanner;
 pub mod server;
 pub mod shutdown;

@@ -30,6 +30,7 @@ use crate::operation::Operations;
 use crate::owner_work::{OwnerWork, Runtime};
 use crate::provider::Providers;
 use crate::replication::{Ownership, OwnershipConfig};
+use crate::rollout::{RolloutController, RolloutOwners, RolloutStore};
 use crate::scanner::Scanner;
 use crate::store::{MeteredStore, SharedStore};
 use crate::supervisor::Supervisor;
@@ -254,8 +255,8 @@ impl Replica {
         }
     }
 
-    /// The executor, the task scheduler and the scanner, on one owner-work
-    /// runtime; the executor, which requests go to.
+    /// The executor, the task scheduler, the scanner and the rollouts, on
+    /// one owner-work runtime; the executor, which requests go to.
     fn start_owner_work(
         &mut self,
         config: &Config,
@@ -288,6 +289,14 @@ impl Replica {
             Arc::clone(&self.cache),
             config.scan_interval,
         );
+        let rollouts = self.start_rollout_owners(work, &work_stopped);
+        let rollouts = RolloutController::new(
+            RolloutStore::new(self.store.clone(), self.keys.clone()),
+            rollouts,
+            Arc::clone(&executor),
+            self.operations.clone(),
+            Arc::clone(&self.cache),
+        );
         let runtime = Runtime::new(
             Arc::clone(work),
             Arc::clone(&self.cache),
@@ -295,10 +304,27 @@ impl Replica {
         )
         .with(executor.clone())
         .with(scheduler)
-        .with(scanner);
+        .with(scanner)
+        .with(rollouts);
         self.tasks
             .spawn("owner-work", runtime.run(adoptions, work_stopped));
         executor
+    }
+}
+
+impl Replica {
+    /// Which rollouts this replica runs, kept in step with their owner
+    /// keys until `work_stopped`.
+    fn start_rollout_owners(
+        &mut self,
+        work: &Arc<OwnerWork>,
+        work_stopped: &watch::Receiver<bool>,
+    ) -> Arc<RolloutOwners> {
+        let store = RolloutStore::new(self.store.clone(), self.keys.clone());
+        let owners = RolloutOwners::new(store, Arc::clone(work));
+        let run = Arc::clone(&owners).run(Arc::clone(&self.cache), work_stopped.clone());
+        self.tasks.spawn("rollout-owners", run);
+        owners
     }
 }
 

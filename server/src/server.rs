@@ -6,17 +6,19 @@
 //! stopped in [`crate::shutdown`]; this module only decides what the
 //! network sees.
 
-use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
+use crate::api::{AdminService, ClustersService, OperationsService, RolloutsService, TasksService};
 use crate::auth::{AuthLayer, Authenticator};
 use crate::config::Config;
 use crate::net::incoming;
 use crate::provider::Providers;
 use crate::replica::{Replica, StartError};
+use crate::rollout::RolloutStore;
 use crate::shutdown::Drain;
 use crate::store::SharedStore;
 use drover_proto::v1::{
     admin_server::AdminServer, clusters_server::ClustersServer,
-    operations_server::OperationsServer, tasks_server::TasksServer,
+    operations_server::OperationsServer, rollouts_server::RolloutsServer,
+    tasks_server::TasksServer,
 };
 use std::future::Future;
 use std::sync::Arc;
@@ -35,6 +37,7 @@ async fn report_health(health: &tonic_health::server::HealthReporter, status: Se
         ClustersServer::<ClustersService>::NAME,
         OperationsServer::<OperationsService>::NAME,
         TasksServer::<TasksService>::NAME,
+        RolloutsServer::<RolloutsService>::NAME,
         AdminServer::<AdminService>::NAME,
     ] {
         health.set_service_status(service, status).await;
@@ -140,6 +143,10 @@ fn add_api<L>(router: Router<L>, replica: &Replica) -> Router<L> {
             operations.clone(),
         )))
         .add_service(TasksServer::new(TasksService::new(operations.clone())))
+        .add_service(RolloutsServer::new(RolloutsService::new(
+            RolloutStore::new(replica.store.clone(), replica.keys.clone()),
+            Arc::clone(&replica.cache),
+        )))
         .add_service(AdminServer::new(AdminService::new(
             replica.store.clone(),
             replica.keys.clone(),

@@ -3,6 +3,7 @@
 use crate::cluster::validate::FieldError;
 use crate::cluster::RegistryError;
 use crate::operation::LifecycleError;
+use crate::rollout::RolloutError;
 use crate::store::StoreError;
 use crate::task::TaskError;
 use tonic::Status;
@@ -18,6 +19,8 @@ pub enum ApiError {
     Lifecycle(#[from] LifecycleError),
     #[error(transparent)]
     Task(#[from] TaskError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
 }
 
 impl From<StoreError> for ApiError {
@@ -37,6 +40,16 @@ impl From<ApiError> for Status {
                 TaskError::Provider(_) => Status::unavailable(message),
                 TaskError::Invalid(field) => ApiError::InvalidArgument(field).into(),
                 TaskError::Registry(error) => ApiError::Registry(error).into(),
+            },
+            ApiError::Rollout(error) => match error {
+                RolloutError::NotFound(_) => Status::not_found(message),
+                RolloutError::AlreadyExists(_) => Status::already_exists(message),
+                RolloutError::Ended { .. } | RolloutError::NoTargets | RolloutError::NoProvider => {
+                    Status::failed_precondition(message)
+                }
+                RolloutError::Invalid(field) => ApiError::InvalidArgument(field).into(),
+                RolloutError::Lifecycle(error) => ApiError::Lifecycle(error).into(),
+                RolloutError::Registry(error) => ApiError::Registry(error).into(),
             },
             ApiError::Lifecycle(error) => match error {
                 LifecycleError::NotFound { .. } | LifecycleError::NoOwner(_) => {

@@ -6,6 +6,7 @@ mod clusters;
 pub(crate) mod convert;
 mod error;
 mod operations;
+mod rollouts;
 mod tasks;
 
 pub use admin::AdminService;
@@ -13,4 +14,5 @@ pub(crate) use clusters::parse_label_selector;
 pub use clusters::ClustersService;
 pub use error::ApiError;
 pub use operations::OperationsService;
+pub use rollouts::RolloutsService;
 pub use tasks::TasksService;

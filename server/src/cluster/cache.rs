@@ -494,6 +494,15 @@ impl ClusterCache {
         )
     }
 
+    /// A cluster's state key as the cache holds it: a cheaper look than
+    /// [`Self::get`] for whether an operation still holds the cluster.
+    /// `None` when there is no such cluster or the cache is not ready.
+    pub fn state_of(&self, name: &str) -> Option<KeyValue> {
+        let snapshot = self.read();
+        let leaves = snapshot.clusters.get(&format!("{name}/"))?;
+        leaves.get(leaf::STATE).cloned()
+    }
+
     /// A page of clusters from the cache, as [`Registry::list`] would return
     /// it; `None` when the cache is not ready.
     pub fn list(

@@ -55,6 +55,7 @@ pub enum Controller {
     Executor,
     Tasks,
     Scanner,
+    Rollouts,
 }
 
 impl Controller {
@@ -63,6 +64,7 @@ impl Controller {
             Controller::Executor => "executor",
             Controller::Tasks => "tasks",
             Controller::Scanner => "scanner",
+            Controller::Rollouts => "rollouts",
         }
     }
 }
@@ -98,6 +100,12 @@ pub trait Reconciler: Send + Sync + 'static {
     fn concurrency(&self) -> usize;
     /// The clusters a resync looks at (those not owned are skipped).
     fn candidates(&self) -> Vec<String>;
+    /// This replica's claim on `key`: by default its claim on the cluster
+    /// of that name; a controller of other owned things (rollouts) answers
+    /// from its own claims.
+    fn claim(&self, work: &OwnerWork, key: &str) -> Option<Claim> {
+        work.claim(key)
+    }
     /// Told before the adoption's trigger that this replica just adopted
     /// `cluster`.
     fn adopted(&self, _cluster: &str) {}
@@ -312,7 +320,7 @@ impl Runtime {
     /// Runs `cluster`'s reconcile of lane `index`, if the cluster is owned
     /// here.
     fn start(&mut self, index: usize, cluster: String) {
-        let Some(claim) = self.work.claim(&cluster) else {
+        let Some(claim) = self.lanes[index].reconciler.claim(&self.work, &cluster) else {
             self.lanes[index].failing.remove(&cluster);
             return;
         };

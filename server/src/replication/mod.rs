@@ -40,7 +40,7 @@ mod liveness;
 mod membership;
 mod owners_view;
 mod ownership;
-mod rendezvous;
+pub mod rendezvous;
 mod restore;
 mod state_memo;
 
@@ -165,7 +165,12 @@ impl Claim {
 
     /// The compares that make a write apply only while this claim holds.
     pub fn fence(&self, keys: &KeyLayout, cluster: &str) -> [Compare; 2] {
-        let owner = keys.owner(cluster);
+        self.fence_key(keys.owner(cluster))
+    }
+
+    /// The compares that make a write apply only while `owner` (an owner
+    /// key of any kind: a cluster's, a rollout's) is this claim's.
+    pub fn fence_key(&self, owner: String) -> [Compare; 2] {
         [
             Compare::lease(&owner, CmpOp::Equal, self.lease),
             Compare::create_revision(owner, CmpOp::Equal, self.revision),
@@ -367,7 +372,8 @@ impl Ownership {
     /// The lease, while this replica believes it alive. Past the belief the
     /// session lapses (its claims are kept, unused) until a renewal succeeds
     /// or the lease turns out gone.
-    fn live_lease(&self) -> Option<LeaseId> {
+    /// This replica's lease while it believes it alive.
+    pub fn live_lease(&self) -> Option<LeaseId> {
         let mut session = lock(&self.session);
         let s = session.as_mut()?;
         if Instant::now() < s.valid_until {

@@ -276,7 +276,8 @@ impl Ownership {
         Ok((records, members.revision))
     }
 
-    pub(super) fn is_draining(&self) -> bool {
+    /// Whether this replica is shutting down (it claims nothing more).
+    pub fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 

@@ -1,0 +1,577 @@
+//! The rollout controller: a reconciler on the owner-work runtime that
+//! carries one owned rollout forward each time it runs.
+//!
+//! A reconcile reads the user's controls, looks at the targets in flight
+//! (an operation that ended moves its target to SUCCEEDED or FAILED),
+//! decides the rollout's state (cancel, resume, pause, the failure budget,
+//! the stage: approval, concurrency, soak), writes what changed, fenced,
+//! then starts the targets it chose: each is first written STARTING, then
+//! its operation is accepted through `Executor::submit` under a request id
+//! made of the rollout's uid and the cluster, then it is written RUNNING.
+//!
+//! # Guarantees
+//! - A target's operation is accepted at most once, whatever fails: a new
+//!   owner submits a STARTING target again under the same request id, and
+//!   the accept answers with the operation the first submit created.
+//! - At most the stage's concurrency of its targets are STARTING or
+//!   RUNNING at once, counted from the records every owner loads: a target
+//!   is counted before its operation exists, and until the owner sees the
+//!   operation end, so the provider never runs more.
+//! - Nothing new starts while the rollout is paused (by a user or by its
+//!   failure budget), waits for an approval, soaks, or has been cancelled.
+//!
+//! # Caveats
+//! - The owner learns that an operation ended by looking (every
+//!   [`POLL`]), not from an event.
+
+use super::owners::RolloutOwners;
+use super::record::*;
+use super::spec::{Action, OnBusy, RolloutSpec};
+use super::store::{Loaded, RolloutStore, Target};
+use crate::cluster::validate::parse_version;
+use crate::cluster::{from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, StateRecord};
+use crate::executor::Executor;
+use crate::operation::{
+    LifecycleError, LifecycleRequest, OperationKind, OperationParams, OperationState, Operations,
+};
+use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
+use crate::replication::Claim;
+use crate::store::{Op, StoreFailure, Txn};
+use crate::sync::lock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often an owner looks at the targets in flight.
+pub const POLL: Duration = Duration::from_millis(100);
+/// Writes per fenced transaction (etcd allows 128 operations).
+const WRITES_PER_TXN: usize = 100;
+
+pub struct RolloutController {
+    rollouts: RolloutStore,
+    owners: Arc<RolloutOwners>,
+    executor: Arc<Executor>,
+    operations: Operations,
+    cache: Arc<ClusterCache>,
+    /// Each owned rollout as last loaded or written, under the claim it was
+    /// loaded under.
+    loaded: Mutex<HashMap<String, (Claim, Loaded)>>,
+}
+
+/// What one reconcile changed, to write.
+#[derive(Default)]
+struct Changes {
+    targets: Vec<usize>,
+    /// Targets chosen to start (already STARTING in memory).
+    start: Vec<usize>,
+}
+
+impl RolloutController {
+    pub fn new(
+        rollouts: RolloutStore,
+        owners: Arc<RolloutOwners>,
+        executor: Arc<Executor>,
+        operations: Operations,
+        cache: Arc<ClusterCache>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            rollouts,
+            owners,
+            executor,
+            operations,
+            cache,
+            loaded: Mutex::default(),
+        })
+    }
+
+    /// The rollout as loaded under `claim`, or loaded now.
+    async fn take(&self, name: &str, claim: Claim) -> Result<Loaded, RolloutError> {
+        if let Some((held, loaded)) = lock(&self.loaded).remove(name) {
+            if held == claim {
+                return Ok(loaded);
+            }
+        }
+        self.rollouts.load(name).await
+    }
+
+    async fn step(&self, run: &mut Loaded, claim: Claim) -> Result<Next, RolloutError> {
+        let name = run.record.name.clone();
+        run.record = self.rollouts.record(&name).await?.0;
+        let before = run.status.clone();
+        let mut changes = Changes::default();
+        self.observe(run, &mut changes).await?;
+        let next = self.advance(run, &mut changes).await;
+        run.status.owner = self.owners.replica_id().to_string();
+        if run.status != before || !changes.targets.is_empty() {
+            self.write(run, &changes.targets, claim).await?;
+        }
+        if !changes.start.is_empty() {
+            self.start(run, &changes.start, claim).await?;
+            return Ok(Next::After(POLL));
+        }
+        if run.status.settled {
+            self.owners.release(&name, claim).await?;
+            tracing::info!(
+                rollout = name,
+                state = run.status.state.name(),
+                "rollout settled"
+            );
+            return Ok(Next::Idle);
+        }
+        Ok(next)
+    }
+
+    /// Moves the targets whose operations ended; submits again the ones a
+    /// former owner left STARTING.
+    async fn observe(&self, run: &mut Loaded, changes: &mut Changes) -> Result<(), RolloutError> {
+        for i in 0..run.targets.len() {
+            match run.targets[i].record.state {
+                TargetState::Running => {
+                    if let Some(ended) = self.ended(&run.targets[i]).await? {
+                        run.targets[i].record = ended;
+                        changes.targets.push(i);
+                    }
+                }
+                TargetState::Starting => changes.start.push(i),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The target's record once its operation ended; `None` while it runs.
+    async fn ended(&self, target: &Target) -> Result<Option<TargetRecord>, RolloutError> {
+        let id = &target.record.operation_id;
+        if let Some(kv) = self.cache.state_of(&target.cluster) {
+            let state: Result<StateRecord, _> = from_json(&kv);
+            if state.is_ok_and(|s| s.operation.is_some_and(|slot| &slot.id == id)) {
+                return Ok(None);
+            }
+        }
+        let record = match self.operations.get(&target.cluster, id).await {
+            Ok(found) => found.record,
+            Err(LifecycleError::NotFound { .. }) => {
+                return Ok(Some(target_ended(
+                    TargetState::Failed,
+                    id,
+                    "its operation's record is gone (deleted with the cluster, or collected)",
+                )))
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let message = record.error.map(|e| e.message).unwrap_or_default();
+        Ok(match record.state {
+            OperationState::Succeeded => Some(target_ended(TargetState::Succeeded, id, "")),
+            OperationState::Failed => Some(target_ended(TargetState::Failed, id, &message)),
+            OperationState::Cancelled => Some(target_ended(
+                TargetState::Failed,
+                id,
+                "its operation was cancelled",
+            )),
+            OperationState::Pending | OperationState::Running => None,
+        })
+    }
+
+    /// Decides the rollout's state and chooses the targets to start.
+    async fn advance(&self, run: &mut Loaded, changes: &mut Changes) -> Next {
+        let control = run.record.control.clone();
+        if control.cancel.is_some() && !run.status.state.is_terminal() {
+            set_state(run, RolloutState::Cancelled, "cancelled by request".into());
+        }
+        if control.cancel.is_some_and(|c| c.cancel_running) && !run.status.cancelled_running {
+            self.cancel_running(run).await;
+            run.status.cancelled_running = true;
+        }
+        if run.status.state.is_terminal() {
+            run.status.settled = !run.targets.iter().any(|t| t.record.state.in_flight());
+            return Next::After(POLL);
+        }
+        self.apply_resume_and_pause(run);
+        if run.status.state != RolloutState::Paused {
+            self.check_budget(run);
+        }
+        if run.status.state == RolloutState::Paused {
+            return poll_while_in_flight(run);
+        }
+        self.advance_stages(run, changes)
+    }
+
+    async fn cancel_running(&self, run: &Loaded) {
+        for target in run.targets.iter() {
+            if target.record.state != TargetState::Running {
+                continue;
+            }
+            let cancel = self
+                .operations
+                .cancel(&target.cluster, &target.record.operation_id);
+            if let Err(error) = cancel.await {
+                tracing::info!(cluster = target.cluster, %error, "could not cancel a rollout's operation");
+            }
+        }
+    }
+
+    fn apply_resume_and_pause(&self, run: &mut Loaded) {
+        let control = &run.record.control;
+        if control.resumes > run.status.resumes_seen {
+            run.status.resumes_seen = control.resumes;
+            run.status.forgiven = count(run, TargetState::Failed) as u32;
+            if run.status.paused_by == Some(PausedBy::Budget) {
+                run.status.paused_by = None;
+                set_state(run, RolloutState::Running, String::new());
+            }
+        }
+        if run.record.control.paused {
+            run.status.paused_by = Some(PausedBy::Request);
+            set_state(run, RolloutState::Paused, "paused by request".into());
+        } else if run.status.paused_by == Some(PausedBy::Request) {
+            run.status.paused_by = None;
+            set_state(run, RolloutState::Running, String::new());
+        }
+    }
+
+    /// Pauses the rollout when more targets failed than its budget allows.
+    fn check_budget(&self, run: &mut Loaded) {
+        let failed: Vec<&Target> = run
+            .targets
+            .iter()
+            .filter(|t| t.record.state == TargetState::Failed)
+            .collect();
+        let counted = failed.len().saturating_sub(run.status.forgiven as usize);
+        let allowed = run.record.spec.max_failures.of(run.targets.len(), false);
+        if counted <= allowed {
+            return;
+        }
+        let names: Vec<&str> = failed.iter().map(|t| t.cluster.as_str()).take(20).collect();
+        let message = format!(
+            "paused by the failure budget: {counted} clusters failed, more than max_failures {allowed} ({}); resume to go on",
+            names.join(", ")
+        );
+        run.status.paused_by = Some(PausedBy::Budget);
+        set_state(run, RolloutState::Paused, message);
+    }
+
+    /// Walks the stages from the current one: approval, start, targets,
+    /// soak, next.
+    fn advance_stages(&self, run: &mut Loaded, changes: &mut Changes) -> Next {
+        let now = chrono::Utc::now();
+        loop {
+            let stage = run.status.stage;
+            let Some(spec) = run.record.spec.stages.get(stage).cloned() else {
+                return finish(run);
+            };
+            if run.status.stage_started[stage].is_none() {
+                if spec.approval_required && !run.record.control.approved.contains(&spec.name) {
+                    let message =
+                        format!("stage {} waits for approval (ApproveRollout)", spec.name);
+                    set_state(run, RolloutState::WaitingApproval, message);
+                    return Next::Idle;
+                }
+                run.status.stage_started[stage] = Some(now_rfc3339());
+            }
+            set_state(run, RolloutState::Running, String::new());
+            let members: Vec<usize> = (0..run.targets.len())
+                .filter(|&i| run.targets[i].stage == stage)
+                .collect();
+            if members
+                .iter()
+                .any(|&i| !run.targets[i].record.state.is_terminal())
+            {
+                return self.start_some(run, &members, spec.concurrency(members.len()), changes);
+            }
+            let finished = run.status.stage_finished[stage].get_or_insert_with(now_rfc3339);
+            let finished = chrono::DateTime::parse_from_rfc3339(finished).map_or(now, |t| t.into());
+            let soak_until = finished + chrono::Duration::seconds(spec.soak_seconds.into());
+            if !members.is_empty() && now < soak_until {
+                run.status.message = format!(
+                    "soaking after stage {} until {}",
+                    spec.name,
+                    soak_until.to_rfc3339()
+                );
+                return Next::After((soak_until - now).to_std().unwrap_or(POLL));
+            }
+            run.status.stage += 1;
+        }
+    }
+
+    /// Chooses up to the stage's free slots of its pending targets.
+    fn start_some(
+        &self,
+        run: &mut Loaded,
+        members: &[usize],
+        concurrency: usize,
+        changes: &mut Changes,
+    ) -> Next {
+        let in_flight = members
+            .iter()
+            .filter(|&&i| run.targets[i].record.state.in_flight())
+            .count();
+        let mut room = concurrency.saturating_sub(in_flight);
+        for &i in members {
+            if room == 0 {
+                break;
+            }
+            if run.targets[i].record.state != TargetState::Pending {
+                continue;
+            }
+            match self.readiness(&run.record.spec, &run.targets[i].cluster) {
+                Readiness::Ready => {
+                    run.targets[i].record.state = TargetState::Starting;
+                    changes.targets.push(i);
+                    changes.start.push(i);
+                    room -= 1;
+                }
+                Readiness::Skip(message) => {
+                    run.targets[i].record = target_ended(TargetState::Skipped, "", &message);
+                    changes.targets.push(i);
+                }
+                Readiness::Wait => {}
+            }
+        }
+        Next::After(POLL)
+    }
+
+    /// Whether `cluster` can start now, as the cache shows it.
+    fn readiness(&self, spec: &RolloutSpec, cluster: &str) -> Readiness {
+        let record = match self.cache.get(cluster) {
+            None => return Readiness::Wait,
+            Some(Err(crate::cluster::RegistryError::NotFound(_))) => {
+                return Readiness::Skip("the cluster no longer exists".into())
+            }
+            Some(Err(_)) => return Readiness::Wait,
+            Some(Ok(record)) => record,
+        };
+        if let Some(message) = already_there(&spec.action, &record) {
+            return Readiness::Skip(message);
+        }
+        match (&record.state.operation, spec.on_busy) {
+            (None, _) => Readiness::Ready,
+            (Some(_), OnBusy::Wait) => Readiness::Wait,
+            (Some(slot), OnBusy::Skip) => {
+                Readiness::Skip(format!("busy with {} operation {}", slot.kind, slot.id))
+            }
+        }
+    }
+
+    /// Writes the status and the changed targets, fenced by `claim`.
+    async fn write(
+        &self,
+        run: &Loaded,
+        targets: &[usize],
+        claim: Claim,
+    ) -> Result<(), RolloutError> {
+        let keys = self.rollouts.keys();
+        let name = &run.record.name;
+        let mut ops = vec![Op::put(keys.rollout_status(name), to_json(&run.status))];
+        for &i in targets {
+            let target = &run.targets[i];
+            let key = keys.rollout_cluster(name, &target.cluster);
+            ops.push(Op::put(key, to_json(&target.record)));
+        }
+        for batch in ops.chunks(WRITES_PER_TXN) {
+            let txn = Txn::new()
+                .when(claim.fence_key(keys.rollout_owner(name)))
+                .and_then(batch.to_vec());
+            self.rollouts.store().cas(txn).await?;
+        }
+        Ok(())
+    }
+
+    /// Accepts the operations of the STARTING targets `chosen`, then
+    /// writes how each went.
+    async fn start(
+        &self,
+        run: &mut Loaded,
+        chosen: &[usize],
+        claim: Claim,
+    ) -> Result<(), RolloutError> {
+        let uid = run.record.uid.clone();
+        let request = action_request(&run.record.spec.action);
+        let mut submits = tokio::task::JoinSet::new();
+        for &i in chosen {
+            let cluster = run.targets[i].cluster.clone();
+            let request = LifecycleRequest {
+                request_id: format!("rollout-{uid}-{cluster}"),
+                ..request.clone()
+            };
+            let executor = Arc::clone(&self.executor);
+            submits.spawn(async move { (i, executor.submit(&cluster, request).await) });
+        }
+        let on_busy = run.record.spec.on_busy;
+        while let Some(joined) = submits.join_next().await {
+            // A submit that panicked leaves its target STARTING: the next
+            // reconcile submits it again under the same request id.
+            let Ok((i, result)) = joined else { continue };
+            run.targets[i].record = started(result, on_busy);
+        }
+        self.write(run, chosen, claim).await
+    }
+}
+
+/// What a reconcile may do with a pending target now.
+enum Readiness {
+    Ready,
+    Wait,
+    Skip(String),
+}
+
+/// Why the cluster needs no change, when it does not.
+fn already_there(action: &Action, cluster: &ClusterRecord) -> Option<String> {
+    match action {
+        Action::Upgrade { version } => {
+            let target = parse_version(version).ok()?;
+            let current = cluster.status.as_ref()?.current_version.as_deref()?;
+            let current = parse_version(current).ok()?;
+            (current >= target).then(|| format!("already at {current}"))
+        }
+        Action::NodeOffering { offering } => (cluster.spec.spec.node_offering == *offering)
+            .then(|| format!("already on node offering {offering}")),
+    }
+}
+
+fn action_request(action: &Action) -> LifecycleRequest {
+    let (kind, params) = match action {
+        Action::Upgrade { version } => (
+            OperationKind::Upgrade,
+            OperationParams {
+                version: Some(version.clone()),
+                ..OperationParams::default()
+            },
+        ),
+        Action::NodeOffering { offering } => (
+            OperationKind::Scale,
+            OperationParams {
+                node_offering: Some(offering.clone()),
+                ..OperationParams::default()
+            },
+        ),
+    };
+    LifecycleRequest {
+        kind,
+        params,
+        request_id: String::new(),
+    }
+}
+
+/// The target's record after its submit: RUNNING under its operation,
+/// back to PENDING when it may be tried again (busy and waiting, a race,
+/// etcd or the provider unreachable), or ended.
+fn started(
+    result: Result<crate::operation::OperationRecord, LifecycleError>,
+    on_busy: OnBusy,
+) -> TargetRecord {
+    let error = match result {
+        Ok(operation) => {
+            let id = operation.id.as_str();
+            return match operation.state {
+                OperationState::Succeeded => target_ended(TargetState::Succeeded, id, ""),
+                OperationState::Failed | OperationState::Cancelled => {
+                    let message = operation.error.map(|e| e.message).unwrap_or_default();
+                    target_ended(TargetState::Failed, id, &message)
+                }
+                _ => target_ended(TargetState::Running, id, ""),
+            };
+        }
+        Err(error) => error,
+    };
+    let again = match &error {
+        LifecycleError::Busy { .. } => on_busy == OnBusy::Wait,
+        LifecycleError::Raced(_) | LifecycleError::ProviderUnavailable(_) => true,
+        LifecycleError::Registry(error) => error.store_error().is_some(),
+        _ => false,
+    };
+    match (&error, again) {
+        (_, true) => TargetRecord::pending(),
+        (LifecycleError::Busy { .. }, false) => {
+            target_ended(TargetState::Skipped, "", &error.to_string())
+        }
+        _ => target_ended(TargetState::Failed, "", &error.to_string()),
+    }
+}
+
+fn target_ended(state: TargetState, operation_id: &str, message: &str) -> TargetRecord {
+    TargetRecord {
+        state,
+        operation_id: operation_id.to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn set_state(run: &mut Loaded, state: RolloutState, message: String) {
+    run.status.state = state;
+    run.status.message = message;
+}
+
+fn count(run: &Loaded, state: TargetState) -> usize {
+    run.targets
+        .iter()
+        .filter(|t| t.record.state == state)
+        .count()
+}
+
+fn poll_while_in_flight(run: &Loaded) -> Next {
+    if run.targets.iter().any(|t| t.record.state.in_flight()) {
+        Next::After(POLL)
+    } else {
+        Next::Idle
+    }
+}
+
+/// Every stage done: SUCCEEDED, or FAILED naming the failed targets.
+fn finish(run: &mut Loaded) -> Next {
+    let failed: Vec<&str> = run
+        .targets
+        .iter()
+        .filter(|t| t.record.state == TargetState::Failed)
+        .map(|t| t.cluster.as_str())
+        .collect();
+    if failed.is_empty() {
+        set_state(run, RolloutState::Succeeded, String::new());
+    } else {
+        let shown: Vec<&str> = failed.iter().copied().take(20).collect();
+        let message = format!("{} clusters failed: {}", failed.len(), shown.join(", "));
+        set_state(run, RolloutState::Failed, message);
+    }
+    run.status.settled = !run.targets.iter().any(|t| t.record.state.in_flight());
+    Next::After(POLL)
+}
+
+#[async_trait::async_trait]
+impl Reconciler for RolloutController {
+    fn controller(&self) -> Controller {
+        Controller::Rollouts
+    }
+
+    /// None from the cluster cache: the owners' passes trigger it.
+    fn triggers(&self) -> Triggers {
+        Triggers::default()
+    }
+
+    fn resync(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn concurrency(&self) -> usize {
+        16
+    }
+
+    fn candidates(&self) -> Vec<String> {
+        self.owners.owned()
+    }
+
+    fn claim(&self, _work: &OwnerWork, rollout: &str) -> Option<Claim> {
+        self.owners.claim(rollout)
+    }
+
+    async fn reconcile(
+        self: Arc<Self>,
+        name: String,
+        claim: Claim,
+    ) -> Result<Next, ReconcileError> {
+        let mut run = self.take(&name, claim).await?;
+        let next = self.step(&mut run, claim).await?;
+        if !run.status.settled {
+            lock(&self.loaded).insert(name, (claim, run));
+        }
+        Ok(next)
+    }
+}

@@ -40,6 +40,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use v1::admin_client::AdminClient;
 use v1::clusters_client::ClustersClient;
 use v1::operations_client::OperationsClient;
+use v1::rollouts_client::RolloutsClient;
 use v1::tasks_client::TasksClient;
 
 /// The channel every generated client uses: the connection plus the
@@ -301,6 +302,7 @@ pub struct Client {
     clusters: ClustersClient<Transport>,
     operations: OperationsClient<Transport>,
     tasks: TasksClient<Transport>,
+    rollouts: RolloutsClient<Transport>,
     admin: AdminClient<Transport>,
 }
 
@@ -437,6 +439,7 @@ impl Client {
             clusters: ClustersClient::new(transport.clone()),
             operations: OperationsClient::new(transport.clone()),
             tasks: TasksClient::new(transport.clone()),
+            rollouts: RolloutsClient::new(transport.clone()),
             admin: AdminClient::new(transport),
         }
     }
@@ -470,6 +473,12 @@ impl Client {
     /// ```
     pub fn tasks(&mut self) -> &mut TasksClient<Transport> {
         &mut self.tasks
+    }
+
+    /// The generated Rollouts client: changes carried across many clusters
+    /// in stages.
+    pub fn rollouts(&mut self) -> &mut RolloutsClient<Transport> {
+        &mut self.rollouts
     }
 
     /// The generated Admin client: members and owners (admin role).

@@ -116,7 +116,9 @@ impl RolloutsService {
         crate::names::dns_label(name).map_err(|reason| FieldError::new("name", reason))?;
         self.rollouts
             .update_control(name, |record, status| {
-                if status.state.is_terminal() && status.state != RolloutState::Cancelled {
+                // Cancelling again (to cancel the running too) is allowed.
+                let again = status.state == RolloutState::Cancelled && action == "cancel";
+                if status.state.is_terminal() && !again {
                     return Err(RolloutError::Ended {
                         name: record.name.clone(),
                         state: status.state.name(),

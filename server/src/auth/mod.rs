@@ -2,8 +2,9 @@
 //! admin, checked on every RPC by one tower layer in front of all services.
 //!
 //! # Guarantees
-//! - Every drover.v1 RPC has an entry in [`RPC_ROLES`] (a unit test checks
-//!   it against the proto descriptors); a path not in the table needs admin.
+//! - Every drover.v1 RPC has a role in [`all_rpc_roles`] ([`RPC_ROLES`] and
+//!   each operation kind's own; a unit test checks it against the proto
+//!   descriptors); a path in neither needs admin.
 //! - Only health checks and server reflection (the schema, no data) are
 //!   open, so load balancers and probes work without a token.
 //! - Tokens are stored and compared as SHA-256 digests; no token and no
@@ -18,7 +19,7 @@ mod roles;
 mod tokens;
 
 pub use layer::{AuthLayer, Authorized};
-pub use roles::{required_role, Access, Role, RPC_ROLES};
+pub use roles::{all_rpc_roles, required_role, Access, Role, RPC_ROLES};
 pub use tokens::{hash_token, TokenFile, TokenSpec};
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! The role table: the least role each RPC needs.
 
-use crate::kind::kind_of_rpc;
+use crate::kind::{kind_of_rpc, OperationKind};
 use serde::Deserialize;
 
 /// Roles, each allowed everything the one before it is.
@@ -64,6 +64,13 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/drover.v1.Admin/ListProviders", Role::Viewer),
 ];
 
+/// Every drover.v1 RPC and its least role: [`RPC_ROLES`] and the
+/// lifecycle RPCs of the operation kinds.
+pub fn all_rpc_roles() -> Vec<(&'static str, Role)> {
+    let lifecycle = OperationKind::ALL.map(|kind| (kind.rules().rpc(), kind.rules().role()));
+    RPC_ROLES.iter().copied().chain(lifecycle).collect()
+}
+
 const OPEN_SERVICES: [&str; 3] = [
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1.ServerReflection/",
@@ -86,7 +93,6 @@ pub fn required_role(path: &str) -> Access {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kind::OperationKind;
     use prost::Message;
 
     /// Every RPC the contract declares is in the table (and nothing else).
@@ -107,9 +113,7 @@ mod tests {
             })
             .collect();
         declared.sort();
-        let lifecycle = OperationKind::ALL.map(|kind| kind.rules().rpc().to_string());
-        let mut listed: Vec<String> = RPC_ROLES.iter().map(|(p, _)| p.to_string()).collect();
-        listed.extend(lifecycle);
+        let mut listed: Vec<String> = all_rpc_roles().iter().map(|(p, _)| p.to_string()).collect();
         listed.sort();
         assert_eq!(declared, listed);
     }

@@ -72,9 +72,6 @@ impl RolloutStore {
             let chunk_key = self.keys.rollout_target_chunk(name, n);
             writes.push(Op::put(chunk_key, to_json(&chunk)));
         }
-        // What an earlier rollout of this name left is replaced.
-        writes.insert(0, Op::delete_prefix(self.keys.rollout_clusters(name)));
-        writes.insert(0, Op::delete_prefix(self.keys.rollout_targets(name)));
         let txn = Txn::new().when([Compare::absent(&key)]).and_then(writes);
         match self.store.cas(txn).await {
             Ok(_) => Ok(record),

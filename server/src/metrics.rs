@@ -91,6 +91,19 @@ pub struct ControllerLabels {
     pub controller: &'static str,
 }
 
+/// A rollout, by name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    pub rollout: String,
+}
+
+/// A rollout and a state (its own, or its targets').
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutStateLabels {
+    pub rollout: String,
+    pub state: &'static str,
+}
+
 /// A requeue of owner work and why: after (the reconcile asked), error
 /// (a backoff), pending (a trigger came while it ran).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -197,6 +210,9 @@ pub struct Metrics {
     pub owner_work_reconcile_seconds: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     pub owner_work_requeues: Family<RequeueLabels, Counter>,
     pub owner_work_errors: Family<ControllerLabels, Counter>,
+    rollout_state: Family<RolloutStateLabels, Gauge>,
+    rollout_clusters: Family<RolloutStateLabels, Gauge>,
+    rollout_budget_paused: Family<RolloutLabels, Gauge>,
 }
 
 /// Builds [`Metrics`] from one row per metric family: the field, the metric
@@ -285,6 +301,12 @@ impl Metrics {
                 => "owner_work_requeues", "Reconciles queued again by controller and reason: after (asked for), error (after a backoff), pending (triggered while running)";
             owner_work_errors: Family::<ControllerLabels, Counter>::default()
                 => "owner_work_errors", "Reconciles that failed or panicked, by controller";
+            rollout_state: Family::<RolloutStateLabels, Gauge>::default()
+                => "rollout_state", "Each rollout this replica runs: 1 on its state, 0 on the others (count by state: rollouts by state)";
+            rollout_clusters: Family::<RolloutStateLabels, Gauge>::default()
+                => "rollout_clusters", "Targets of each rollout this replica runs, by their state";
+            rollout_budget_paused: Family::<RolloutLabels, Gauge>::default()
+                => "rollout_budget_paused", "1 while a rollout this replica runs is paused by its failure budget";
         });
         metrics.create_alerted_series();
         metrics
@@ -371,6 +393,52 @@ impl Metrics {
                 })
                 .set(age);
         }
+    }
+
+    /// Sets a rollout's series: 1 on `state` among `states`, its targets'
+    /// counts, whether its failure budget paused it.
+    pub fn rollout(
+        &self,
+        rollout: &str,
+        state: &'static str,
+        states: &[&'static str],
+        targets: &[(&'static str, i64)],
+        budget_paused: bool,
+    ) {
+        let labels = |state| RolloutStateLabels {
+            rollout: rollout.to_string(),
+            state,
+        };
+        for each in states {
+            let on = i64::from(*each == state);
+            self.rollout_state.get_or_create(&labels(each)).set(on);
+        }
+        for (state, count) in targets {
+            self.rollout_clusters
+                .get_or_create(&labels(state))
+                .set(*count);
+        }
+        let paused = self.rollout_budget_paused.get_or_create(&RolloutLabels {
+            rollout: rollout.to_string(),
+        });
+        paused.set(i64::from(budget_paused));
+    }
+
+    /// Drops a rollout's series: this replica no longer runs it.
+    pub fn forget_rollout(&self, rollout: &str, states: &[&'static str], targets: &[&'static str]) {
+        let labels = |state| RolloutStateLabels {
+            rollout: rollout.to_string(),
+            state,
+        };
+        for state in states {
+            self.rollout_state.remove(&labels(state));
+        }
+        for state in targets {
+            self.rollout_clusters.remove(&labels(state));
+        }
+        self.rollout_budget_paused.remove(&RolloutLabels {
+            rollout: rollout.to_string(),
+        });
     }
 
     /// Counts a state change (nothing when the state stays).

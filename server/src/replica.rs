@@ -296,6 +296,7 @@ impl Replica {
             Arc::clone(&executor),
             self.operations.clone(),
             Arc::clone(&self.cache),
+            Arc::clone(&self.metrics),
         );
         let runtime = Runtime::new(
             Arc::clone(work),

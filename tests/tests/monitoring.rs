@@ -150,6 +150,43 @@ async fn every_metric_the_dashboard_and_the_rules_query_is_exported_by_a_replica
     })
     .await;
 
+    // A rollout held at its approval gate: its owner reports it.
+    let gated = v1::RolloutSpec {
+        clusters: vec!["monitored".into()],
+        version: "1.30.0".into(),
+        stages: vec![v1::RolloutStage {
+            name: "all".into(),
+            approval_required: true,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let request = v1::CreateRolloutRequest {
+        name: "gated".into(),
+        spec: Some(gated),
+    };
+    f.client
+        .rollouts()
+        .create_rollout(request)
+        .await
+        .expect("a rollout");
+    wait_until(
+        Duration::from_secs(30),
+        "the rollout's owner to report it",
+        || {
+            let admin = admin.clone();
+            async move {
+                let samples = scrape::metrics(&admin).await;
+                scrape::sum(
+                    &samples,
+                    "drover_rollout_state",
+                    "state=\"waiting_approval\"",
+                ) > 0.0
+            }
+        },
+    )
+    .await;
+
     let body = scrape::get(&replica.admin_endpoint(), "/metrics").await;
     let exposition = String::from_utf8_lossy(&body);
     let exported = exported_names(&exposition);

@@ -3,9 +3,9 @@
 //! witness for order and concurrency, not Drover's own records.
 
 use drover_client::v1;
-use drover_tests::fixture::Fixture;
 use drover_server::store::Store;
-use drover_tests::operations_of;
+use drover_tests::fixture::Fixture;
+use drover_tests::{operations_of, scrape};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tonic::Code;
@@ -196,11 +196,19 @@ async fn stages_run_in_order_after_their_soak_and_later_clusters_are_not_swept_i
     );
     for name in uids.keys() {
         let cluster = f.client.get_cluster(name).await.unwrap();
-        assert_eq!(cluster.status.unwrap().current_version.as_deref(), Some(TO), "{name}");
+        assert_eq!(
+            cluster.status.unwrap().current_version.as_deref(),
+            Some(TO),
+            "{name}"
+        );
     }
     for untouched in ["late", "other"] {
         let cluster = f.client.get_cluster(untouched).await.unwrap();
-        assert_eq!(cluster.status.unwrap().current_version.as_deref(), Some(FROM), "{untouched}");
+        assert_eq!(
+            cluster.status.unwrap().current_version.as_deref(),
+            Some(FROM),
+            "{untouched}"
+        );
     }
     let spans = upgrade_spans(&f, &uids).await;
     let canary_end = spans["canary"].1;
@@ -304,6 +312,19 @@ async fn a_spent_failure_budget_pauses_naming_the_failed_clusters_and_resume_goe
     let still = wait_state(&mut f, "budget", v1::RolloutState::RolloutPaused).await;
     assert_eq!(target_state(&still, "c-2"), v1::TargetState::TargetPending);
     assert_eq!(upgrades_of(&f, "c-2").await, 0);
+    // Its owner says so in its metrics: what the alert reads.
+    let mut samples = std::collections::BTreeMap::new();
+    for replica in &f.replicas {
+        samples.extend(scrape::metrics(&replica.admin_endpoint()).await);
+    }
+    let series = |name: &str, label: &str| scrape::sum(&samples, name, label);
+    assert_eq!(
+        series("drover_rollout_budget_paused", "rollout=\"budget\""),
+        1.0
+    );
+    assert_eq!(series("drover_rollout_state", "state=\"paused\""), 1.0);
+    assert_eq!(series("drover_rollout_clusters", "state=\"failed\""), 2.0);
+    assert_eq!(series("drover_rollout_clusters", "state=\"pending\""), 2.0);
 
     let request = v1::ResumeRolloutRequest {
         name: "budget".into(),

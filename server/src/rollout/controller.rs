@@ -31,6 +31,7 @@ use super::store::{Loaded, RolloutStore, Target};
 use crate::cluster::validate::parse_version;
 use crate::cluster::{from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, StateRecord};
 use crate::executor::Executor;
+use crate::metrics::Metrics;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, OperationState, Operations,
 };
@@ -49,6 +50,7 @@ const WRITES_PER_TXN: usize = 100;
 
 pub struct RolloutController {
     rollouts: RolloutStore,
+    metrics: Arc<Metrics>,
     owners: Arc<RolloutOwners>,
     executor: Arc<Executor>,
     operations: Operations,
@@ -73,9 +75,11 @@ impl RolloutController {
         executor: Arc<Executor>,
         operations: Operations,
         cache: Arc<ClusterCache>,
+        metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
             rollouts,
+            metrics,
             owners,
             executor,
             operations,
@@ -111,6 +115,7 @@ impl RolloutController {
         }
         if run.status.settled {
             self.owners.release(&name, claim).await?;
+            self.forget_metrics(&name);
             tracing::info!(
                 rollout = name,
                 state = run.status.state.name(),
@@ -119,6 +124,24 @@ impl RolloutController {
             return Ok(Next::Idle);
         }
         Ok(next)
+    }
+
+    fn record_metrics(&self, run: &Loaded) {
+        let targets: Vec<(&'static str, i64)> = TargetState::ALL
+            .iter()
+            .map(|state| (state.name(), count(run, *state) as i64))
+            .collect();
+        let states = RolloutState::ALL.map(RolloutState::name);
+        let budget = run.status.paused_by == Some(PausedBy::Budget);
+        let name = &run.record.name;
+        let state = run.status.state.name();
+        self.metrics.rollout(name, state, &states, &targets, budget);
+    }
+
+    fn forget_metrics(&self, name: &str) {
+        let states = RolloutState::ALL.map(RolloutState::name);
+        let targets = TargetState::ALL.map(TargetState::name);
+        self.metrics.forget_rollout(name, &states, &targets);
     }
 
     /// Moves the targets whose operations ended; submits again the ones a
@@ -570,6 +593,7 @@ impl Reconciler for RolloutController {
         let mut run = self.take(&name, claim).await?;
         let next = self.step(&mut run, claim).await?;
         if !run.status.settled {
+            self.record_metrics(&run);
             lock(&self.loaded).insert(name, (claim, run));
         }
         Ok(next)

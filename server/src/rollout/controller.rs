@@ -513,6 +513,7 @@ fn started(
 
 fn target_ended(state: TargetState, operation_id: &str, message: &str) -> TargetRecord {
     TargetRecord {
+        schema: crate::cluster::SCHEMA_VERSION,
         state,
         operation_id: operation_id.to_string(),
         message: message.to_string(),

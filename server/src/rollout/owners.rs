@@ -19,9 +19,9 @@
 //! # Caveats
 //! - Rollouts are few: each pass reads every owner key and status record.
 
-use super::record::StatusRecord;
+use super::record::{OwnerRecord, StatusRecord};
 use super::store::RolloutStore;
-use crate::cluster::{from_json, ClusterCache};
+use crate::cluster::{from_json, to_json, ClusterCache, SCHEMA_VERSION};
 use crate::owner_work::{Controller, OwnerWork};
 use crate::replication::{rendezvous, Claim, Ownership};
 use crate::store::{Compare, KeyValue, Op, RangeRequest, StoreError, Txn};
@@ -173,7 +173,11 @@ impl RolloutOwners {
 
     async fn try_claim(&self, name: &str, lease: i64) -> Result<(), StoreError> {
         let key = self.rollouts.keys().rollout_owner(name);
-        let me = self.replication().replica_id().as_bytes().to_vec();
+        let me = to_json(&OwnerRecord {
+            schema: SCHEMA_VERSION,
+            replica: self.replication().replica_id().to_string(),
+            lease,
+        });
         let txn = Txn::new()
             .when([Compare::absent(&key)])
             .and_then([Op::put_with_lease(&key, me, lease)]);

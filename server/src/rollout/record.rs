@@ -13,7 +13,7 @@
 
 use super::spec::RolloutSpec;
 use crate::cluster::validate::FieldError;
-use crate::cluster::RegistryError;
+use crate::cluster::{RegistryError, SCHEMA_VERSION};
 use crate::store::StoreError;
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +23,8 @@ pub const TARGETS_PER_CHUNK: usize = 1000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutRecord {
+    #[serde(default = "schema")]
+    pub schema: u32,
     pub uid: String,
     pub name: String,
     pub created_at: String,
@@ -102,6 +104,8 @@ pub enum PausedBy {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusRecord {
+    #[serde(default = "schema")]
+    pub schema: u32,
     pub state: RolloutState,
     #[serde(default)]
     pub message: String,
@@ -130,9 +134,24 @@ pub struct StatusRecord {
     pub owner: String,
 }
 
+/// The schema records of this build write.
+fn schema() -> u32 {
+    SCHEMA_VERSION
+}
+
+/// `rollout-owners/<name>`, bound to the owner's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    #[serde(default = "schema")]
+    pub schema: u32,
+    pub replica: String,
+    pub lease: i64,
+}
+
 impl StatusRecord {
     pub fn new(stages: usize) -> Self {
         Self {
+            schema: SCHEMA_VERSION,
             state: RolloutState::Pending,
             message: String::new(),
             stage: 0,
@@ -196,6 +215,8 @@ impl TargetState {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetRecord {
+    #[serde(default = "schema")]
+    pub schema: u32,
     pub state: TargetState,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub operation_id: String,
@@ -206,6 +227,7 @@ pub struct TargetRecord {
 impl TargetRecord {
     pub fn pending() -> Self {
         Self {
+            schema: SCHEMA_VERSION,
             state: TargetState::Pending,
             operation_id: String::new(),
             message: String::new(),
@@ -216,6 +238,8 @@ impl TargetRecord {
 /// Targets as fixed at create: (cluster, stage index).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetChunk {
+    #[serde(default = "schema")]
+    pub schema: u32,
     pub targets: Vec<(String, usize)>,
 }
 

@@ -53,6 +53,7 @@ impl RolloutStore {
         targets: Vec<(String, usize)>,
     ) -> Result<RolloutRecord, RolloutError> {
         let record = RolloutRecord {
+            schema: crate::cluster::SCHEMA_VERSION,
             uid: uuid::Uuid::now_v7().to_string(),
             name: name.to_string(),
             created_at: now_rfc3339(),
@@ -67,6 +68,7 @@ impl RolloutStore {
         ];
         for (n, chunk) in targets.chunks(TARGETS_PER_CHUNK).enumerate() {
             let chunk = TargetChunk {
+                schema: crate::cluster::SCHEMA_VERSION,
                 targets: chunk.to_vec(),
             };
             let chunk_key = self.keys.rollout_target_chunk(name, n);

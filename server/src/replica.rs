@@ -297,7 +297,11 @@ impl Replica {
             self.operations.clone(),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
+            Arc::clone(work),
         );
+        let follow =
+            Arc::clone(&rollouts).follow_clusters(Arc::clone(&self.cache), work_stopped.clone());
+        self.tasks.spawn("rollout-clusters", follow);
         let runtime = Runtime::new(
             Arc::clone(work),
             Arc::clone(&self.cache),

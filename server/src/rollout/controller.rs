@@ -21,15 +21,18 @@
 //!   failure budget), waits for an approval, soaks, or has been cancelled.
 //!
 //! # Caveats
-//! - The owner learns that an operation ended by looking (every
-//!   [`POLL`]), not from an event.
+//! - The owner learns that an operation ended from the watch cache (a
+//!   state change of the target's cluster wakes the rollout), or, should
+//!   that be missed, by looking every [`POLL`].
 
 use super::owners::RolloutOwners;
 use super::record::*;
 use super::spec::{Action, OnBusy, RolloutSpec};
 use super::store::{Loaded, RolloutStore, Target};
 use crate::cluster::validate::parse_version;
-use crate::cluster::{from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, StateRecord};
+use crate::cluster::{
+    from_json, now_rfc3339, to_json, CacheChange, ClusterCache, ClusterRecord, StateRecord,
+};
 use crate::executor::Executor;
 use crate::metrics::Metrics;
 use crate::operation::{
@@ -42,9 +45,11 @@ use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
 
-/// How often an owner looks at the targets in flight.
-pub const POLL: Duration = Duration::from_millis(100);
+/// How often an owner looks at the targets in flight without being woken
+/// by a change of one of them.
+pub const POLL: Duration = Duration::from_millis(500);
 /// Writes per fenced transaction (etcd allows 128 operations).
 const WRITES_PER_TXN: usize = 100;
 
@@ -58,6 +63,10 @@ pub struct RolloutController {
     /// Each owned rollout as last loaded or written, under the claim it was
     /// loaded under.
     loaded: Mutex<HashMap<String, (Claim, Loaded)>>,
+    /// The clusters of the targets in flight, and their rollout: a change
+    /// of one of them wakes its rollout (see [`Self::follow_clusters`]).
+    in_flight: Mutex<HashMap<String, String>>,
+    work: Arc<OwnerWork>,
 }
 
 /// What one reconcile changed, to write.
@@ -76,6 +85,7 @@ impl RolloutController {
         operations: Operations,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
+        work: Arc<OwnerWork>,
     ) -> Arc<Self> {
         Arc::new(Self {
             rollouts,
@@ -85,7 +95,54 @@ impl RolloutController {
             operations,
             cache,
             loaded: Mutex::default(),
+            in_flight: Mutex::default(),
+            work,
         })
+    }
+
+    /// Wakes a rollout each time the cache shows a state change of one of
+    /// its targets in flight (most likely: its operation ended), until
+    /// `shutdown`; the reconciles' own [`POLL`] covers what this misses.
+    pub async fn follow_clusters(
+        self: Arc<Self>,
+        cache: Arc<ClusterCache>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut changes = cache.subscribe();
+        loop {
+            let change = tokio::select! {
+                _ = shutdown.changed() => return,
+                change = changes.recv() => change,
+            };
+            let woken: Vec<String> = match change {
+                Ok(CacheChange::State(kv)) => {
+                    let Some((cluster, _)) = cache.keys().split_cluster_key(&kv.key) else {
+                        continue;
+                    };
+                    lock(&self.in_flight)
+                        .get(cluster)
+                        .cloned()
+                        .into_iter()
+                        .collect()
+                }
+                Ok(CacheChange::Tasks(_)) => continue,
+                Ok(CacheChange::Relisted) | Err(RecvError::Lagged(_)) => self.owners.owned(),
+                Err(RecvError::Closed) => return,
+            };
+            for rollout in woken {
+                self.work.trigger(Controller::Rollouts, &rollout);
+            }
+        }
+    }
+
+    /// Notes which clusters `run` has in flight now.
+    fn note_in_flight(&self, run: &Loaded) {
+        let name = &run.record.name;
+        let mut in_flight = lock(&self.in_flight);
+        in_flight.retain(|_, rollout| rollout != name);
+        for target in run.targets.iter().filter(|t| t.record.state.in_flight()) {
+            in_flight.insert(target.cluster.clone(), name.clone());
+        }
     }
 
     /// The rollout as loaded under `claim`, or loaded now.
@@ -110,6 +167,9 @@ impl RolloutController {
             self.write(run, &changes.targets, claim).await?;
         }
         if !changes.start.is_empty() {
+            // Before the accepts: an operation that ends at once must find
+            // its cluster followed.
+            self.note_in_flight(run);
             self.start(run, &changes.start, claim).await?;
             return Ok(Next::After(POLL));
         }
@@ -171,6 +231,9 @@ impl RolloutController {
                 return Ok(None);
             }
         }
+        if let Some(ended) = self.ended_as_cached(target) {
+            return Ok(Some(ended));
+        }
         let record = match self.operations.get(&target.cluster, id).await {
             Ok(found) => found.record,
             Err(LifecycleError::NotFound { .. }) => {
@@ -192,6 +255,24 @@ impl RolloutController {
                 "its operation was cancelled",
             )),
             OperationState::Pending | OperationState::Running => None,
+        })
+    }
+
+    /// The target's end as its cluster's status shows it (written with the
+    /// slot's release), without a read of etcd; `None` when the status
+    /// shows another operation last (the record then says).
+    fn ended_as_cached(&self, target: &Target) -> Option<TargetRecord> {
+        let cluster = self.cache.get(&target.cluster)?.ok()?;
+        let last = cluster.status?.last_operation?;
+        let id = &target.record.operation_id;
+        if &last.id != id {
+            return None;
+        }
+        let message = last.message.unwrap_or_default();
+        Some(match last.state.as_str() {
+            "Succeeded" => target_ended(TargetState::Succeeded, id, ""),
+            "Cancelled" => target_ended(TargetState::Failed, id, "its operation was cancelled"),
+            _ => target_ended(TargetState::Failed, id, &message),
         })
     }
 
@@ -593,6 +674,7 @@ impl Reconciler for RolloutController {
     ) -> Result<Next, ReconcileError> {
         let mut run = self.take(&name, claim).await?;
         let next = self.step(&mut run, claim).await?;
+        self.note_in_flight(&run);
         if !run.status.settled {
             self.record_metrics(&run);
             lock(&self.loaded).insert(name, (claim, run));

@@ -29,9 +29,11 @@ pub mod load;
 pub mod netns;
 pub mod pki;
 pub mod postgres;
+pub mod procfs;
 pub mod provider;
 pub mod relay;
 pub mod replica;
+pub mod rollout_bench;
 pub mod scrape;
 pub mod slow_disk;
 

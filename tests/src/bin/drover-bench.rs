@@ -7,16 +7,19 @@
 //! SIGTERM hand-off); crashes side by side at lease TTLs of 5 s and 15 s, with
 //! fast crash detection on and off (kill -9 of an owner mid-upgrade, kill -9
 //! then restart of the same replica id, SIGSTOP past the TTL); bulk recovery
-//! of many clusters when one replica dies, with each replica's RSS. Prints a
-//! table and writes JSON.
+//! of many clusters when one replica dies, with each replica's RSS; a
+//! rollout over many clusters at a concurrency limit, its owner killed part
+//! way (`drover_tests::rollout_bench`). Prints a table and writes JSON.
 
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
 use drover_client::Client;
 use drover_server::store::{CmpOp, Compare, EtcdStore, Op, RangeRequest, Store, Txn};
 use drover_tests::etcd::EtcdProcess;
+use drover_tests::procfs::{cpu_time, rss_kib};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
+use drover_tests::rollout_bench::{RolloutFigures, RolloutPhase};
 use drover_tests::scrape;
 use drover_tests::{owner, wait_running, wait_until};
 use serde_json::{json, Value};
@@ -58,6 +61,15 @@ struct Args {
     /// Clusters in the bulk-recovery phase.
     #[arg(long, default_value_t = 10_000)]
     bulk_clusters: usize,
+    /// Clusters in the rollout phase (0: no rollout phase).
+    #[arg(long, default_value_t = 10_000)]
+    rollout_clusters: usize,
+    /// The rollout's max_concurrency.
+    #[arg(long, default_value_t = 500)]
+    rollout_concurrency: usize,
+    /// The simulated provider's latency per call in the rollout phase, ms.
+    #[arg(long, default_value_t = 50)]
+    rollout_latency_ms: u64,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench.json")]
     json: std::path::PathBuf,
@@ -700,37 +712,6 @@ async fn handoff(bench: &mut Bench) -> Duration {
     elapsed
 }
 
-/// CPU time (user + system) process `pid` has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    static TICKS_PER_SECOND: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks_per_second = *TICKS_PER_SECOND.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|out| String::from_utf8(out.stdout).ok())
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or(100.0)
-    });
-    // Fields after the parenthesised command name: utime and stime are the
-    // 12th and 13th (fields 14 and 15 of proc(5)).
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let fields: Vec<u64> = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|field| field.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
-    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
-}
-
 /// The processes whose CPU time the throughput phases account for.
 struct Processes {
     etcd: u32,
@@ -786,18 +767,6 @@ impl CpuTimes {
             clients: self.clients.div_f64(count),
         }
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 struct Bulk {
@@ -989,6 +958,7 @@ async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)
     eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
     let profiles = args.etcd_profiles.as_deref();
     let bulk = bulk(bench, args.bulk_clusters, args.clients, profiles).await;
+    let rollout = rollout(bench, args).await;
     Report {
         pinned,
         drover,
@@ -996,7 +966,29 @@ async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)
         handoff,
         crash,
         bulk,
+        rollout,
     }
+}
+
+/// The rollout phase on three replicas (the bulk phase killed one).
+async fn rollout(bench: &mut Bench, args: &Args) -> Option<RolloutFigures> {
+    if args.rollout_clusters == 0 {
+        return None;
+    }
+    while bench.replicas.len() < 3 {
+        bench.add_replica().await;
+    }
+    let phase = RolloutPhase {
+        clusters: args.rollout_clusters,
+        concurrency: args.rollout_concurrency,
+        latency: Duration::from_millis(args.rollout_latency_ms),
+        clients: args.clients,
+    };
+    Some(
+        phase
+            .run(&bench.etcd, &bench.sim, &mut bench.replicas)
+            .await,
+    )
 }
 
 /// What every phase measured: written as JSON and printed as a table.
@@ -1009,6 +1001,7 @@ struct Report {
     handoff: Duration,
     crash: Vec<Crashes>,
     bulk: Bulk,
+    rollout: Option<RolloutFigures>,
 }
 
 impl Report {
@@ -1085,6 +1078,7 @@ impl Report {
                 "replica_rss_mib": bulk.rss_mib,
                 "cpu_at_rest": {"etcd": bulk.rest_cpu.0, "replicas": bulk.rest_cpu.1},
             },
+            "rollout": self.rollout.as_ref().map(RolloutFigures::json),
         })
     }
 
@@ -1099,6 +1093,9 @@ impl Report {
             crash_rows(figures, &row);
         }
         self.bulk_rows(args, &row);
+        for (name, value, goal) in self.rollout.iter().flat_map(RolloutFigures::rows) {
+            row(&name, value, goal);
+        }
     }
 
     /// The table rows of the throughput phases: rates, latency, the goal.

@@ -1,0 +1,363 @@
+//! drover-bench's rollout phase: one rollout over many simulated clusters,
+//! one stage at a concurrency limit, the provider slowed to a fixed
+//! latency per call, its owner killed (-9) part way.
+//!
+//! Figures: the wall time against the ideal (targets ÷ concurrency × one
+//! upgrade's time, measured alone in the same run), the most upgrades the
+//! provider ran at once (from its audit log), the replicas' CPU per
+//! cluster, and the time from the kill of the rollout's owner to the next
+//! target's operation accepted (by the owner that took the rollout over).
+
+use crate::etcd::EtcdProcess;
+use crate::procfs::cpu_time;
+use crate::provider::SimProcess;
+use crate::replica::ReplicaProcess;
+use drover_client::v1;
+use drover_server::store::Store;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+const LABEL: (&str, &str) = ("fleet", "bench-rollout");
+const TARGET_VERSION: &str = "1.30.0";
+const NAME: &str = "bench";
+
+/// What the phase measured.
+pub struct RolloutFigures {
+    pub clusters: usize,
+    pub concurrency: usize,
+    pub latency: Duration,
+    pub wall: Duration,
+    pub one_upgrade: Duration,
+    pub peak: usize,
+    pub replica_cpu: Duration,
+    /// From the kill of the rollout's owner to the next target's operation
+    /// accepted.
+    pub kill_to_next_start: Option<Duration>,
+}
+
+impl RolloutFigures {
+    /// The wall time if every wave took one upgrade's time.
+    pub fn ideal(&self) -> Duration {
+        let waves = self.clusters.div_ceil(self.concurrency.max(1));
+        self.one_upgrade * waves as u32
+    }
+
+    pub fn ratio(&self) -> f64 {
+        self.ideal().as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    pub fn json(&self) -> Value {
+        let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
+        json!({
+            "clusters": self.clusters,
+            "max_concurrency": self.concurrency,
+            "provider_latency_ms": ms(self.latency),
+            "wall_ms": ms(self.wall),
+            "one_upgrade_ms": ms(self.one_upgrade),
+            "ideal_ms": ms(self.ideal()),
+            "ratio_to_ideal": (self.ratio() * 100.0).round() / 100.0,
+            "peak_concurrency_at_provider": self.peak,
+            "replica_cpu_us_per_cluster": (self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64).round(),
+            "kill_to_next_cluster_started_ms": self.kill_to_next_start.map(ms),
+        })
+    }
+
+    /// The table rows: (measure, value, goal).
+    pub fn rows(&self) -> Vec<(String, String, String)> {
+        let per_cluster = self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64;
+        vec![
+            (
+                format!(
+                    "rollout of {} at {} (wall / ideal ms)",
+                    self.clusters, self.concurrency
+                ),
+                format!(
+                    "{:.0} / {:.0}",
+                    self.wall.as_secs_f64() * 1e3,
+                    self.ideal().as_secs_f64() * 1e3
+                ),
+                String::new(),
+            ),
+            (
+                "rollout ratio to ideal".into(),
+                format!("{:.2}", self.ratio()),
+                ">= 0.8".into(),
+            ),
+            (
+                "rollout peak concurrency at provider".into(),
+                self.peak.to_string(),
+                format!("<= {}", self.concurrency),
+            ),
+            (
+                "rollout replica CPU us per cluster".into(),
+                format!("{per_cluster:.0}"),
+                String::new(),
+            ),
+            (
+                "rollout owner kill -9 to next start (ms)".into(),
+                self.kill_to_next_start
+                    .map_or("-".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e3)),
+                "<= 1000".into(),
+            ),
+        ]
+    }
+}
+
+/// The phase's settings.
+pub struct RolloutPhase {
+    pub clusters: usize,
+    pub concurrency: usize,
+    pub latency: Duration,
+    pub clients: usize,
+}
+
+impl RolloutPhase {
+    /// Runs the phase on `replicas` (one of which it kills and removes).
+    pub async fn run(
+        &self,
+        etcd: &EtcdProcess,
+        sim: &SimProcess,
+        replicas: &mut Vec<(String, ReplicaProcess)>,
+    ) -> RolloutFigures {
+        sim.set_latency(Duration::ZERO).await;
+        eprintln!("rollout: starting {} clusters...", self.clusters);
+        let uids = self.create_fleet(replicas).await;
+        sim.set_latency(self.latency).await;
+        let mut client = replicas[0].1.client().await;
+        let one_upgrade = one_upgrade(&mut client).await;
+        let cpu_before: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        eprintln!(
+            "rollout: {} clusters at {}...",
+            self.clusters, self.concurrency
+        );
+        let started = Instant::now();
+        create_rollout(&mut client, self.concurrency).await;
+        let store = etcd.store().await;
+        let kill_after = one_upgrade * (self.clusters.div_ceil(self.concurrency) as u32) / 3;
+        tokio::time::sleep(kill_after).await;
+        let (killed_at, victim_cpu) = kill_owner(&store, replicas).await;
+        wait_succeeded(&store).await;
+        let wall = started.elapsed();
+        let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let audit = sim.history().await.entries;
+        let spans = upgrade_spans(&audit, &uids);
+        RolloutFigures {
+            clusters: self.clusters,
+            concurrency: self.concurrency,
+            latency: self.latency,
+            wall,
+            one_upgrade,
+            peak: peak_concurrency(&spans),
+            replica_cpu: (cpu_after + victim_cpu).saturating_sub(cpu_before),
+            kill_to_next_start: next_accept_after(&store, killed_at).await,
+        }
+    }
+
+    /// Creates and starts the clusters, `clients` at a time; their uids.
+    async fn create_fleet(&self, replicas: &[(String, ReplicaProcess)]) -> Vec<String> {
+        let per_client = self.clusters.div_ceil(self.clients);
+        let mut tasks = Vec::new();
+        for c in 0..self.clients {
+            let mut client = replicas[c % replicas.len()].1.client().await;
+            let range = (c * per_client)..((c + 1) * per_client).min(self.clusters);
+            tasks.push(tokio::spawn(async move {
+                let mut uids = Vec::new();
+                for i in range {
+                    uids.push(create_started(&mut client, &format!("roll-{i:05}"), true).await);
+                }
+                uids
+            }));
+        }
+        let mut uids = Vec::new();
+        for task in tasks {
+            uids.extend(task.await.expect("a creating task"));
+        }
+        uids
+    }
+}
+
+/// A started cluster of one control node and one worker, labelled as a
+/// target when `target`; its uid.
+async fn create_started(client: &mut drover_client::Client, name: &str, target: bool) -> String {
+    let labels = if target {
+        [(LABEL.0.to_string(), LABEL.1.to_string())].into()
+    } else {
+        HashMap::new()
+    };
+    let request = v1::CreateClusterRequest {
+        name: name.into(),
+        spec: Some(v1::ClusterSpec {
+            version: "1.29.0".into(),
+            control_nodes: 1,
+            worker_nodes: 1,
+            node_offering: "m".into(),
+            labels,
+            ..Default::default()
+        }),
+        create_only: false,
+        request_id: String::new(),
+    };
+    let created = client
+        .clusters()
+        .create_cluster(request)
+        .await
+        .expect("create");
+    let created = created.into_inner();
+    let start = created.operation.expect("a start");
+    let done = client
+        .wait_operation(&start, Duration::from_secs(300))
+        .await
+        .expect("wait");
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    created.cluster.expect("the cluster").uid
+}
+
+/// The median of three upgrades of a cluster alone, accept to end.
+async fn one_upgrade(client: &mut drover_client::Client) -> Duration {
+    let mut times = Vec::new();
+    for i in 0..3 {
+        let name = format!("roll-probe-{i}");
+        create_started(client, &name, false).await;
+        let started = Instant::now();
+        let op = crate::start_upgrade(client, &name, TARGET_VERSION).await;
+        let done = client
+            .wait_operation(&op, Duration::from_secs(60))
+            .await
+            .expect("wait");
+        assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+        times.push(started.elapsed());
+    }
+    times.sort();
+    times[1]
+}
+
+async fn create_rollout(client: &mut drover_client::Client, concurrency: usize) {
+    let spec = v1::RolloutSpec {
+        selector: [(LABEL.0.to_string(), LABEL.1.to_string())].into(),
+        version: TARGET_VERSION.into(),
+        stages: vec![v1::RolloutStage {
+            name: "all".into(),
+            max_concurrency: concurrency.to_string(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let request = v1::CreateRolloutRequest {
+        name: NAME.into(),
+        spec: Some(spec),
+    };
+    client
+        .rollouts()
+        .create_rollout(request)
+        .await
+        .expect("the rollout");
+}
+
+/// The rollout's status record, read from etcd (not through a replica,
+/// whose CPU the phase measures).
+async fn status(store: &drover_server::store::EtcdStore) -> Value {
+    let key = format!("/drover/v1/rollout-status/{NAME}");
+    let kv = store
+        .get(&key)
+        .await
+        .expect("read the status")
+        .into_single();
+    kv.map_or(Value::Null, |kv| {
+        serde_json::from_slice(&kv.value).expect("JSON")
+    })
+}
+
+/// Kills the rollout's owner; when (Unix ms) and the CPU it had used.
+async fn kill_owner(
+    store: &drover_server::store::EtcdStore,
+    replicas: &mut Vec<(String, ReplicaProcess)>,
+) -> (u64, Duration) {
+    let owner = status(store).await["owner"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let index = replicas.iter().position(|(id, _)| *id == owner);
+    let index =
+        index.unwrap_or_else(|| panic!("the owner {owner:?} is not a replica of the bench"));
+    let (_, mut victim) = replicas.remove(index);
+    let cpu = cpu_time(victim.pid());
+    let at = unix_ms();
+    victim.kill9();
+    (at, cpu)
+}
+
+async fn wait_succeeded(store: &drover_server::store::EtcdStore) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let status = status(store).await;
+        match status["state"].as_str() {
+            Some("Succeeded") => return,
+            Some("Failed" | "Cancelled" | "Paused") => panic!("the rollout ended {status}"),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the rollout still {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn unix_ms() -> u64 {
+    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    since.unwrap_or_default().as_millis() as u64
+}
+
+/// Each target's upgrade at the provider: its first UpgradeNode admitted
+/// and its last landed (Unix ms).
+fn upgrade_spans(
+    audit: &[drover_proto::provider::v1::AuditEntry],
+    uids: &[String],
+) -> HashMap<String, (u64, u64)> {
+    let targets: std::collections::HashSet<&str> = uids.iter().map(String::as_str).collect();
+    let mut spans: HashMap<String, (u64, u64)> = HashMap::new();
+    for entry in audit.iter().filter(|e| e.method == "UpgradeNode") {
+        let uid = entry.token.as_ref().map_or("", |t| t.cluster_uid.as_str());
+        if !targets.contains(uid) {
+            continue;
+        }
+        let span = spans
+            .entry(uid.to_string())
+            .or_insert((entry.admitted_at_ms, entry.landed_at_ms));
+        span.0 = span.0.min(entry.admitted_at_ms);
+        span.1 = span.1.max(entry.landed_at_ms);
+    }
+    spans
+}
+
+/// The most spans open at one instant (an end before a start at the same
+/// millisecond: touching is not overlap).
+pub fn peak_concurrency(spans: &HashMap<String, (u64, u64)>) -> usize {
+    let mut edges: Vec<(u64, i32)> = spans
+        .values()
+        .flat_map(|(start, end)| [(*start, 1), (*end, -1)])
+        .collect();
+    edges.sort();
+    let (mut open, mut peak) = (0i32, 0i32);
+    for (_, delta) in edges {
+        open += delta;
+        peak = peak.max(open);
+    }
+    peak as usize
+}
+
+/// From `killed_at` to the first target operation accepted after it (its
+/// id is a UUIDv7: the first 48 bits are its Unix milliseconds).
+async fn next_accept_after(
+    store: &drover_server::store::EtcdStore,
+    killed_at: u64,
+) -> Option<Duration> {
+    let prefix = format!("/drover/v1/rollout-clusters/{NAME}/");
+    let request = drover_server::store::RangeRequest::prefix(prefix);
+    let targets = store.range(request).await.expect("read the targets").kvs;
+    let accepted = targets.iter().filter_map(|kv| {
+        let record: Value = serde_json::from_slice(&kv.value).ok()?;
+        let id = record["operation_id"].as_str()?.replace('-', "");
+        u64::from_str_radix(id.get(..12)?, 16).ok()
+    });
+    let first = accepted.filter(|at| *at > killed_at).min()?;
+    Some(Duration::from_millis(first - killed_at))
+}

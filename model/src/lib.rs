@@ -186,13 +186,28 @@
 //!   unbounded failures (a replica that loses its lease again and again can
 //!   starve a cluster, and a fence that always fails keeps its orphan's
 //!   slot for ever, by design), nor about how long anything takes.
+//!
+//! # Fleet rollouts
+//!
+//! [`rollout`] is a model of its own, with its own [`Model`] ([`Rollout`]):
+//! a rollout's owner starting its targets' operations through the accept
+//! within the stage's concurrency, across owner crashes, zombies and lost
+//! answers. It checks that at most N of the rollout's operations run at
+//! once and that each target's operation is accepted at most once, and
+//! seeded flaws ([`RolloutFlaw`]) show each can fail: submitting before
+//! the STARTING record, a fresh request id on resubmission, unfenced
+//! target writes, and a target written PENDING after a lost answer (what
+//! Drover's reconcile does today; see that module's Caveats). Its checks
+//! are in `tests/rollout.rs`.
 
 pub mod properties;
 pub mod protocol;
 pub mod provider;
+pub mod rollout;
 pub mod store;
 
 use protocol::{Action, State};
+pub use rollout::{Rollout, RolloutFlaw};
 use stateright::{Model, Property};
 
 /// The bounds of one check, and the flaw seeded into the protocol, if any

@@ -1,6 +1,7 @@
-//! drover-bench's rollout phase: one rollout over many simulated clusters,
+//! drover-bench's rollout phase: a rollout over many simulated clusters,
 //! one stage at a concurrency limit, the provider slowed to a fixed
-//! latency per call, its owner killed (-9) part way.
+//! latency per call; then a second one (to the next version) whose owner
+//! is killed (-9) part way.
 //!
 //! Figures: the wall time against the ideal (targets ÷ concurrency × one
 //! upgrade's time, measured alone in the same run), the most upgrades the
@@ -19,8 +20,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 const LABEL: (&str, &str) = ("fleet", "bench-rollout");
+/// The version the probes upgrade to: the rollouts' first.
 const TARGET_VERSION: &str = "1.30.0";
-const NAME: &str = "bench";
 
 /// What the phase measured.
 pub struct RolloutFigures {
@@ -126,22 +127,26 @@ impl RolloutPhase {
         sim.set_latency(self.latency).await;
         let mut client = replicas[0].1.client().await;
         let one_upgrade = one_upgrade(&mut client).await;
-        let cpu_before: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let store = etcd.store().await;
         eprintln!(
             "rollout: {} clusters at {}...",
             self.clusters, self.concurrency
         );
+        let cpu_before: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let from = unix_ms();
         let started = Instant::now();
-        create_rollout(&mut client, self.concurrency).await;
-        let store = etcd.store().await;
-        let kill_after = one_upgrade * (self.clusters.div_ceil(self.concurrency) as u32) / 3;
-        tokio::time::sleep(kill_after).await;
-        let (killed_at, victim_cpu) = kill_owner(&store, replicas).await;
-        wait_succeeded(&store).await;
+        create_rollout(&mut client, "bench", "1.30.0", self.concurrency).await;
+        wait_succeeded(&store, "bench").await;
         let wall = started.elapsed();
         let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
         let audit = sim.history().await.entries;
-        let spans = upgrade_spans(&audit, &uids);
+        let spans = upgrade_spans(&audit, &uids, from);
+        eprintln!("rollout: again, its owner killed part way...");
+        let kill_after = one_upgrade * (self.clusters.div_ceil(self.concurrency) as u32) / 3;
+        create_rollout(&mut client, "bench-kill", "1.31.0", self.concurrency).await;
+        tokio::time::sleep(kill_after).await;
+        let killed_at = kill_owner(&store, "bench-kill", replicas).await;
+        wait_succeeded(&store, "bench-kill").await;
         RolloutFigures {
             clusters: self.clusters,
             concurrency: self.concurrency,
@@ -149,8 +154,8 @@ impl RolloutPhase {
             wall,
             one_upgrade,
             peak: peak_concurrency(&spans),
-            replica_cpu: (cpu_after + victim_cpu).saturating_sub(cpu_before),
-            kill_to_next_start: next_accept_after(&store, killed_at).await,
+            replica_cpu: cpu_after.saturating_sub(cpu_before),
+            kill_to_next_start: next_accept_after(&store, "bench-kill", killed_at).await,
         }
     }
 
@@ -232,10 +237,15 @@ async fn one_upgrade(client: &mut drover_client::Client) -> Duration {
     times[1]
 }
 
-async fn create_rollout(client: &mut drover_client::Client, concurrency: usize) {
+async fn create_rollout(
+    client: &mut drover_client::Client,
+    name: &str,
+    version: &str,
+    concurrency: usize,
+) {
     let spec = v1::RolloutSpec {
         selector: [(LABEL.0.to_string(), LABEL.1.to_string())].into(),
-        version: TARGET_VERSION.into(),
+        version: version.into(),
         stages: vec![v1::RolloutStage {
             name: "all".into(),
             max_concurrency: concurrency.to_string(),
@@ -244,7 +254,7 @@ async fn create_rollout(client: &mut drover_client::Client, concurrency: usize) 
         ..Default::default()
     };
     let request = v1::CreateRolloutRequest {
-        name: NAME.into(),
+        name: name.into(),
         spec: Some(spec),
     };
     client
@@ -256,8 +266,8 @@ async fn create_rollout(client: &mut drover_client::Client, concurrency: usize) 
 
 /// The rollout's status record, read from etcd (not through a replica,
 /// whose CPU the phase measures).
-async fn status(store: &drover_server::store::EtcdStore) -> Value {
-    let key = format!("/drover/v1/rollout-status/{NAME}");
+async fn status(store: &drover_server::store::EtcdStore, name: &str) -> Value {
+    let key = format!("/drover/v1/rollout-status/{name}");
     let kv = store
         .get(&key)
         .await
@@ -268,12 +278,13 @@ async fn status(store: &drover_server::store::EtcdStore) -> Value {
     })
 }
 
-/// Kills the rollout's owner; when (Unix ms) and the CPU it had used.
+/// Kills the owner of rollout `name`; when (Unix ms).
 async fn kill_owner(
     store: &drover_server::store::EtcdStore,
+    name: &str,
     replicas: &mut Vec<(String, ReplicaProcess)>,
-) -> (u64, Duration) {
-    let owner = status(store).await["owner"]
+) -> u64 {
+    let owner = status(store, name).await["owner"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -281,16 +292,15 @@ async fn kill_owner(
     let index =
         index.unwrap_or_else(|| panic!("the owner {owner:?} is not a replica of the bench"));
     let (_, mut victim) = replicas.remove(index);
-    let cpu = cpu_time(victim.pid());
     let at = unix_ms();
     victim.kill9();
-    (at, cpu)
+    at
 }
 
-async fn wait_succeeded(store: &drover_server::store::EtcdStore) {
+async fn wait_succeeded(store: &drover_server::store::EtcdStore, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let status = status(store).await;
+        let status = status(store, name).await;
         match status["state"].as_str() {
             Some("Succeeded") => return,
             Some("Failed" | "Cancelled" | "Paused") => panic!("the rollout ended {status}"),
@@ -306,15 +316,19 @@ fn unix_ms() -> u64 {
     since.unwrap_or_default().as_millis() as u64
 }
 
-/// Each target's upgrade at the provider: its first UpgradeNode admitted
-/// and its last landed (Unix ms).
+/// Each target's upgrade at the provider since `from` (Unix ms): its first
+/// UpgradeNode admitted and its last landed.
 fn upgrade_spans(
     audit: &[drover_proto::provider::v1::AuditEntry],
     uids: &[String],
+    from: u64,
 ) -> HashMap<String, (u64, u64)> {
     let targets: std::collections::HashSet<&str> = uids.iter().map(String::as_str).collect();
     let mut spans: HashMap<String, (u64, u64)> = HashMap::new();
-    for entry in audit.iter().filter(|e| e.method == "UpgradeNode") {
+    let upgrades = audit
+        .iter()
+        .filter(|e| e.method == "UpgradeNode" && e.admitted_at_ms >= from);
+    for entry in upgrades {
         let uid = entry.token.as_ref().map_or("", |t| t.cluster_uid.as_str());
         if !targets.contains(uid) {
             continue;
@@ -348,9 +362,10 @@ pub fn peak_concurrency(spans: &HashMap<String, (u64, u64)>) -> usize {
 /// id is a UUIDv7: the first 48 bits are its Unix milliseconds).
 async fn next_accept_after(
     store: &drover_server::store::EtcdStore,
+    name: &str,
     killed_at: u64,
 ) -> Option<Duration> {
-    let prefix = format!("/drover/v1/rollout-clusters/{NAME}/");
+    let prefix = format!("/drover/v1/rollout-clusters/{name}/");
     let request = drover_server::store::RangeRequest::prefix(prefix);
     let targets = store.range(request).await.expect("read the targets").kvs;
     let accepted = targets.iter().filter_map(|kv| {

@@ -556,9 +556,12 @@ fn action_request(action: &Action) -> LifecycleRequest {
     }
 }
 
-/// The target's record after its submit: RUNNING under its operation,
-/// back to PENDING when it may be tried again (busy and waiting, a race,
-/// etcd or the provider unreachable), or ended.
+/// The target's record after its submit: RUNNING under its operation;
+/// back to PENDING when nothing was written and it may be tried again
+/// (busy and waiting, a lost race, the provider not asked); still STARTING
+/// when etcd failed and the accept may have committed (the next reconcile
+/// submits it again under the same request id, and it stays counted in
+/// flight meanwhile); or ended.
 fn started(
     result: Result<crate::operation::OperationRecord, LifecycleError>,
     on_busy: OnBusy,
@@ -577,16 +580,14 @@ fn started(
         }
         Err(error) => error,
     };
-    let again = match &error {
-        LifecycleError::Busy { .. } => on_busy == OnBusy::Wait,
-        LifecycleError::Raced(_) | LifecycleError::ProviderUnavailable(_) => true,
-        LifecycleError::Registry(error) => error.store_error().is_some(),
-        _ => false,
-    };
-    match (&error, again) {
-        (_, true) => TargetRecord::pending(),
-        (LifecycleError::Busy { .. }, false) => {
-            target_ended(TargetState::Skipped, "", &error.to_string())
+    match &error {
+        LifecycleError::Busy { .. } if on_busy == OnBusy::Wait => TargetRecord::pending(),
+        LifecycleError::Busy { .. } => target_ended(TargetState::Skipped, "", &error.to_string()),
+        LifecycleError::Raced(_) | LifecycleError::ProviderUnavailable(_) => {
+            TargetRecord::pending()
+        }
+        LifecycleError::Registry(store) if store.store_error().is_some() => {
+            target_ended(TargetState::Starting, "", &error.to_string())
         }
         _ => target_ended(TargetState::Failed, "", &error.to_string()),
     }
@@ -680,5 +681,34 @@ impl Reconciler for RolloutController {
             lock(&self.loaded).insert(name, (claim, run));
         }
         Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::RegistryError;
+    use crate::store::StoreError;
+
+    /// An accept whose outcome etcd left unknown may have committed: its
+    /// target stays counted in flight, to be submitted again under the
+    /// same request id (the model's `PendingAfterLostAnswer` flaw).
+    #[test]
+    fn an_accept_of_unknown_outcome_keeps_its_target_starting() {
+        let unknown = LifecycleError::Registry(RegistryError::Store(StoreError::Unavailable(
+            "connection reset".into(),
+        )));
+        assert_eq!(started(Err(unknown), OnBusy::Wait).state, TargetState::Starting);
+        let raced = LifecycleError::Raced("c".into());
+        assert_eq!(started(Err(raced), OnBusy::Wait).state, TargetState::Pending);
+        let busy = || LifecycleError::Busy {
+            cluster: "c".into(),
+            operation: "op".into(),
+            kind: "stop".into(),
+        };
+        assert_eq!(started(Err(busy()), OnBusy::Wait).state, TargetState::Pending);
+        assert_eq!(started(Err(busy()), OnBusy::Skip).state, TargetState::Skipped);
+        let refused = LifecycleError::NoProvider;
+        assert_eq!(started(Err(refused), OnBusy::Wait).state, TargetState::Failed);
     }
 }

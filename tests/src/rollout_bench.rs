@@ -35,6 +35,9 @@ pub struct RolloutFigures {
     /// From the kill of the rollout's owner to the next target's operation
     /// accepted.
     pub kill_to_next_start: Option<Duration>,
+    /// The rollout controller's reconciles on every replica: how many, and
+    /// their mean duration.
+    pub reconciles: (f64, Duration),
 }
 
 impl RolloutFigures {
@@ -61,6 +64,7 @@ impl RolloutFigures {
             "peak_concurrency_at_provider": self.peak,
             "replica_cpu_us_per_cluster": (self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64).round(),
             "kill_to_next_cluster_started_ms": self.kill_to_next_start.map(ms),
+            "reconciles": {"count": self.reconciles.0, "mean_ms": ms(self.reconciles.1)},
         })
     }
 
@@ -89,6 +93,15 @@ impl RolloutFigures {
                 "rollout peak concurrency at provider".into(),
                 self.peak.to_string(),
                 format!("<= {}", self.concurrency),
+            ),
+            (
+                "rollout reconciles: count, mean ms".into(),
+                format!(
+                    "{:.0}, {:.1}",
+                    self.reconciles.0,
+                    self.reconciles.1.as_secs_f64() * 1e3
+                ),
+                String::new(),
             ),
             (
                 "rollout replica CPU us per cluster".into(),
@@ -139,6 +152,7 @@ impl RolloutPhase {
         wait_succeeded(&store, "bench").await;
         let wall = started.elapsed();
         let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let reconciles = reconciles(replicas).await;
         let audit = sim.history().await.entries;
         let spans = upgrade_spans(&audit, &uids, from);
         eprintln!("rollout: again, its owner killed part way...");
@@ -155,6 +169,7 @@ impl RolloutPhase {
             one_upgrade,
             peak: peak_concurrency(&spans),
             replica_cpu: cpu_after.saturating_sub(cpu_before),
+            reconciles,
             kill_to_next_start: next_accept_after(&store, "bench-kill", killed_at).await,
         }
     }
@@ -262,6 +277,23 @@ async fn create_rollout(
         .create_rollout(request)
         .await
         .expect("the rollout");
+}
+
+/// The rollout controller's reconciles so far on `replicas`: their count
+/// and mean duration.
+async fn reconciles(replicas: &[(String, ReplicaProcess)]) -> (f64, Duration) {
+    let (mut count, mut seconds) = (0.0, 0.0);
+    for (_, replica) in replicas {
+        let samples = crate::scrape::metrics(&replica.admin_endpoint()).await;
+        let name = "drover_owner_work_reconcile_duration_seconds";
+        let label = "controller=\"rollouts\"";
+        count += crate::scrape::sum(&samples, &format!("{name}_count"), label);
+        seconds += crate::scrape::sum(&samples, &format!("{name}_sum"), label);
+    }
+    (
+        count,
+        Duration::from_secs_f64(seconds / f64::max(count, 1.0)),
+    )
 }
 
 /// The rollout's status record, read from etcd (not through a replica,

@@ -7,7 +7,9 @@
 //! the stage: approval, concurrency, soak), writes what changed, fenced,
 //! then starts the targets it chose: each is first written STARTING, then
 //! its operation is accepted through `Executor::submit` under a request id
-//! made of the rollout's uid and the cluster, then it is written RUNNING.
+//! made of the rollout's uid and the cluster, then it is written RUNNING
+//! (the accepts in the background, [`super::starts`]: the next reconcile
+//! need not wait for them).
 //!
 //! # Guarantees
 //! - A target's operation is accepted at most once, whatever fails: a new
@@ -28,6 +30,7 @@
 use super::owners::RolloutOwners;
 use super::record::*;
 use super::spec::{Action, OnBusy, RolloutSpec};
+use super::starts::{Starts, WRITES_PER_TXN};
 use super::store::{Loaded, RolloutStore, Target};
 use crate::cluster::validate::parse_version;
 use crate::cluster::{
@@ -35,12 +38,10 @@ use crate::cluster::{
 };
 use crate::executor::Executor;
 use crate::metrics::Metrics;
-use crate::operation::{
-    LifecycleError, LifecycleRequest, OperationKind, OperationParams, OperationState, Operations,
-};
+use crate::operation::{LifecycleError, OperationState, Operations};
 use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::replication::Claim;
-use crate::store::{Op, StoreFailure, Txn};
+use crate::store::{Op, Txn};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,14 +51,11 @@ use tokio::sync::broadcast::error::RecvError;
 /// How often an owner looks at the targets in flight without being woken
 /// by a change of one of them.
 pub const POLL: Duration = Duration::from_millis(500);
-/// Writes per fenced transaction (etcd allows 128 operations).
-const WRITES_PER_TXN: usize = 100;
 
 pub struct RolloutController {
     rollouts: RolloutStore,
     metrics: Arc<Metrics>,
     owners: Arc<RolloutOwners>,
-    executor: Arc<Executor>,
     operations: Operations,
     cache: Arc<ClusterCache>,
     /// Each owned rollout as last loaded or written, under the claim it was
@@ -66,6 +64,7 @@ pub struct RolloutController {
     /// The clusters of the targets in flight, and their rollout: a change
     /// of one of them wakes its rollout (see [`Self::follow_clusters`]).
     in_flight: Mutex<HashMap<String, String>>,
+    starts: Arc<Starts>,
     work: Arc<OwnerWork>,
 }
 
@@ -87,15 +86,16 @@ impl RolloutController {
         metrics: Arc<Metrics>,
         work: Arc<OwnerWork>,
     ) -> Arc<Self> {
+        let starts = Starts::new(executor, rollouts.clone(), Arc::clone(&work));
         Arc::new(Self {
             rollouts,
             metrics,
             owners,
-            executor,
             operations,
             cache,
             loaded: Mutex::default(),
             in_flight: Mutex::default(),
+            starts,
             work,
         })
     }
@@ -158,6 +158,11 @@ impl RolloutController {
     async fn step(&self, run: &mut Loaded, claim: Claim) -> Result<Next, RolloutError> {
         let name = run.record.name.clone();
         run.record = self.rollouts.record(&name).await?.0;
+        for (i, record) in self.starts.take_done(&name) {
+            if run.targets[i].record.state == TargetState::Starting {
+                run.targets[i].record = record;
+            }
+        }
         let before = run.status.clone();
         let mut changes = Changes::default();
         self.observe(run, &mut changes).await?;
@@ -170,7 +175,7 @@ impl RolloutController {
             // Before the accepts: an operation that ends at once must find
             // its cluster followed.
             self.note_in_flight(run);
-            self.start(run, &changes.start, claim).await?;
+            self.starts.spawn(run, &changes.start, claim);
             return Ok(Next::After(POLL));
         }
         if run.status.settled {
@@ -215,7 +220,12 @@ impl RolloutController {
                         changes.targets.push(i);
                     }
                 }
-                TargetState::Starting => changes.start.push(i),
+                TargetState::Starting => {
+                    let cluster = &run.targets[i].cluster;
+                    if !self.starts.is_submitting(&run.record.name, cluster) {
+                        changes.start.push(i);
+                    }
+                }
                 _ => {}
             }
         }
@@ -237,7 +247,7 @@ impl RolloutController {
         let record = match self.operations.get(&target.cluster, id).await {
             Ok(found) => found.record,
             Err(LifecycleError::NotFound { .. }) => {
-                return Ok(Some(target_ended(
+                return Ok(Some(TargetRecord::ended(
                     TargetState::Failed,
                     id,
                     "its operation's record is gone (deleted with the cluster, or collected)",
@@ -247,9 +257,9 @@ impl RolloutController {
         };
         let message = record.error.map(|e| e.message).unwrap_or_default();
         Ok(match record.state {
-            OperationState::Succeeded => Some(target_ended(TargetState::Succeeded, id, "")),
-            OperationState::Failed => Some(target_ended(TargetState::Failed, id, &message)),
-            OperationState::Cancelled => Some(target_ended(
+            OperationState::Succeeded => Some(TargetRecord::ended(TargetState::Succeeded, id, "")),
+            OperationState::Failed => Some(TargetRecord::ended(TargetState::Failed, id, &message)),
+            OperationState::Cancelled => Some(TargetRecord::ended(
                 TargetState::Failed,
                 id,
                 "its operation was cancelled",
@@ -270,9 +280,11 @@ impl RolloutController {
         }
         let message = last.message.unwrap_or_default();
         Some(match last.state.as_str() {
-            "Succeeded" => target_ended(TargetState::Succeeded, id, ""),
-            "Cancelled" => target_ended(TargetState::Failed, id, "its operation was cancelled"),
-            _ => target_ended(TargetState::Failed, id, &message),
+            "Succeeded" => TargetRecord::ended(TargetState::Succeeded, id, ""),
+            "Cancelled" => {
+                TargetRecord::ended(TargetState::Failed, id, "its operation was cancelled")
+            }
+            _ => TargetRecord::ended(TargetState::Failed, id, &message),
         })
     }
 
@@ -425,7 +437,7 @@ impl RolloutController {
                     room -= 1;
                 }
                 Readiness::Skip(message) => {
-                    run.targets[i].record = target_ended(TargetState::Skipped, "", &message);
+                    run.targets[i].record = TargetRecord::ended(TargetState::Skipped, "", &message);
                     changes.targets.push(i);
                 }
                 Readiness::Wait => {}
@@ -479,36 +491,6 @@ impl RolloutController {
         }
         Ok(())
     }
-
-    /// Accepts the operations of the STARTING targets `chosen`, then
-    /// writes how each went.
-    async fn start(
-        &self,
-        run: &mut Loaded,
-        chosen: &[usize],
-        claim: Claim,
-    ) -> Result<(), RolloutError> {
-        let uid = run.record.uid.clone();
-        let request = action_request(&run.record.spec.action);
-        let mut submits = tokio::task::JoinSet::new();
-        for &i in chosen {
-            let cluster = run.targets[i].cluster.clone();
-            let request = LifecycleRequest {
-                request_id: format!("rollout-{uid}-{cluster}"),
-                ..request.clone()
-            };
-            let executor = Arc::clone(&self.executor);
-            submits.spawn(async move { (i, executor.submit(&cluster, request).await) });
-        }
-        let on_busy = run.record.spec.on_busy;
-        while let Some(joined) = submits.join_next().await {
-            // A submit that panicked leaves its target STARTING: the next
-            // reconcile submits it again under the same request id.
-            let Ok((i, result)) = joined else { continue };
-            run.targets[i].record = started(result, on_busy);
-        }
-        self.write(run, chosen, claim).await
-    }
 }
 
 /// What a reconcile may do with a pending target now.
@@ -529,76 +511,6 @@ fn already_there(action: &Action, cluster: &ClusterRecord) -> Option<String> {
         }
         Action::NodeOffering { offering } => (cluster.spec.spec.node_offering == *offering)
             .then(|| format!("already on node offering {offering}")),
-    }
-}
-
-fn action_request(action: &Action) -> LifecycleRequest {
-    let (kind, params) = match action {
-        Action::Upgrade { version } => (
-            OperationKind::Upgrade,
-            OperationParams {
-                version: Some(version.clone()),
-                ..OperationParams::default()
-            },
-        ),
-        Action::NodeOffering { offering } => (
-            OperationKind::Scale,
-            OperationParams {
-                node_offering: Some(offering.clone()),
-                ..OperationParams::default()
-            },
-        ),
-    };
-    LifecycleRequest {
-        kind,
-        params,
-        request_id: String::new(),
-    }
-}
-
-/// The target's record after its submit: RUNNING under its operation;
-/// back to PENDING when nothing was written and it may be tried again
-/// (busy and waiting, a lost race, the provider not asked); still STARTING
-/// when etcd failed and the accept may have committed (the next reconcile
-/// submits it again under the same request id, and it stays counted in
-/// flight meanwhile); or ended.
-fn started(
-    result: Result<crate::operation::OperationRecord, LifecycleError>,
-    on_busy: OnBusy,
-) -> TargetRecord {
-    let error = match result {
-        Ok(operation) => {
-            let id = operation.id.as_str();
-            return match operation.state {
-                OperationState::Succeeded => target_ended(TargetState::Succeeded, id, ""),
-                OperationState::Failed | OperationState::Cancelled => {
-                    let message = operation.error.map(|e| e.message).unwrap_or_default();
-                    target_ended(TargetState::Failed, id, &message)
-                }
-                _ => target_ended(TargetState::Running, id, ""),
-            };
-        }
-        Err(error) => error,
-    };
-    match &error {
-        LifecycleError::Busy { .. } if on_busy == OnBusy::Wait => TargetRecord::pending(),
-        LifecycleError::Busy { .. } => target_ended(TargetState::Skipped, "", &error.to_string()),
-        LifecycleError::Raced(_) | LifecycleError::ProviderUnavailable(_) => {
-            TargetRecord::pending()
-        }
-        LifecycleError::Registry(store) if store.store_error().is_some() => {
-            target_ended(TargetState::Starting, "", &error.to_string())
-        }
-        _ => target_ended(TargetState::Failed, "", &error.to_string()),
-    }
-}
-
-fn target_ended(state: TargetState, operation_id: &str, message: &str) -> TargetRecord {
-    TargetRecord {
-        schema: crate::cluster::SCHEMA_VERSION,
-        state,
-        operation_id: operation_id.to_string(),
-        message: message.to_string(),
     }
 }
 
@@ -681,34 +593,5 @@ impl Reconciler for RolloutController {
             lock(&self.loaded).insert(name, (claim, run));
         }
         Ok(next)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cluster::RegistryError;
-    use crate::store::StoreError;
-
-    /// An accept whose outcome etcd left unknown may have committed: its
-    /// target stays counted in flight, to be submitted again under the
-    /// same request id (the model's `PendingAfterLostAnswer` flaw).
-    #[test]
-    fn an_accept_of_unknown_outcome_keeps_its_target_starting() {
-        let unknown = LifecycleError::Registry(RegistryError::Store(StoreError::Unavailable(
-            "connection reset".into(),
-        )));
-        assert_eq!(started(Err(unknown), OnBusy::Wait).state, TargetState::Starting);
-        let raced = LifecycleError::Raced("c".into());
-        assert_eq!(started(Err(raced), OnBusy::Wait).state, TargetState::Pending);
-        let busy = || LifecycleError::Busy {
-            cluster: "c".into(),
-            operation: "op".into(),
-            kind: "stop".into(),
-        };
-        assert_eq!(started(Err(busy()), OnBusy::Wait).state, TargetState::Pending);
-        assert_eq!(started(Err(busy()), OnBusy::Skip).state, TargetState::Skipped);
-        let refused = LifecycleError::NoProvider;
-        assert_eq!(started(Err(refused), OnBusy::Wait).state, TargetState::Failed);
     }
 }

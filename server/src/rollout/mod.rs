@@ -6,7 +6,8 @@
 //! Reading order: [`spec`] (what is asked, and its checks), [`record`]
 //! (the etcd records), [`store`] (reads and writes), [`owners`] (which
 //! replica runs which rollout), [`controller`] (the reconciler that runs
-//! one).
+//! one), [`starts`] (the accepts of the targets it chose, in the
+//! background).
 //!
 //! # Guarantees
 //! - The targets are fixed when the rollout is created: a cluster created
@@ -31,6 +32,7 @@ pub mod controller;
 pub mod owners;
 pub mod record;
 pub mod spec;
+pub mod starts;
 pub mod store;
 
 pub use controller::RolloutController;

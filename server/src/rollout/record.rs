@@ -225,6 +225,15 @@ pub struct TargetRecord {
 }
 
 impl TargetRecord {
+    pub fn ended(state: TargetState, operation_id: &str, message: &str) -> Self {
+        Self {
+            schema: SCHEMA_VERSION,
+            state,
+            operation_id: operation_id.to_string(),
+            message: message.to_string(),
+        }
+    }
+
     pub fn pending() -> Self {
         Self {
             schema: SCHEMA_VERSION,

@@ -31,6 +31,9 @@ pub struct RolloutFigures {
     pub wall: Duration,
     pub one_upgrade: Duration,
     pub peak: usize,
+    /// The rollout's upgrades, accept to end, summed (from the replicas'
+    /// operation duration histograms).
+    pub busy: Duration,
     pub replica_cpu: Duration,
     /// From the kill of the rollout's owner to the next target's operation
     /// accepted.
@@ -51,6 +54,19 @@ impl RolloutFigures {
         self.ideal().as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
     }
 
+    /// How full the stage's slots were: the upgrades' durations summed over
+    /// concurrency × wall time. Low with a low ratio: the rollout left
+    /// slots empty; high: each upgrade took longer than alone (the machine
+    /// busier).
+    pub fn utilization(&self) -> f64 {
+        self.busy.as_secs_f64() / (self.concurrency as f64 * self.wall.as_secs_f64()).max(1e-9)
+    }
+
+    /// The mean upgrade during the rollout, accept to end.
+    pub fn mean_span(&self) -> Duration {
+        self.busy / self.clusters.max(1) as u32
+    }
+
     pub fn json(&self) -> Value {
         let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
         json!({
@@ -62,6 +78,8 @@ impl RolloutFigures {
             "ideal_ms": ms(self.ideal()),
             "ratio_to_ideal": (self.ratio() * 100.0).round() / 100.0,
             "peak_concurrency_at_provider": self.peak,
+            "slot_utilization": (self.utilization() * 100.0).round() / 100.0,
+            "mean_upgrade_ms": ms(self.mean_span()),
             "replica_cpu_us_per_cluster": (self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64).round(),
             "kill_to_next_cluster_started_ms": self.kill_to_next_start.map(ms),
             "reconciles": {"count": self.reconciles.0, "mean_ms": ms(self.reconciles.1)},
@@ -93,6 +111,15 @@ impl RolloutFigures {
                 "rollout peak concurrency at provider".into(),
                 self.peak.to_string(),
                 format!("<= {}", self.concurrency),
+            ),
+            (
+                "rollout slot utilization; mean upgrade ms".into(),
+                format!(
+                    "{:.2}; {:.0}",
+                    self.utilization(),
+                    self.mean_span().as_secs_f64() * 1e3
+                ),
+                String::new(),
             ),
             (
                 "rollout reconciles: count, mean ms".into(),
@@ -146,6 +173,7 @@ impl RolloutPhase {
             self.clusters, self.concurrency
         );
         let cpu_before: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let upgrades_before = Upgrades::of(replicas).await;
         let from = unix_ms();
         let started = Instant::now();
         create_rollout(&mut client, "bench", "1.30.0", self.concurrency).await;
@@ -153,6 +181,7 @@ impl RolloutPhase {
         let wall = started.elapsed();
         let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
         let reconciles = reconciles(replicas).await;
+        let upgrades_after = Upgrades::of(replicas).await;
         let audit = sim.history().await.entries;
         let spans = upgrade_spans(&audit, &uids, from);
         eprintln!("rollout: again, its owner killed part way...");
@@ -168,6 +197,7 @@ impl RolloutPhase {
             wall,
             one_upgrade,
             peak: peak_concurrency(&spans),
+            busy: upgrades_after.since(&upgrades_before),
             replica_cpu: cpu_after.saturating_sub(cpu_before),
             reconciles,
             kill_to_next_start: next_accept_after(&store, "bench-kill", killed_at).await,
@@ -277,6 +307,25 @@ async fn create_rollout(
         .create_rollout(request)
         .await
         .expect("the rollout");
+}
+
+/// The upgrades the replicas ended so far: the sum of their durations.
+struct Upgrades(f64);
+
+impl Upgrades {
+    async fn of(replicas: &[(String, ReplicaProcess)]) -> Self {
+        let mut seconds = 0.0;
+        for (_, replica) in replicas {
+            let samples = crate::scrape::metrics(&replica.admin_endpoint()).await;
+            let name = "drover_operation_duration_seconds_sum";
+            seconds += crate::scrape::sum(&samples, name, "kind=\"upgrade\"");
+        }
+        Self(seconds)
+    }
+
+    fn since(&self, earlier: &Upgrades) -> Duration {
+        Duration::from_secs_f64((self.0 - earlier.0).max(0.0))
+    }
 }
 
 /// The rollout controller's reconciles so far on `replicas`: their count

@@ -9,7 +9,7 @@ use drover_tests::postgres::{address, psql, writable, PgDeployment, V1, V2};
 use drover_tests::wait_until;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 const ROWS: u32 = 50;
@@ -183,11 +183,8 @@ async fn a_rollout_upgrades_three_postgres_clusters_canary_first_keeping_their_r
         (status.stages[0].succeeded, status.stages[1].succeeded),
         (1, 2)
     );
-    let canary_done = status.stages[0]
-        .finished_at
-        .clone()
-        .expect("the canary ended");
-    let rest_began = status.stages[1].started_at.clone().expect("the rest began");
+    let canary_done = status.stages[0].finished_at.expect("the canary ended");
+    let rest_began = status.stages[1].started_at.expect("the rest began");
     assert!(
         (rest_began.seconds, rest_began.nanos) >= (canary_done.seconds, canary_done.nanos),
         "the rest began before the canary ended"

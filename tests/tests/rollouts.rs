@@ -601,3 +601,69 @@ async fn bad_specs_are_refused_naming_the_field_and_write_nothing() {
     let taken = f.client.rollouts().create_rollout(again).await.unwrap_err();
     assert_eq!(taken.code(), Code::AlreadyExists);
 }
+
+#[tokio::test]
+async fn the_concurrency_bound_holds_while_a_3_member_etcd_loses_its_leader() {
+    let mut etcd = drover_tests::etcd::EtcdCluster::start(3).await;
+    let sim = drover_tests::provider::SimProcess::start().await;
+    let endpoints = etcd.endpoints().join(",");
+    let provider = sim.endpoint();
+    let args = ["--provider", provider.as_str(), "--lease-ttl", "3"];
+    let mut replicas = Vec::new();
+    for id in ["e1", "e2", "e3"] {
+        let replica = drover_tests::replica::ReplicaProcess::serve_with(&endpoints, id, &args);
+        replicas.push(replica.await);
+    }
+    let mut client = replicas[0].client().await;
+    let mut uids = BTreeMap::new();
+    for i in 0..8 {
+        let name = format!("e-{i}");
+        let cluster = drover_tests::create_running(&mut client, &name, 1).await;
+        let labels = [("fleet".to_string(), "e".to_string())].into();
+        let update = v1::UpdateClusterRequest {
+            name: name.clone(),
+            labels,
+            update_labels: true,
+            ..Default::default()
+        };
+        client
+            .clusters()
+            .update_cluster(update)
+            .await
+            .expect("label it");
+        uids.insert(name, cluster.uid);
+    }
+    sim.set_latency(Duration::from_millis(300)).await;
+    let spec = upgrade_of(&[("fleet", "e")], vec![stage("all", "2", &[])]);
+    let request = v1::CreateRolloutRequest {
+        name: "leader".into(),
+        spec: Some(spec),
+    };
+    client
+        .rollouts()
+        .create_rollout(request)
+        .await
+        .expect("the rollout");
+    let succeeded = |r: &v1::Rollout| r.status.as_ref().map_or(0, |s| s.stages[0].succeeded);
+    wait_for(&mut client, "leader", |r| succeeded(r) >= 2).await;
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill(leader);
+    let done = wait_for(&mut client, "leader", |r| {
+        state_of(r) == v1::RolloutState::RolloutSucceeded
+    })
+    .await;
+    assert_eq!(done.status.unwrap().stages[0].succeeded, 8);
+    assert_ne!(etcd.leader(), Some(leader), "a new leader was elected");
+    let mut spans = BTreeMap::new();
+    for (name, uid) in &uids {
+        let calls: Vec<_> = sim.audit(uid).await;
+        let upgrades: Vec<_> = calls.iter().filter(|e| e.method == "UpgradeNode").collect();
+        let (first, last) = (upgrades.first().unwrap(), upgrades.last().unwrap());
+        spans.insert(name.clone(), (first.admitted_at_ms, last.landed_at_ms));
+    }
+    let peak = peak_concurrency(&spans);
+    assert!(
+        peak <= 2,
+        "the provider ran {peak} upgrades at once: {spans:?}"
+    );
+}

@@ -15,13 +15,13 @@ use std::time::Duration;
 pub struct Timeouts(HashMap<OperationKind, Duration>);
 
 impl Default for Timeouts {
-    /// The reference's defaults: 3600 s, remove-nodes 900 s.
+    /// Each kind's own default (the reference's: 3600 s, remove-nodes
+    /// 900 s).
     fn default() -> Self {
-        let mut map: HashMap<OperationKind, Duration> = OperationKind::ALL
+        let map = OperationKind::ALL
             .into_iter()
-            .map(|k| (k, Duration::from_secs(3600)))
+            .map(|kind| (kind, kind.rules().default_timeout()))
             .collect();
-        map.insert(OperationKind::RemoveNodes, Duration::from_secs(900));
         Self(map)
     }
 }

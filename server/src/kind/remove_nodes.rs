@@ -57,6 +57,11 @@ impl KindRules for RemoveNodes {
         v1::OperationKind::RemoveNodes
     }
 
+    /// Deleting nodes is quick or failed: the reference's 900 s.
+    fn default_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(900)
+    }
+
     fn event(&self, _spec: &Spec, _params: &OperationParams) -> Event {
         Event::RemoveNodeRequested
     }

@@ -24,6 +24,12 @@ pub trait KindRules: Sync {
         Role::Operator
     }
 
+    /// How long an operation of this kind may take unless
+    /// `--operation-timeout` says otherwise.
+    fn default_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(3600)
+    }
+
     /// The kind as the API names it.
     fn proto(&self) -> v1::OperationKind;
 

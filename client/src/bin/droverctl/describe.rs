@@ -3,7 +3,7 @@
 //! steps and the epochs that ran them, tasks, and the state changes the
 //! operations made.
 
-use crate::output::{age, Output, Table};
+use crate::output::{age, field, Output, Table};
 use crate::{enum_name, op, send, task};
 use drover_client::{v1, Client, ClientError};
 
@@ -89,12 +89,6 @@ fn print(d: &Described) {
     operations(&d.operations);
     tasks(&d.tasks);
     state_changes(&d.operations);
-}
-
-/// `  Key:  value`, aligned at a fixed column.
-fn field(indent: usize, key: &str, value: &str) {
-    let key = format!("{}{key}:", "  ".repeat(indent));
-    outln!("{key:<18}{}", if value.is_empty() { "-" } else { value });
 }
 
 fn nodes(nodes: &[v1::Node]) {

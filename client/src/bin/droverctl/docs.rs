@@ -59,7 +59,9 @@ mod tests {
             clap_complete::Shell::Fish,
         ] {
             let script = completion(&mut crate::Cli::command(), shell);
-            for word in ["cluster", "upgrade", "task", "members", "endpoint"] {
+            for word in [
+                "cluster", "upgrade", "task", "members", "endpoint", "rollout", "approve",
+            ] {
                 assert!(script.contains(word), "{shell}: {word} missing");
             }
         }
@@ -73,6 +75,7 @@ mod tests {
             "droverctl.1",
             "droverctl-cluster-create.1",
             "droverctl-op-wait.1",
+            "droverctl-rollout-create.1",
         ] {
             assert!(pages.iter().any(|p| p == page), "{page} in {pages:?}");
         }

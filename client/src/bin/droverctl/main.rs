@@ -3,11 +3,12 @@
 //! Exit codes: 0 success; 1 any other failure; 2 usage error; 3 not found;
 //! 4 already exists; 5 invalid argument; 6 failed precondition; 7 aborted
 //! (retry); 8 unavailable (retry); 9 the operation waited for (`--wait`,
-//! `op wait`) failed or was cancelled; 10 unauthenticated (no or a wrong
+//! `op wait`) failed or was cancelled, or the rollout watched (`rollout
+//! watch`) did not succeed; 10 unauthenticated (no or a wrong
 //! token); 11 permission denied (the token's role may not do this); 12 the
 //! operation waited for (`op wait`) had not ended at the timeout; 13 a
-//! file named by a flag (`--token-file`, `--ca-cert`, `--cert`, `--key`)
-//! cannot be read (a usage error: nothing was sent).
+//! file named by a flag (`--token-file`, `--ca-cert`, `--cert`, `--key`,
+//! `rollout create -f`) cannot be read (a usage error: nothing was sent).
 //!
 //! Output goes to standard output line by line; a reader that stops reading
 //! (`droverctl cluster list | head`) ends droverctl quietly, with 0.
@@ -26,6 +27,7 @@ mod docs;
 mod op;
 mod output;
 mod provider;
+mod rollout;
 mod task;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -109,6 +111,10 @@ enum Remote {
     /// The providers the answering replica reaches.
     #[command(subcommand)]
     Provider(provider::ProviderCommand),
+    /// Carry one change (an upgrade, a node offering) across many
+    /// clusters, in stages.
+    #[command(subcommand)]
+    Rollout(rollout::RolloutCommand),
     /// Stream cluster changes (one line each) until interrupted.
     Watch {
         /// Only this cluster.
@@ -129,6 +135,12 @@ enum Failure {
     Usage(String),
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error("rollout {name} ended {state}: {message}")]
+    RolloutEnded {
+        name: String,
+        state: String,
+        message: String,
+    },
 }
 
 #[tokio::main]
@@ -152,6 +164,7 @@ async fn main() -> ExitCode {
                 Failure::LocalFile(_) => 13,
                 Failure::Usage(_) => 2,
                 Failure::Client(error) => exit_code(error),
+                Failure::RolloutEnded { .. } => 9,
             })
         }
     }
@@ -246,6 +259,12 @@ async fn run(connection: &Connection, output: Output, command: Remote) -> Result
         Remote::Task(command) => task::run(&mut client, output, command).await,
         Remote::Members => members(&mut client, output).await,
         Remote::Provider(command) => provider::run(&mut client, output, command).await,
+        // Its failures that are not the replicas' answer are final; the
+        // others are explained below like any command's.
+        Remote::Rollout(command) => match rollout::run(&mut client, output, command).await {
+            Err(Failure::Client(error)) => Err(error),
+            done => return done,
+        },
         Remote::Watch {
             name,
             from_revision,

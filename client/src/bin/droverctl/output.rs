@@ -90,6 +90,13 @@ impl Table {
     }
 }
 
+/// `  Key:  value`, aligned at a fixed column, `kubectl describe` style
+/// (`cluster describe`, `rollout get`); an empty value shows as `-`.
+pub fn field(indent: usize, key: &str, value: &str) {
+    let key = format!("{}{key}:", "  ".repeat(indent));
+    outln!("{key:<18}{}", if value.is_empty() { "-" } else { value });
+}
+
 /// Time since `at`, as kubectl shows ages: `42s`, `7m`, `5h`, `3d`.
 pub fn age(at: Option<&drover_proto::Timestamp>) -> String {
     let Some(at) = at else {

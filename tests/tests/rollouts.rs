@@ -308,6 +308,8 @@ async fn a_spent_failure_budget_pauses_naming_the_failed_clusters_and_resume_goe
     );
     assert!(message.contains("max_failures 1"), "{message}");
     // Paused, it starts nothing new.
+    // Not a synchronization: a window (two owner passes) in which a wrong
+    // resume would show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let still = wait_state(&mut f, "budget", v1::RolloutState::RolloutPaused).await;
     assert_eq!(target_state(&still, "c-2"), v1::TargetState::TargetPending);
@@ -666,4 +668,84 @@ async fn the_concurrency_bound_holds_while_a_3_member_etcd_loses_its_leader() {
         peak <= 2,
         "the provider ran {peak} upgrades at once: {spans:?}"
     );
+}
+
+#[tokio::test]
+async fn a_paused_rollout_stays_paused_through_its_owners_kill_and_a_restart() {
+    let mut f = Fixture::builder().replicas(3).ttl(5).start().await;
+    for i in 0..4 {
+        create(&mut f, &format!("p-{i}"), &[("fleet", "p")], 0).await;
+    }
+    f.sim.set_latency(Duration::from_millis(300)).await;
+    create_rollout(
+        &mut f,
+        "held",
+        upgrade_of(&[("fleet", "p")], vec![stage("all", "1", &[])]),
+    )
+    .await;
+    wait_for(&mut f.client, "held", |r| {
+        target_state(r, "p-0") != v1::TargetState::TargetPending
+    })
+    .await;
+    let request = v1::PauseRolloutRequest {
+        name: "held".into(),
+    };
+    f.client
+        .rollouts()
+        .pause_rollout(request)
+        .await
+        .expect("pause");
+    let owner = |r: &v1::Rollout| r.status.as_ref().map_or(String::new(), |s| s.owner.clone());
+    let paused = wait_state(&mut f, "held", v1::RolloutState::RolloutPaused).await;
+    let first = owner(&paused);
+    // The fixture's replicas are r1, r2, r3, in order.
+    let killed = first
+        .trim_start_matches('r')
+        .parse::<usize>()
+        .expect("r<n>")
+        - 1;
+    f.replicas[killed].kill9();
+    let mut survivor = f.replicas[(killed + 1) % 3].client().await;
+    let moved = wait_for(&mut survivor, "held", |r| {
+        !owner(r).is_empty() && owner(r) != first
+    })
+    .await;
+    assert_eq!(
+        state_of(&moved),
+        v1::RolloutState::RolloutPaused,
+        "{moved:#?}"
+    );
+    // A restart of the replica that ran it changes nothing either.
+    let args = f
+        .replica_args()
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let etcd = f.etcd.endpoint();
+    f.replicas[killed] =
+        drover_tests::replica::ReplicaProcess::serve_with(&etcd, &first, &args).await;
+    // Not a synchronization: a window (two owner passes) in which a wrong
+    // resume would show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let still = wait_for(&mut survivor, "held", |_| true).await;
+    assert_eq!(state_of(&still), v1::RolloutState::RolloutPaused);
+    assert_eq!(target_state(&still, "p-3"), v1::TargetState::TargetPending);
+    let request = v1::ResumeRolloutRequest {
+        name: "held".into(),
+    };
+    survivor
+        .rollouts()
+        .resume_rollout(request)
+        .await
+        .expect("resume");
+    let done = wait_for(&mut survivor, "held", |r| {
+        state_of(r) == v1::RolloutState::RolloutSucceeded
+    })
+    .await;
+    assert_eq!(done.status.unwrap().stages[0].succeeded, 4);
+    f.client = survivor;
+    for i in 0..4 {
+        assert_eq!(upgrades_of(&f, &format!("p-{i}")).await, 1);
+    }
 }

@@ -6,8 +6,9 @@
 use crate::TempDir;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Whether Chromium is installed (`scripts/install-deps.sh` installs it).
 pub fn available() -> bool {
@@ -17,6 +18,43 @@ pub fn available() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Where the console tests' screenshots go: `target/console-screenshots`,
+/// next to the test binaries' profile directory.
+pub fn screenshots() -> PathBuf {
+    let exe = std::env::current_exe().expect("executable path");
+    // target/<profile>/deps/<test>
+    let target = exe.ancestors().nth(3).expect("the target directory");
+    let dir = target.join("console-screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshot directory");
+    dir
+}
+
+/// Polls `expression` in the page until `done` accepts its value; panics
+/// with the last value after `deadline`. Every value seen goes to `seen`.
+pub async fn until(
+    browser: &mut Browser,
+    expression: &str,
+    deadline: Duration,
+    seen: &mut Vec<serde_json::Value>,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = Instant::now() + deadline;
+    loop {
+        let value = browser.eval(expression);
+        if seen.last() != Some(&value) {
+            seen.push(value.clone());
+        }
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            Instant::now() < end,
+            "{expression}: still {value} (seen {seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 pub struct Browser {
@@ -78,9 +116,9 @@ impl Browser {
         let message = serde_json::json!({ "id": id, "method": method, "params": params });
         send_text(&mut self.page, &message.to_string());
         // Events arrive in between: skip them (bounded, with a deadline).
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            assert!(std::time::Instant::now() < deadline, "{method}: no answer");
+            assert!(Instant::now() < deadline, "{method}: no answer");
             let text = read_text(&mut self.page);
             let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
             if answer["id"] == id {
@@ -120,7 +158,7 @@ impl Drop for Browser {
 
 /// The websocket URL of the page Chromium opened, once it lists it.
 fn page_target(port: u16) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let targets = get_json(port, "/json/list");
         let page = targets
@@ -130,10 +168,7 @@ fn page_target(port: u16) -> String {
         if let Some(url) = page {
             return url.to_string();
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no page target: {targets}"
-        );
+        assert!(Instant::now() < deadline, "no page target: {targets}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

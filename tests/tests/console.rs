@@ -7,53 +7,15 @@
 
 use drover_client::{v1, Client, ConnectOptions};
 use drover_server::auth::hash_token;
-use drover_tests::browser::{self, Browser};
+use drover_tests::browser::{self, screenshots, until, Browser};
 use drover_tests::fixture::Backends;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, http_get, TempDir};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const VIEWER: &str = "viewer-token-1";
 const OPERATOR: &str = "operator-token-2";
-
-/// Where the screenshots go: `target/console-screenshots`, next to the
-/// test binaries' profile directory.
-fn screenshots() -> PathBuf {
-    let exe = std::env::current_exe().expect("executable path");
-    // target/<profile>/deps/<test>
-    let target = exe.ancestors().nth(3).expect("the target directory");
-    let dir = target.join("console-screenshots");
-    std::fs::create_dir_all(&dir).expect("screenshot directory");
-    dir
-}
-
-/// Polls `expression` in the page until `done` accepts its value; panics
-/// with the last value after `deadline`. Every value seen goes to `seen`.
-async fn until(
-    browser: &mut Browser,
-    expression: &str,
-    deadline: Duration,
-    seen: &mut Vec<serde_json::Value>,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let end = Instant::now() + deadline;
-    loop {
-        let value = browser.eval(expression);
-        if seen.last() != Some(&value) {
-            seen.push(value.clone());
-        }
-        if done(&value) {
-            return value;
-        }
-        assert!(
-            Instant::now() < end,
-            "{expression}: still {value} (seen {seen:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test]
 async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {

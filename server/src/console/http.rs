@@ -6,6 +6,7 @@ use super::assets;
 use super::feed::frame;
 use super::fleet::{self, FleetError, FleetQuery, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 use super::history::timeline;
+use super::rollouts::{self, Action};
 use super::Console;
 use crate::admin_http::AdminBody;
 use drover_proto::v1::{
@@ -13,8 +14,8 @@ use drover_proto::v1::{
     tasks_server::Tasks,
 };
 use http_body_util::{BodyExt, Either, Full, StreamBody};
-use hyper::body::{Bytes, Frame};
-use hyper::{Request, Response, StatusCode};
+use hyper::body::{Body, Bytes, Frame};
+use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// rebuilt from them.
 const OPERATIONS_SHOWN: u32 = 100;
 
-type Answer = Response<AdminBody>;
+pub(super) type Answer = Response<AdminBody>;
 
 /// Answers a request for `/ui` or anything under it. `closed` turns true
 /// when the admin port closes, which ends the event streams.
@@ -37,24 +38,24 @@ pub async fn handle<B>(
     console: Arc<Console>,
     request: Request<B>,
     closed: watch::Receiver<bool>,
-) -> Answer {
-    let path = request.uri().path().to_string();
-    let query = request.uri().query().unwrap_or("").to_string();
-    let headers = request.headers();
-    if let Some(asset) = assets::get(&path) {
+) -> Answer
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let (path, headers) = (parts.uri.path(), &parts.headers);
+    let query = parts.uri.query().unwrap_or("");
+    if let Some(asset) = assets::get(path) {
         return bytes(StatusCode::OK, asset.content_type, Bytes::from(asset.body));
     }
     let Some(api) = path.strip_prefix("/ui/api/") else {
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such page");
     };
     let segments: Vec<&str> = api.split('/').collect();
-    let rpc = match segments.as_slice() {
-        ["fleet"] => "ListClusters",
-        ["clusters", _] => "GetCluster",
-        ["operations", _, _] => "GetOperation",
-        ["members"] => "ListMembers",
-        ["events"] => "WatchClusters",
-        _ => return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such API path"),
+    let rpc = match rpc_of(&parts.method, &segments) {
+        Ok(rpc) => rpc,
+        Err(refused) => return refused.answer(),
     };
     if let Err(status) = console.auth.check(&rpc_path(rpc), headers) {
         return from_status(status);
@@ -62,19 +63,75 @@ pub async fn handle<B>(
     match segments.as_slice() {
         ["fleet"] => {
             let owners = console.auth.check(&rpc_path("GetOwner"), headers).is_ok();
-            fleet_answer(&console, &query, owners).await
+            fleet_answer(&console, query, owners).await
         }
         ["clusters", name] => cluster_answer(&console, &decode(name)).await,
         ["operations", cluster, id] => operation_answer(&console, &decode(cluster), id).await,
         ["members"] => members_answer(&console).await,
+        ["rollouts"] => rollouts::list_answer(&console).await,
+        ["rollouts", name] => rollouts::rollout_answer(&console, &decode(name), headers).await,
+        ["rollouts", name, action] => {
+            let action = Action::parse(action).expect("routed by rpc_of");
+            rollouts::act(&console, &decode(name), action, headers, body).await
+        }
         _ => events(&console, closed),
     }
 }
 
-fn rpc_path(method: &str) -> String {
+/// The RPC a request under `/ui/api/` mirrors, whose role it needs: reads
+/// are GETs, a rollout's actions POSTs.
+fn rpc_of(method: &Method, segments: &[&str]) -> Result<&'static str, Refused> {
+    let (rpc, wanted) = match segments {
+        ["fleet"] => ("ListClusters", Method::GET),
+        ["clusters", _] => ("GetCluster", Method::GET),
+        ["operations", _, _] => ("GetOperation", Method::GET),
+        ["members"] => ("ListMembers", Method::GET),
+        ["events"] => ("WatchClusters", Method::GET),
+        ["rollouts"] => ("ListRollouts", Method::GET),
+        ["rollouts", _] => ("GetRollout", Method::GET),
+        ["rollouts", _, action] => match Action::parse(action) {
+            Some(action) => (action.rpc(), Method::POST),
+            None => return Err(Refused::not_found("no such action")),
+        },
+        _ => return Err(Refused::not_found("no such API path")),
+    };
+    if *method != wanted {
+        return Err(Refused {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            code: "Unimplemented",
+            message: format!("this path takes {wanted}"),
+        });
+    }
+    Ok(rpc)
+}
+
+/// A request refused before any handler ran (an [`Answer`] is too large
+/// to pass around in a `Result`).
+pub(super) struct Refused {
+    pub(super) status: StatusCode,
+    pub(super) code: &'static str,
+    pub(super) message: String,
+}
+
+impl Refused {
+    fn not_found(message: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            code: "NOT_FOUND",
+            message: message.to_string(),
+        }
+    }
+
+    pub(super) fn answer(self) -> Answer {
+        error(self.status, self.code, &self.message)
+    }
+}
+
+pub(super) fn rpc_path(method: &str) -> String {
     let service = match method {
         "GetOperation" => "Operations",
         "ListMembers" | "GetOwner" => "Admin",
+        _ if method.ends_with("Rollout") || method.ends_with("Rollouts") => "Rollouts",
         _ => "Clusters",
     };
     format!("/drover.v1.{service}/{method}")
@@ -289,12 +346,12 @@ fn bytes(status: StatusCode, content_type: &str, body: Bytes) -> Answer {
         .expect("static response parts are valid")
 }
 
-fn json(status: StatusCode, body: &impl Serialize) -> Answer {
+pub(super) fn json(status: StatusCode, body: &impl Serialize) -> Answer {
     let body = serde_json::to_vec(body).expect("console answers serialize");
     bytes(status, "application/json", Bytes::from(body))
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Answer {
+pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Answer {
     let body = serde_json::json!({ "code": code, "message": message });
     let mut answer = json(status, &body);
     if status == StatusCode::UNAUTHORIZED {
@@ -305,11 +362,13 @@ fn error(status: StatusCode, code: &str, message: &str) -> Answer {
     answer
 }
 
-fn from_status(status: Status) -> Answer {
+pub(super) fn from_status(status: Status) -> Answer {
     let http = match status.code() {
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::NotFound => StatusCode::NOT_FOUND,
+        // A rollout that ended, or a control that lost a race: say so.
+        Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
         Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,

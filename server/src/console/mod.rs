@@ -1,34 +1,50 @@
-//! The web console on the admin port (`/ui`): a read-only view of the
-//! fleet, of one cluster, of one operation and of the members, kept live
-//! by a stream of server-sent events (`/ui/api/events`).
+//! The web console on the admin port (`/ui`): views of the fleet, of one
+//! cluster, of one operation, of the members and of the rollouts, kept
+//! live by a stream of server-sent events (`/ui/api/events`; the rollout
+//! pages poll instead, see `web/app.js`), and a rollout's four controls.
 //!
 //! The page, its script and its style are built into the binary
 //! ([`assets`]): no CDN, no build step. The script reads JSON under
 //! `/ui/api/`, served from this replica's cluster cache and, for what the
-//! cache does not hold (operations, tasks, owners, members), by the same
-//! handlers and proto conversions as the gRPC API, serialized with the
-//! proto messages' serde impls.
+//! cache does not hold (operations, tasks, owners, members, rollouts), by
+//! the same handlers and proto conversions as the gRPC API, serialized
+//! with the proto messages' serde impls.
 //!
 //! # Guarantees
 //! - Every `/ui/api/` answer is checked as the gRPC call it mirrors (the
 //!   fleet as ListClusters, a cluster as GetCluster, an operation as
 //!   GetOperation, the members as ListMembers, the events as
-//!   WatchClusters) against the replica's tokens: no token or an unknown
-//!   one gets 401, a role too low 403. The fleet's owner column is filled
-//!   only for callers that may call GetOwner. Without `--auth-tokens`
-//!   everything is open, as the API is.
-//! - The console changes nothing: it reads the cache and calls read
-//!   handlers only.
+//!   WatchClusters, the rollouts as ListRollouts, a rollout as
+//!   GetRollout, its actions as PauseRollout, ResumeRollout,
+//!   ApproveRollout and CancelRollout) against the replica's tokens: no
+//!   token or an unknown one gets 401, a role too low 403. The fleet's
+//!   owner column is filled only for callers that may call GetOwner, and
+//!   a rollout's answer lists only the actions the caller may take (the
+//!   page shows only those buttons). Without `--auth-tokens` everything is
+//!   open, as the API is.
+//! - What the console can change is exactly this: pause, resume, approve
+//!   a stage of, or cancel (optionally with its running operations) a
+//!   rollout, each by `POST /ui/api/rollouts/<name>/<action>` handled by
+//!   that RPC's own gRPC handler. Everything else it serves only reads.
+//! - An action needs `Content-Type: application/json` (else 415, nothing
+//!   changed): a cross-site HTML form cannot send that type, and a
+//!   cross-site `fetch` with it needs a CORS preflight the console never
+//!   grants. Reads are GET only, actions POST only (else 405).
 //!
 //! # Assumptions
 //! - The page keeps its token in `sessionStorage` (gone with the tab) and
 //!   sends it as `Authorization: Bearer` on every call, the event stream
-//!   included (read with `fetch`, since `EventSource` cannot send headers).
+//!   included (read with `fetch`, since `EventSource` cannot send
+//!   headers). No cookie is ever set or read, so a browser never attaches
+//!   a credential to a request another site makes.
+//! - Each action is confirmed in the page first, naming what it will do.
 //!
 //! # Caveats
 //! - Plain HTTP like the rest of the admin port: a token sent to it can be
 //!   sniffed off the network. Reach it over loopback, a private network or
 //!   a TLS-terminating proxy.
+//! - Without `--auth-tokens` anyone who reaches the admin port can take a
+//!   rollout's actions, as anyone who reaches the gRPC port can.
 //! - Step timings are the times this replica's feed saw each step begin
 //!   (the records keep only the current step): an operation that started
 //!   before the replica did shows only the steps seen since.
@@ -38,15 +54,17 @@ mod feed;
 mod fleet;
 mod history;
 mod http;
+mod rollouts;
 
 pub use feed::{ConsoleFeed, StepSeen};
 pub use fleet::{FleetError, FleetPage, FleetQuery, FleetRow};
 pub use http::handle;
 
-use crate::api::{AdminService, ClustersService, OperationsService, TasksService};
+use crate::api::{AdminService, ClustersService, OperationsService, RolloutsService, TasksService};
 use crate::auth::{Authenticator, TokenFile};
 use crate::cluster::ClusterCache;
 use crate::operation::Operations;
+use crate::rollout::RolloutStore;
 use std::sync::Arc;
 
 /// What the console reads, and who may read it.
@@ -59,6 +77,7 @@ pub struct Console {
     operations_api: OperationsService,
     tasks: TasksService,
     admin: AdminService,
+    rollouts: RolloutsService,
 }
 
 impl Console {
@@ -85,6 +104,10 @@ impl Console {
                 None,
                 None,
             ),
+            rollouts: RolloutsService::new(
+                RolloutStore::new(operations.store().clone(), operations.keys().clone()),
+                Arc::clone(&cache),
+            ),
             cache,
             operations,
             feed,
@@ -100,7 +123,8 @@ mod tests {
     use crate::keys::KeyLayout;
     use crate::metrics::Metrics;
     use crate::store::MemoryStore;
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
     use hyper::{Request, StatusCode};
     use std::time::{Duration, Instant};
     use tokio::sync::watch;
@@ -134,7 +158,29 @@ mod tests {
             request = request.header("authorization", format!("Bearer {token}"));
         }
         let (_open, closed) = watch::channel(false);
-        let answer = handle(Arc::clone(console), request.body(()).unwrap(), closed).await;
+        let body = Full::new(Bytes::new());
+        let answer = handle(Arc::clone(console), request.body(body).unwrap(), closed).await;
+        let status = answer.status();
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// The status and body of a POST of `body` as `content_type` to `path`
+    /// with `token`.
+    async fn post(
+        console: &Arc<Console>,
+        path: &str,
+        token: &str,
+        content_type: &str,
+        body: &str,
+    ) -> (StatusCode, String) {
+        let request = Request::post(path)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let (_open, closed) = watch::channel(false);
+        let answer = handle(Arc::clone(console), request, closed).await;
         let status = answer.status();
         let body = answer.into_body().collect().await.unwrap().to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
@@ -222,6 +268,86 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert!(page.contains("/ui/app.js"));
         assert_eq!(get(&console, "/ui/app.js", None).await.0, StatusCode::OK);
+    }
+
+    /// A rollout of the first three clusters, its one stage behind an
+    /// approval gate (no controller runs: it stays as created).
+    async fn gated_rollout(console: &Arc<Console>, operations: &Operations) {
+        create(operations, 3, 1).await;
+        until_cached(console, 3).await;
+        let spec = drover_proto::v1::RolloutSpec {
+            clusters: vec!["c00000".into(), "c00001".into(), "c00002".into()],
+            version: "1.30.0".into(),
+            stages: vec![drover_proto::v1::RolloutStage {
+                name: "all".into(),
+                approval_required: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let request = drover_proto::v1::CreateRolloutRequest {
+            name: "r1".into(),
+            spec: Some(spec),
+        };
+        use drover_proto::v1::rollouts_server::Rollouts;
+        let created = console
+            .rollouts
+            .create_rollout(tonic::Request::new(request));
+        created.await.expect("the rollout is created");
+    }
+
+    #[tokio::test]
+    async fn rollout_actions_need_their_role_and_a_json_body() {
+        let (console, operations, _stop) = console();
+        gated_rollout(&console, &operations).await;
+        let store = RolloutStore::new(operations.store().clone(), operations.keys().clone());
+        let (status, body) = get(&console, "/ui/api/rollouts", Some("v")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains("\"name\":\"r1\""), "{body}");
+        let (status, body) = get(&console, "/ui/api/rollouts/r1", Some("v")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            shown["actions"],
+            serde_json::json!([]),
+            "a viewer may not act"
+        );
+        assert_eq!(shown["rollout"]["status"]["stages"][0]["targets"], 3);
+        let (_, body) = get(&console, "/ui/api/rollouts/r1", Some("a")).await;
+        assert!(body.contains("\"actions\":[\"pause\",\"resume\",\"approve\",\"cancel\"]"));
+        let approve = "/ui/api/rollouts/r1/approve";
+        let json = "application/json";
+        let refused = post(&console, approve, "v", json, r#"{"stage":"all"}"#).await;
+        assert_eq!(refused.0, StatusCode::FORBIDDEN, "{}", refused.1);
+        let form = "application/x-www-form-urlencoded";
+        let refused = post(&console, approve, "a", form, "stage=all").await;
+        assert_eq!(
+            refused.0,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{}",
+            refused.1
+        );
+        assert_eq!(
+            get(&console, approve, Some("a")).await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        let unknown = post(&console, approve, "a", json, r#"{"stage":"nope"}"#).await;
+        assert_eq!(unknown.0, StatusCode::BAD_REQUEST, "{}", unknown.1);
+        let (record, _) = store.record("r1").await.unwrap();
+        assert!(
+            record.control.approved.is_empty(),
+            "refused calls change nothing"
+        );
+        let (status, body) = post(&console, approve, "a", json, r#"{"stage":"all"}"#).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let cancel = "/ui/api/rollouts/r1/cancel";
+        let (status, body) = post(&console, cancel, "a", json, r#"{"cancel_running":true}"#).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let (record, _) = store.record("r1").await.unwrap();
+        assert_eq!(record.control.approved, ["all"]);
+        assert!(record.control.cancel.is_some_and(|c| c.cancel_running));
+        let missing = post(&console, "/ui/api/rollouts/nope/pause", "a", json, "").await;
+        assert_eq!(missing.0, StatusCode::NOT_FOUND, "{}", missing.1);
     }
 
     /// The figure in the README: the fleet's first page, its counts over

@@ -7,7 +7,8 @@
 
 const TOKEN_KEY = "drover.token";
 const $ = (id) => document.getElementById(id);
-let view = null; // { refresh(), onEvent(kind, data) }
+let view = null; // { refresh(), onEvent(kind, data), pollMs? }
+let poller = null; // the interval refreshing a view that polls
 
 // ---- small helpers --------------------------------------------------------
 
@@ -25,11 +26,21 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
-/** CLUSTER_STATE_RUNNING -> RUNNING, OPERATION_KIND_UPGRADE -> UPGRADE. */
-const short = (name) => (name || "").replace(/^(CLUSTER_STATE|OPERATION_STATE|OPERATION_KIND|TASK_TYPE)_/, "");
+/** CLUSTER_STATE_RUNNING -> RUNNING, OPERATION_KIND_UPGRADE -> UPGRADE, ROLLOUT_PAUSED -> PAUSED. */
+const short = (name) => (name || "")
+  .replace(/^(CLUSTER_STATE|OPERATION_STATE|OPERATION_KIND|TASK_TYPE|ROLLOUT_STATE|ROLLOUT|TARGET_STATE|TARGET|ON_BUSY)_/, "");
 const badge = (name, id) => h("span", { class: "badge " + short(name), id }, short(name));
 const time = (t) => (t ? new Date(t).toLocaleString() : "—");
 const enc = encodeURIComponent;
+const labels = (map) => Object.entries(map || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+
+/** How long ago `t` was: 45s, 12m, 3h, 2d. */
+function age(t) {
+  if (!t) return "—";
+  const s = Math.max(0, (Date.now() - new Date(t)) / 1000);
+  const [n, unit] = s < 60 ? [s, "s"] : s < 3600 ? [s / 60, "m"] : s < 86400 ? [s / 3600, "h"] : [s / 86400, "d"];
+  return Math.floor(n) + unit;
+}
 
 function progress(op) {
   if (!op || !op.progress) return op ? short(op.state) : "";
@@ -53,15 +64,35 @@ function authHeaders() {
   return token ? { Authorization: "Bearer " + token } : {};
 }
 
-async function api(path) {
-  const response = await fetch("/ui/api/" + path, { headers: authHeaders() });
+async function api(path, init) {
+  const response = await fetch("/ui/api/" + path, { ...init, headers: { ...authHeaders(), ...(init || {}).headers } });
   if (response.status === 401) throw new Unauthorized();
   const body = await response.json();
   if (!response.ok) throw new Error(`${response.status} ${body.code}: ${body.message}`);
   return body;
 }
 
+/** A rollout's action: JSON (the server refuses any other body type, so an HTML form elsewhere cannot act). */
+const act = (name, action, body) => api(`rollouts/${enc(name)}/${action}`, {
+  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}),
+});
+
+/** Asks in the page's dialog (not window.confirm: it names the action and may carry an option). */
+function confirmAction(text, option) {
+  const dialog = $("confirm");
+  $("confirm-text").textContent = text;
+  $("confirm-option").hidden = !option;
+  $("confirm-option-text").textContent = option || "";
+  $("confirm-check").checked = false;
+  return new Promise((resolve) => {
+    dialog.onclose = () => resolve(dialog.returnValue === "ok" ? { checked: $("confirm-check").checked } : null);
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
+
 function showLogin(message) {
+  clearInterval(poller); // until signed in again: every poll would be refused
   $("main").replaceChildren();
   $("login").hidden = false;
   $("login-error").textContent = message || "";
@@ -219,6 +250,126 @@ function membersView() {
   };
 }
 
+function rolloutsView() {
+  return {
+    async refresh() {
+      const d = await api("rollouts");
+      const rows = d.rollouts.map((r) => {
+        const st = r.status || {}, stages = st.stages || [];
+        const sum = (k) => stages.reduce((n, s) => n + Number(s[k] || 0), 0);
+        const done = sum("succeeded") + sum("skipped"), targets = sum("targets");
+        const pct = targets ? Math.round((100 * done) / targets) : 0;
+        return [h("a", { href: "#/rollouts/" + enc(r.name) }, r.name), badge(st.state),
+          h("span", {}, h("span", { class: "bar" }, h("span", { style: `width:${pct}%` })), `${done}/${targets}`),
+          sum("failed") ? h("span", { class: "error" }, sum("failed")) : "0",
+          age(r.created_at), st.owner || "—"];
+      });
+      $("main").replaceChildren(h("h1", {}, `Rollouts: ${d.rollouts.length}`),
+        table(["Rollout", "State", "Progress (succeeded+skipped / targets)", "Failed", "Age", "Owner"], rows));
+    },
+    onEvent: (kind) => kind === "reset" && schedule(),
+    // Listing loads every rollout whole: every few seconds is enough here.
+    pollMs: 5000,
+  };
+}
+
+/** Failures first, then what is moving, then what waits, then what is done. */
+const TARGET_ORDER = ["TARGET_FAILED", "TARGET_RUNNING", "TARGET_PENDING", "TARGET_SKIPPED", "TARGET_SUCCEEDED"];
+const CLUSTERS_SHOWN = 1000;
+const TERMINAL = ["ROLLOUT_SUCCEEDED", "ROLLOUT_FAILED", "ROLLOUT_CANCELLED"];
+
+function rolloutSpec(r) {
+  const s = r.spec || {};
+  return h("dl", { id: "rollout-spec" },
+    h("dt", {}, "Action"), h("dd", {}, s.version ? `upgrade to ${s.version}` : `node offering ${s.node_offering}`),
+    h("dt", {}, "Targets"), h("dd", {}, (s.clusters || []).length ? s.clusters.join(", ") : `clusters labelled ${labels(s.selector)}`),
+    h("dt", {}, "Max failures"), h("dd", {}, s.max_failures || "0"),
+    h("dt", {}, "When a cluster is busy"), h("dd", {}, short(s.on_busy) === "SKIP" ? "skip it" : "wait for it"),
+    h("dt", {}, "Created"), h("dd", {}, `${time(r.created_at)} (${age(r.created_at)} ago)`),
+    h("dt", {}, "Owner"), h("dd", {}, (r.status || {}).owner || "—"));
+}
+
+function stageRows(r) {
+  const specs = (r.spec || {}).stages || [];
+  return ((r.status || {}).stages || []).map((s, i) => {
+    const spec = specs[i] || {};
+    return [s.name, s.targets, s.pending, s.running, s.succeeded,
+      s.failed ? h("span", { class: "error" }, s.failed) : 0, s.skipped,
+      time(s.started_at), time(s.finished_at), spec.max_concurrency || "1",
+      spec.soak_seconds ? `${spec.soak_seconds} s` : "—", spec.approval_required ? "required" : "—"];
+  });
+}
+
+/** The stage an approval would start: the first not started, if it needs one. */
+function gatedStage(r) {
+  const specs = (r.spec || {}).stages || [];
+  const i = ((r.status || {}).stages || []).findIndex((s) => !s.started_at);
+  return i >= 0 && specs[i] && specs[i].approval_required ? { spec: specs[i], status: r.status.stages[i] } : null;
+}
+
+/** The buttons for the actions this token may take that apply in this state. */
+function actionButtons(r, allowed, report) {
+  const name = r.name, state = (r.status || {}).state, gate = gatedStage(r);
+  const running = ((r.status || {}).stages || []).reduce((n, s) => n + Number(s.running || 0), 0);
+  const live = !TERMINAL.includes(state);
+  const choices = [
+    ["pause", "Pause", live && state !== "ROLLOUT_PAUSED",
+      () => [`Pause rollout ${name}: it starts no new cluster until resumed (running operations go on).`]],
+    ["resume", "Resume", state === "ROLLOUT_PAUSED",
+      () => [`Resume rollout ${name}: it starts clusters again, up to each stage's max_concurrency, and forgives the failures so far.`]],
+    ["approve", gate ? `Approve stage ${gate.spec.name}` : "Approve", state === "ROLLOUT_WAITING_APPROVAL" && gate,
+      () => [`Approve stage ${gate.spec.name} of rollout ${name}: its ${gate.status.targets} clusters start, up to ${gate.spec.max_concurrency || "1"} at a time.`],
+      () => ({ stage: gate.spec.name })],
+    ["cancel", "Cancel", live,
+      () => [`Cancel rollout ${name}: it starts no further cluster and ends CANCELLED.`, `Also cancel the running operations (${running} running now)`],
+      (checked) => ({ cancel_running: checked })],
+  ];
+  return choices.filter(([action, , applies]) => applies && allowed.includes(action))
+    .map(([action, label, , ask, body]) => h("button", { id: "action-" + action, onclick: async () => {
+      const [text, option] = ask();
+      const answer = await confirmAction(text, option);
+      if (!answer) return;
+      try {
+        await act(name, action, body ? body(answer.checked) : {});
+        report(`${label}: done.`);
+      } catch (e) {
+        report(`${label} refused: ${e.message || e}`);
+      }
+    } }, label));
+}
+
+function rolloutView(name) {
+  let result = ""; // what the last action here answered
+  const report = (message) => { result = message; schedule(); };
+  return {
+    async refresh() {
+      const d = await api("rollouts/" + enc(name));
+      const r = d.rollout, st = r.status || {};
+      const order = (c) => TARGET_ORDER.indexOf(c.state);
+      const clusters = [...(st.clusters || [])].sort((a, b) => order(a) - order(b)).slice(0, CLUSTERS_SHOWN);
+      const rows = clusters.map((c) => [h("a", { href: "#/clusters/" + enc(c.cluster) }, c.cluster), badge(c.state), c.stage,
+        c.operation_id ? h("a", { href: `#/operations/${enc(c.cluster)}/${enc(c.operation_id)}` }, c.operation_id) : "—",
+        c.message || ""]);
+      $("main").replaceChildren(
+        h("h1", {}, `Rollout ${r.name} `, badge(st.state, "rollout-state")),
+        h("p", { id: "rollout-message" }, st.message || ""),
+        h("div", { class: "actions", id: "rollout-actions" }, actionButtons(r, d.actions, report)),
+        h("p", { id: "action-result", class: "muted" }, result),
+        rolloutSpec(r),
+        h("h2", {}, "Stages"),
+        h("div", { id: "rollout-stages" }, table(["Stage", "Targets", "Pending", "Running", "Succeeded", "Failed", "Skipped",
+          "Started", "Finished", "Max concurrency", "Soak", "Approval"], stageRows(r))),
+        h("h2", {}, `Clusters (${(st.clusters || []).length}, failures first)`),
+        table(["Cluster", "State", "Stage", "Operation", "Message"], rows));
+    },
+    onEvent: (kind) => kind === "reset" && schedule(),
+    // Polled, not pushed: a rollout's changes are spread over keys the
+    // event feed does not follow (its record, status and each target's
+    // progress), few pages show one, and a read is a handful of etcd ranges.
+    pollMs: 1000,
+  };
+}
+
 // ---- routing and refresh ---------------------------------------------------------
 
 function route() {
@@ -227,6 +378,8 @@ function route() {
   if (parts[0] === "clusters" && parts[1]) return clusterView(parts[1]);
   if (parts[0] === "operations" && parts[2]) return operationView(parts[1], parts[2]);
   if (parts[0] === "members") return membersView();
+  if (parts[0] === "rollouts" && parts[1]) return rolloutView(parts[1]);
+  if (parts[0] === "rollouts") return rolloutsView();
   return fleetView(new URLSearchParams(query || ""));
 }
 
@@ -296,10 +449,17 @@ async function readEvents(reader) {
   }
 }
 
-function start() {
+/** Shows the routed view; polls it while it is shown if it asks to. */
+function show() {
+  clearInterval(poller);
   view = route();
-  render().then(() => { if ($("login").hidden) follow(); });
+  poller = view.pollMs ? setInterval(() => document.hidden || schedule(), view.pollMs) : null;
+  return render();
 }
 
-window.addEventListener("hashchange", () => { view = route(); render(); });
+function start() {
+  show().then(() => { if ($("login").hidden) follow(); });
+}
+
+window.addEventListener("hashchange", show);
 start();

@@ -1,0 +1,223 @@
+//! The console's rollouts: the list, one rollout, and the user's controls
+//! (pause, resume, approve, cancel). Every answer comes from the
+//! Rollouts service's own gRPC handlers, so the console and `droverctl`
+//! cannot disagree on what a rollout is or what a control does.
+
+use super::http::{from_status, json, rpc_path, Answer, Refused};
+use super::Console;
+use drover_proto::v1::{self, rollouts_server::Rollouts};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Bytes};
+use hyper::header::CONTENT_TYPE;
+use hyper::{HeaderMap, StatusCode};
+use serde::Deserialize;
+
+/// An action's JSON body is a field or two: anything larger is refused.
+const BODY_LIMIT: usize = 4096;
+
+/// A control of a rollout, as `POST /ui/api/rollouts/<name>/<action>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    Pause,
+    Resume,
+    Approve,
+    Cancel,
+}
+
+impl Action {
+    const ALL: [Action; 4] = [
+        Action::Pause,
+        Action::Resume,
+        Action::Approve,
+        Action::Cancel,
+    ];
+
+    /// The action a path segment names.
+    pub(super) fn parse(segment: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == segment)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Approve => "approve",
+            Action::Cancel => "cancel",
+        }
+    }
+
+    /// The gRPC method it mirrors, whose role it needs.
+    pub(super) fn rpc(self) -> &'static str {
+        match self {
+            Action::Pause => "PauseRollout",
+            Action::Resume => "ResumeRollout",
+            Action::Approve => "ApproveRollout",
+            Action::Cancel => "CancelRollout",
+        }
+    }
+}
+
+/// What an action's body may say: `stage` for approve, `cancel_running`
+/// for cancel; pause and resume take `{}` (or nothing).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    #[serde(default)]
+    stage: String,
+    #[serde(default)]
+    cancel_running: bool,
+}
+
+/// `GET /ui/api/rollouts`: ListRollouts' answer.
+pub(super) async fn list_answer(console: &Console) -> Answer {
+    let request = tonic::Request::new(v1::ListRolloutsRequest {});
+    match console.rollouts.list_rollouts(request).await {
+        Ok(list) => json(StatusCode::OK, &list.into_inner()),
+        Err(status) => from_status(status),
+    }
+}
+
+/// `GET /ui/api/rollouts/<name>`: GetRollout's answer and the actions
+/// the caller's token may take.
+pub(super) async fn rollout_answer(console: &Console, name: &str, headers: &HeaderMap) -> Answer {
+    let request = tonic::Request::new(v1::GetRolloutRequest { name: name.into() });
+    let got = console.rollouts.get_rollout(request).await;
+    with_actions(console, got, headers)
+}
+
+/// `POST /ui/api/rollouts/<name>/<action>` with a JSON body, already
+/// authorized as the action's RPC: the RPC's handler changes the rollout,
+/// answered as [`rollout_answer`].
+pub(super) async fn act<B>(
+    console: &Console,
+    name: &str,
+    action: Action,
+    headers: &HeaderMap,
+    body: B,
+) -> Answer
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body = match read_json(headers, body).await {
+        Ok(body) => body,
+        Err(refused) => return refused.answer(),
+    };
+    let name = name.to_string();
+    let rollouts = &console.rollouts;
+    let done = match action {
+        Action::Pause => {
+            let request = v1::PauseRolloutRequest { name };
+            rollouts.pause_rollout(tonic::Request::new(request)).await
+        }
+        Action::Resume => {
+            let request = v1::ResumeRolloutRequest { name };
+            rollouts.resume_rollout(tonic::Request::new(request)).await
+        }
+        Action::Approve => {
+            let stage = body.stage;
+            let request = v1::ApproveRolloutRequest { name, stage };
+            rollouts.approve_rollout(tonic::Request::new(request)).await
+        }
+        Action::Cancel => {
+            let cancel_running = body.cancel_running;
+            let request = v1::CancelRolloutRequest {
+                name,
+                cancel_running,
+            };
+            rollouts.cancel_rollout(tonic::Request::new(request)).await
+        }
+    };
+    with_actions(console, done, headers)
+}
+
+fn with_actions(
+    console: &Console,
+    rollout: Result<tonic::Response<v1::Rollout>, tonic::Status>,
+    headers: &HeaderMap,
+) -> Answer {
+    match rollout {
+        Ok(rollout) => {
+            let actions = permitted(console, headers);
+            let body = serde_json::json!({ "rollout": rollout.into_inner(), "actions": actions });
+            json(StatusCode::OK, &body)
+        }
+        Err(status) => from_status(status),
+    }
+}
+
+/// The actions the caller's token may take, checked as their RPCs: the
+/// page shows only these buttons (and the API refuses the others anyway).
+fn permitted(console: &Console, headers: &HeaderMap) -> Vec<&'static str> {
+    Action::ALL
+        .into_iter()
+        .filter(|a| console.auth.check(&rpc_path(a.rpc()), headers).is_ok())
+        .map(Action::name)
+        .collect()
+}
+
+/// The body as JSON, refused unless it says it is JSON: an HTML form can
+/// send only form and text types, so a page elsewhere cannot post one
+/// (and `fetch` with this type from elsewhere needs a CORS preflight,
+/// which the console never grants).
+async fn read_json<B>(headers: &HeaderMap, body: B) -> Result<ActionBody, Refused>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let invalid = |status, message: String| Refused {
+        status,
+        code: "InvalidArgument",
+        message,
+    };
+    if !is_json(headers) {
+        let message = "an action's body must be JSON (Content-Type: application/json)";
+        return Err(invalid(StatusCode::UNSUPPORTED_MEDIA_TYPE, message.into()));
+    }
+    let bytes = match Limited::new(body, BODY_LIMIT).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            let message = format!("the body could not be read or is over {BODY_LIMIT} bytes");
+            return Err(invalid(StatusCode::BAD_REQUEST, message));
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(ActionBody::default());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        let message = format!("the body is not an action's JSON: {e}");
+        invalid(StatusCode::BAD_REQUEST, message)
+    })
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    #[test]
+    fn only_json_bodies_are_read() {
+        let mut headers = HeaderMap::new();
+        assert!(!is_json(&headers));
+        for (value, json) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/x-www-form-urlencoded", false),
+            ("text/plain", false),
+            ("multipart/form-data; boundary=x", false),
+        ] {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            assert_eq!(is_json(&headers), json, "{value}");
+        }
+        assert_eq!(Action::parse("approve"), Some(Action::Approve));
+        assert_eq!(Action::parse("destroy"), None);
+    }
+}

@@ -104,8 +104,10 @@ impl SimProcess {
         endpoint.connect().await.expect("connect to the simulator")
     }
 
+    /// The simulator's control service; its answers may be large (the
+    /// audit log of a fleet of 10,000 clusters is megabytes).
     pub async fn control(&self) -> SimulatorClient<Channel> {
-        SimulatorClient::new(self.channel().await)
+        SimulatorClient::new(self.channel().await).max_decoding_message_size(256 << 20)
     }
 
     pub async fn set_latency(&self, latency: Duration) {

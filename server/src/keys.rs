@@ -153,9 +153,14 @@ impl KeyLayout {
         format!("{}{name}", self.rollouts())
     }
 
+    /// `<prefix>rollout-status/`: where every rollout is.
+    pub fn rollout_statuses(&self) -> String {
+        format!("{}rollout-status/", self.prefix)
+    }
+
     /// Where a rollout is, written by its owner.
     pub fn rollout_status(&self, name: &str) -> String {
-        format!("{}rollout-status/{name}", self.prefix)
+        format!("{}{name}", self.rollout_statuses())
     }
 
     /// `<prefix>rollout-targets/<name>/`: the targets, fixed at create.

@@ -17,13 +17,20 @@ use std::time::Duration;
 /// Every state each cluster (by uid) went through, in order, from revision 1.
 pub async fn state_history(store: &dyn Store, prefix: &str) -> HashMap<String, Vec<ClusterState>> {
     let clusters = format!("{prefix}clusters/");
-    // Every write under clusters/ puts at least one key there, so the newest
-    // mod revision among the keys is the last change to replay.
+    // The newest change of a state key is the last one to replay (a
+    // transaction's other keys may come before it, in the same revision).
     let current = store
         .range(RangeRequest::prefix(&clusters))
         .await
         .expect("read clusters");
-    let Some(head) = current.kvs.iter().map(|kv| kv.mod_revision).max() else {
+    let is_state = |key: &str| {
+        let leaf = key
+            .strip_prefix(clusters.as_str())
+            .map(|rest| rest.split_once('/'));
+        matches!(leaf, Some(Some((_, "state"))))
+    };
+    let states = current.kvs.iter().filter(|kv| is_state(&kv.key));
+    let Some(head) = states.map(|kv| kv.mod_revision).max() else {
         return HashMap::new();
     };
     let mut watch = store.watch(&clusters, 1).await.expect("watch history");
@@ -35,19 +42,15 @@ pub async fn state_history(store: &dyn Store, prefix: &str) -> HashMap<String, V
             .expect("watch open")
             .expect("history is not compacted");
         // `<clusters>/<name>/state`, not a task's key that ends the same.
-        let leaf = event
-            .kv
-            .key
-            .strip_prefix(clusters.as_str())
-            .map(|rest| rest.split_once('/'));
-        if event.kind == EventKind::Put && matches!(leaf, Some(Some((_, "state")))) {
+        let state_key = is_state(&event.kv.key);
+        if event.kind == EventKind::Put && state_key {
             let record: StateRecord = serde_json::from_slice(&event.kv.value).expect("state JSON");
             let states = history.entry(record.uid.clone()).or_default();
             if states.last() != Some(&record.state) {
                 states.push(record.state);
             }
         }
-        if event.kv.mod_revision >= head {
+        if (state_key && event.kv.mod_revision >= head) || event.kv.mod_revision > head {
             return history;
         }
     }

@@ -196,7 +196,7 @@ impl RolloutPhase {
             latency: self.latency,
             wall,
             one_upgrade,
-            peak: peak_concurrency(&spans),
+            peak: peak_concurrency(spans.values()),
             busy: upgrades_after.since(&upgrades_before),
             replica_cpu: cpu_after.saturating_sub(cpu_before),
             reconciles,
@@ -423,11 +423,11 @@ fn upgrade_spans(
     spans
 }
 
-/// The most spans open at one instant (an end before a start at the same
-/// millisecond: touching is not overlap).
-pub fn peak_concurrency(spans: &HashMap<String, (u64, u64)>) -> usize {
+/// The most spans (start, end) open at one instant: an end before a start
+/// at the same millisecond (touching is not overlap).
+pub fn peak_concurrency<'s>(spans: impl IntoIterator<Item = &'s (u64, u64)>) -> usize {
     let mut edges: Vec<(u64, i32)> = spans
-        .values()
+        .into_iter()
         .flat_map(|(start, end)| [(*start, 1), (*end, -1)])
         .collect();
     edges.sort();

@@ -5,6 +5,8 @@
 use drover_client::v1;
 use drover_server::store::Store;
 use drover_tests::fixture::Fixture;
+use drover_tests::provider::SimProcess;
+use drover_tests::rollout_bench::peak_concurrency;
 use drover_tests::{operations_of, scrape};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -117,13 +119,12 @@ fn target_state(rollout: &v1::Rollout, cluster: &str) -> v1::TargetState {
 /// Each cluster's upgrade as the provider saw it: from its first
 /// UpgradeNode admitted to its last landed, in Unix milliseconds.
 async fn upgrade_spans(
-    f: &Fixture,
+    sim: &SimProcess,
     uids: &BTreeMap<String, String>,
 ) -> BTreeMap<String, (u64, u64)> {
     let mut spans = BTreeMap::new();
     for (name, uid) in uids {
-        let calls: Vec<_> = f
-            .sim
+        let calls: Vec<_> = sim
             .audit(uid)
             .await
             .into_iter()
@@ -134,23 +135,6 @@ async fn upgrade_spans(
         }
     }
     spans
-}
-
-/// The most upgrades the provider had under way at one instant.
-fn peak_concurrency(spans: &BTreeMap<String, (u64, u64)>) -> usize {
-    let mut edges: Vec<(u64, i32)> = Vec::new();
-    for (start, end) in spans.values() {
-        edges.push((*start, 1));
-        edges.push((*end, -1));
-    }
-    // An end before a start at the same instant: touching is not overlap.
-    edges.sort();
-    let (mut now, mut peak) = (0i32, 0i32);
-    for (_, delta) in edges {
-        now += delta;
-        peak = peak.max(now);
-    }
-    peak as usize
 }
 
 /// How many upgrades each cluster's history holds.
@@ -210,7 +194,7 @@ async fn stages_run_in_order_after_their_soak_and_later_clusters_are_not_swept_i
             "{untouched}"
         );
     }
-    let spans = upgrade_spans(&f, &uids).await;
+    let spans = upgrade_spans(&f.sim, &uids).await;
     let canary_end = spans["canary"].1;
     for (name, (start, _)) in spans.iter().filter(|(n, _)| *n != "canary") {
         assert!(
@@ -219,7 +203,7 @@ async fn stages_run_in_order_after_their_soak_and_later_clusters_are_not_swept_i
             start - canary_end
         );
     }
-    assert!(peak_concurrency(&spans) <= 2, "{spans:?}");
+    assert!(peak_concurrency(spans.values()) <= 2, "{spans:?}");
 }
 
 #[tokio::test]
@@ -275,9 +259,9 @@ async fn the_concurrency_bound_holds_through_a_kill_and_a_sigterm_of_the_owner()
     );
     f.client = last_client;
 
-    let spans = upgrade_spans(&f, &uids).await;
+    let spans = upgrade_spans(&f.sim, &uids).await;
     assert_eq!(spans.len(), 10);
-    let peak = peak_concurrency(&spans);
+    let peak = peak_concurrency(spans.values());
     assert!(
         peak <= 2,
         "the provider ran {peak} upgrades at once: {spans:?}"
@@ -607,7 +591,7 @@ async fn bad_specs_are_refused_naming_the_field_and_write_nothing() {
 #[tokio::test]
 async fn the_concurrency_bound_holds_while_a_3_member_etcd_loses_its_leader() {
     let mut etcd = drover_tests::etcd::EtcdCluster::start(3).await;
-    let sim = drover_tests::provider::SimProcess::start().await;
+    let sim = SimProcess::start().await;
     let endpoints = etcd.endpoints().join(",");
     let provider = sim.endpoint();
     let args = ["--provider", provider.as_str(), "--lease-ttl", "3"];
@@ -656,14 +640,9 @@ async fn the_concurrency_bound_holds_while_a_3_member_etcd_loses_its_leader() {
     .await;
     assert_eq!(done.status.unwrap().stages[0].succeeded, 8);
     assert_ne!(etcd.leader(), Some(leader), "a new leader was elected");
-    let mut spans = BTreeMap::new();
-    for (name, uid) in &uids {
-        let calls: Vec<_> = sim.audit(uid).await;
-        let upgrades: Vec<_> = calls.iter().filter(|e| e.method == "UpgradeNode").collect();
-        let (first, last) = (upgrades.first().unwrap(), upgrades.last().unwrap());
-        spans.insert(name.clone(), (first.admitted_at_ms, last.landed_at_ms));
-    }
-    let peak = peak_concurrency(&spans);
+    let spans = upgrade_spans(&sim, &uids).await;
+    assert_eq!(spans.len(), 8);
+    let peak = peak_concurrency(spans.values());
     assert!(
         peak <= 2,
         "the provider ran {peak} upgrades at once: {spans:?}"

@@ -230,16 +230,17 @@ impl Holding<'_> {
         // operation ends as it did, with the cancel request kept on record.
         let mut cancels_seen = 0;
         loop {
-            // The state key last: watchers get a transaction's events in
-            // its order, and the state change is what wakes them (a
-            // rollout reads how the operation ended from the status).
+            // Watchers get a transaction's events in its order: the status
+            // first, so whoever the state change wakes (a rollout) reads
+            // how the operation ended; the operation record last, so that
+            // a waiter it answers finds the cluster's cache up to date.
             let writes = vec![
                 Op::put(keys.cluster_status(&name), to_json(&status)),
+                Op::put(keys.cluster_state(&name), to_json(&new_state)),
                 Op::put(
                     keys.operation(&name, &self.operation.id),
                     to_json(&self.operation),
                 ),
-                Op::put(keys.cluster_state(&name), to_json(&new_state)),
             ];
             match self.commit(writes).await {
                 Ok(_) => break,

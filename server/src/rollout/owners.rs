@@ -132,9 +132,7 @@ impl RolloutOwners {
         let keys = self.rollouts.keys().clone();
         let members = self.range(&keys.members()).await?;
         let owner_keys = self.range(&keys.rollout_owners()).await?;
-        let statuses = self
-            .range(&format!("{}rollout-status/", keys.all()))
-            .await?;
+        let statuses = self.range(&keys.rollout_statuses()).await?;
         let member_ids: Vec<String> = members.iter().map(|kv| suffix(&kv.key)).collect();
         let owners: HashMap<String, &KeyValue> =
             owner_keys.iter().map(|kv| (suffix(&kv.key), kv)).collect();

@@ -88,8 +88,11 @@ impl PgProviderProcess {
             "PostgreSQL 15 is not installed (scripts/install-deps.sh installs it)"
         );
         let root = TempDir::new("pg-provider");
-        let port = free_port();
-        let node_ports = free_range(40);
+        // The provider's own port is the first of its range: a port taken
+        // elsewhere could fall in another provider's node range, and a node
+        // started there while this provider restarts would take it.
+        let (port, last) = free_range(40);
+        let node_ports = (port + 1, last);
         let child = spawn(root.path(), port, node_ports, None);
         let provider = Self {
             child,

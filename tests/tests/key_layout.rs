@@ -55,6 +55,43 @@ impl Runs for Fixture {
     }
 }
 
+/// A rollout that upgraded `layout` and waits at an approval gate, so
+/// every kind of rollout key exists (its owner key too: it is not settled).
+async fn held_rollout(f: &mut Fixture) {
+    let stage = |name: &str, approval_required| v1::RolloutStage {
+        name: name.into(),
+        approval_required,
+        ..Default::default()
+    };
+    let spec = v1::RolloutSpec {
+        clusters: vec!["layout".into()],
+        version: "1.30.0".into(),
+        stages: vec![stage("all", false), stage("gate", true)],
+        ..Default::default()
+    };
+    let request = v1::CreateRolloutRequest {
+        name: "layout".into(),
+        spec: Some(spec),
+    };
+    f.client
+        .rollouts()
+        .create_rollout(request)
+        .await
+        .expect("a rollout");
+    wait_until(WAIT, "the rollout to wait at its gate", || {
+        let mut client = f.client.clone();
+        async move {
+            let request = v1::GetRolloutRequest {
+                name: "layout".into(),
+            };
+            let rollout = client.rollouts().get_rollout(request).await.unwrap();
+            let state = rollout.into_inner().status.map_or(0, |s| s.state);
+            state == v1::RolloutState::RolloutWaitingApproval as i32
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn every_value_under_the_prefix_is_json() {
     let mut f = fixture().await;
@@ -93,6 +130,8 @@ async fn every_value_under_the_prefix_is_json() {
     })
     .await;
 
+    held_rollout(&mut f).await;
+
     let all = store.range(RangeRequest::prefix(PREFIX)).await.unwrap();
     let mut kinds = std::collections::BTreeSet::new();
     for kv in &all.kvs {
@@ -120,6 +159,11 @@ async fn every_value_under_the_prefix_is_json() {
         "operations",
         "owners",
         "requests",
+        "rollout-clusters",
+        "rollout-owners",
+        "rollout-status",
+        "rollout-targets",
+        "rollouts",
         "runs",
     ];
     assert_eq!(kinds.into_iter().collect::<Vec<_>>(), expected);

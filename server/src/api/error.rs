@@ -44,7 +44,7 @@ impl From<ApiError> for Status {
             ApiError::Rollout(error) => match error {
                 RolloutError::NotFound(_) => Status::not_found(message),
                 RolloutError::AlreadyExists(_) => Status::already_exists(message),
-                RolloutError::Ended { .. } | RolloutError::NoTargets | RolloutError::NoProvider => {
+                RolloutError::Ended { .. } | RolloutError::NoTargets => {
                     Status::failed_precondition(message)
                 }
                 RolloutError::Invalid(field) => ApiError::InvalidArgument(field).into(),

@@ -267,8 +267,6 @@ pub enum RolloutError {
     },
     #[error("the selector matches no cluster: a rollout needs at least one target")]
     NoTargets,
-    #[error("this replica has no provider configured (--provider): it cannot run rollouts")]
-    NoProvider,
     #[error(transparent)]
     Invalid(#[from] FieldError),
     #[error(transparent)]

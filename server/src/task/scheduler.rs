@@ -31,7 +31,9 @@ use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
 use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
 use crate::metrics::Metrics;
-use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
+use crate::owner_work::{
+    Controller, InFlight, Next, OwnerWork, ReconcileError, Reconciler, Triggers,
+};
 use crate::provider::{due_by, Providers};
 use crate::replication::{Claim, Hold};
 use crate::store::{CmpOp, Compare, Op, StoreError, StoreFailure, Txn};
@@ -257,10 +259,7 @@ impl TaskScheduler {
                 return Ok(Some(Utc::now()));
             }
             if !self.work.runs(&run.id) {
-                // Ours, but nobody waits on it (its end could not be
-                // recorded): ask again; RunTask is idempotent per run id.
-                let hold = self.work.replication().hold(&read.cluster.spec.name);
-                self.dispatch(read, record, run.clone(), claim, hold);
+                self.resume(read, record, run.clone(), claim).await?;
             }
             return Ok(None);
         }
@@ -371,7 +370,38 @@ impl TaskScheduler {
             .commit(store, txn, name, claim, Some(&marker))
             .await?;
         tracing::info!(cluster = %name, task = %record.name, task_type = %record.task_type, run = %run.id, attempt = run.attempt, "task run started");
-        self.dispatch(read, record, run, claim, hold);
+        if let Some(mark) = self.work.mark_task_run(&run.id) {
+            self.dispatch(read, record, run, claim, (hold, mark));
+        }
+        Ok(())
+    }
+
+    /// A run of ours nobody here waits on (its end could not be recorded):
+    /// asks the provider again (RunTask is idempotent per run id) — unless
+    /// a read taken after marking it shows it ended. `read` may predate
+    /// its end: the run's waiter records the end, then unmarks it, so a
+    /// look that read before the one and checked after the other would
+    /// otherwise ask for an ended run again.
+    async fn resume(
+        self: &Arc<Self>,
+        read: &ClusterTasks,
+        record: &TaskRecord,
+        run: TaskRun,
+        claim: Claim,
+    ) -> Result<(), TaskError> {
+        let hold = self.work.replication().hold(&read.cluster.spec.name);
+        let Some(mark) = self.work.mark_task_run(&run.id) else {
+            return Ok(());
+        };
+        let task_key = self.task_key(read, record);
+        let fresh = self.tasks.store().get(&task_key).await?;
+        let Some(kv) = fresh.kvs.first() else {
+            return Ok(());
+        };
+        let fresh: TaskRecord = crate::cluster::from_json(kv)?;
+        if fresh.running().is_some_and(|r| r.id == run.id) {
+            self.dispatch(read, record, run, claim, (hold, mark));
+        }
         Ok(())
     }
 
@@ -382,11 +412,8 @@ impl TaskScheduler {
         record: &TaskRecord,
         run: TaskRun,
         claim: Claim,
-        hold: Hold,
+        (hold, mark): (Hold, InFlight),
     ) {
-        let Some(mark) = self.work.mark_task_run(&run.id) else {
-            return;
-        };
         let this = Arc::clone(self);
         // The run's provider and, should it time out, where it is stopped.
         let spec = read.cluster.spec.clone();

@@ -157,7 +157,8 @@ fn add_api<L>(router: Router<L>, replica: &Replica) -> Router<L> {
 
 /// The gRPC transport, over TLS when the config has a certificate.
 fn transport(config: &Config) -> Result<Server, ServeError> {
-    let mut builder = Server::builder();
+    // Each request a span, a child of the caller's trace (when tracing).
+    let mut builder = Server::builder().trace_fn(drover_telemetry::server_span);
     if let Some(tls) = &config.security.server_tls {
         builder = builder.tls_config(tls.config())?;
         tracing::info!(

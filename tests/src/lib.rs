@@ -10,6 +10,7 @@
 //! - [`history`]: replays state-key history and checks it against the table.
 //! - [`netns`]: network namespaces on a bridge, cut and healed pairwise,
 //!   with random packet loss (nftables).
+//! - [`otlp`]: an OpenTelemetry trace receiver, as a collector would be.
 //! - [`relay`]: a TCP relay adding latency per chunk, where netem is missing.
 //! - [`pki`]: a throwaway CA and certificates for TLS tests.
 //! - [`scrape`]: reads a `/metrics` endpoint (etcd's, a replica's).
@@ -27,6 +28,7 @@ pub mod history;
 pub mod in_process;
 pub mod load;
 pub mod netns;
+pub mod otlp;
 pub mod pki;
 pub mod postgres;
 pub mod procfs;

@@ -141,6 +141,7 @@ pub async fn serve(
         .await;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tonic::transport::Server::builder()
+        .trace_fn(drover_telemetry::server_span)
         .add_service(health_service)
         .add_service(ProviderServer::new(provider))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -46,9 +46,13 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    // Traces with the standard OTEL_* variables (the replica's spans
+    // continue here through the traceparent it sends).
+    let _telemetry = drover_telemetry::init(drover_telemetry::Options {
+        log_format: drover_telemetry::LogFormat::Text,
+        service: "drover-postgres-provider",
+        otlp_endpoint: None,
+    })?;
     let args = Args::parse();
     let offerings = match args.offerings.is_empty() {
         true => config::default_offerings(),

@@ -37,6 +37,10 @@ struct Args {
     /// carry.
     #[arg(long, env = "DROVER_SIM_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// Where OpenTelemetry traces go over OTLP/gRPC [default: the standard
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; neither: no traces].
+    #[arg(long, env = "DROVER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 impl Args {
@@ -88,7 +92,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    drover_server::telemetry::init(drover_server::config::LogFormat::Text);
+    let format = drover_server::config::LogFormat::Text;
+    let telemetry =
+        drover_server::telemetry::init(format, "drover-sim-provider", args.otlp_endpoint.clone());
+    let _telemetry = match telemetry {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("drover-sim-provider: {error}");
+            return ExitCode::from(64);
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(error) => {

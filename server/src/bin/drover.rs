@@ -72,9 +72,23 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG as u8);
         }
     };
-    drover_server::telemetry::init(config.log_format);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let telemetry = {
+        // The trace exporter's channel is made on the runtime.
+        let _entered = runtime.enter();
+        let endpoint = config.otlp_endpoint.clone();
+        drover_server::telemetry::init(config.log_format, "drover", endpoint)
+    };
+    let telemetry = match telemetry {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("drover: {error}");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
     let code = runtime.block_on(run(config, embedded));
+    // The last spans go while the runtime still runs the exporter.
+    drop(telemetry);
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     code
 }

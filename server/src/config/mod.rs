@@ -219,6 +219,10 @@ settings! {
     default_provider: String = "DROVER_DEFAULT_PROVIDER", given => Option<String>;
     /// Log format: text or json [default: text].
     log_format: String = "DROVER_LOG_FORMAT", log_format => LogFormat;
+    /// Where OpenTelemetry traces go over OTLP/gRPC (`http://host:4317`)
+    /// [default: the standard OTEL_EXPORTER_OTLP_ENDPOINT; neither: no
+    /// traces].
+    otlp_endpoint: String = "DROVER_OTLP_ENDPOINT", given => Option<String>;
     /// Operation timeout per kind, KIND=SECONDS (repeatable; kinds: start,
     /// stop, scale, upgrade, add-nodes, remove-nodes, destroy, recover)
     /// [default: 3600, remove-nodes 900].
@@ -315,11 +319,7 @@ pub enum OrphanPolicy {
     Fail,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use drover_telemetry::LogFormat;
 
 /// A validated replica configuration.
 #[derive(Debug, Clone)]
@@ -336,6 +336,8 @@ pub struct Config {
     /// operations run here.
     pub providers: Option<ProviderLinks>,
     pub log_format: LogFormat,
+    /// Where traces go; `None`: the standard variables decide.
+    pub otlp_endpoint: Option<String>,
     pub operation_timeouts: Timeouts,
     pub operation_history: usize,
     pub orphaned_operations: OrphanPolicy,
@@ -492,6 +494,7 @@ impl Config {
             replica_id: s.replica_id,
             providers: providers::with_default(s.provider, s.default_provider)?,
             log_format: s.log_format,
+            otlp_endpoint: s.otlp_endpoint,
             operation_timeouts: s.operation_timeout,
             operation_history: s.operation_history,
             orphaned_operations: match s.orphaned_operations {

@@ -6,10 +6,11 @@
 use super::holding::{error, Holding};
 use super::Step;
 use crate::operation::OperationError;
-use crate::provider::{due_by, node_ready, DESCRIBE_TIMEOUT};
+use crate::provider::{call_span, due_by, node_ready, DESCRIBE_TIMEOUT};
 use drover_proto::provider::v1 as pb;
 use std::time::{Duration, Instant};
 use tonic::Code;
+use tracing::Instrument;
 
 /// How far the provider's clock may be ahead of this replica's for its
 /// DEADLINE_EXCEEDED to be read as the end of the claim (see
@@ -55,7 +56,8 @@ impl Holding<'_> {
         let mut backoff = Backoff::default();
         let response = loop {
             let deadline = self.claim_deadline().await?.min(cutoff);
-            match self.send(step, deadline).await {
+            let sent = self.send(step, deadline);
+            match sent.instrument(call_span(step.provider_call())).await {
                 Err(status) if cut_at_claim_end(&status, deadline) && Instant::now() < cutoff => {
                     // A step longer than many claims: a cancel request ends
                     // the wait.
@@ -234,7 +236,8 @@ impl Holding<'_> {
                 .executor
                 .providers
                 .for_cluster(&self.cluster.spec.spec)?;
-            match provider.describe_cluster(due_by(deadline, request)).await {
+            let call = async { provider.describe_cluster(due_by(deadline, request)).await };
+            match call.instrument(call_span("DescribeCluster")).await {
                 Err(status) if cut_at_claim_end(&status, deadline) => {}
                 other => break other,
             }

@@ -10,6 +10,7 @@ use crate::cluster::now_rfc3339;
 use crate::operation::{LifecycleError, OperationError, OperationState, Progress};
 use drover_proto::provider::v1::UpgradeOrder;
 use tonic::Code;
+use tracing::Instrument;
 
 impl Executor {
     /// Resumes an operation a lost owner left RUNNING: once the provider is
@@ -121,6 +122,10 @@ impl Executor {
         holding.operation.state = OperationState::Running;
         let me = self.work.replication().replica_id().to_string();
         holding.operation.run_by(&me, holding.claim.epoch);
+        // Saved with the next step: an owner that resumes it after this
+        // one is lost links its run to this one.
+        let this_run = drover_telemetry::traceparent(&tracing::Span::current());
+        holding.operation.trace_run(holding.claim.epoch, this_run);
         if holding.operation.started_at.is_none() {
             holding.operation.started_at = Some(now_rfc3339());
         }
@@ -232,7 +237,10 @@ impl Holding<'_> {
                 Err(Interrupt::Lost) => return Err(StepEnd::Interrupted),
             }
         }
-        let failure = match tokio::time::timeout_at(deadline, self.call(step, deadline)).await {
+        let span =
+            tracing::info_span!("step", otel.name = %step.name(), step = index + 1, of = total);
+        let call = self.call(step, deadline).instrument(span);
+        let failure = match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(())) => return Ok(()),
             // Not the provider's answer: this replica stopped holding the
             // cluster (a lapse whose lease may yet live, or a lost claim).

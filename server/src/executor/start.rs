@@ -23,6 +23,7 @@ use crate::store::Op;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tonic::Code;
+use tracing::Instrument;
 
 /// How often every owned slot is looked at, whatever the triggers.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
@@ -51,6 +52,38 @@ pub(super) enum Held<'e> {
     Resume(Holding<'e>),
     /// RUNNING under an owner epoch that is gone: failed.
     Orphan(Holding<'e>),
+}
+
+impl<'e> Held<'e> {
+    fn holding(&self) -> &Holding<'e> {
+        match self {
+            Held::Run { holding, .. }
+            | Held::Cancel(holding)
+            | Held::Resume(holding)
+            | Held::Orphan(holding) => holding,
+        }
+    }
+}
+
+/// The span of this owner's run of the held operation: every log line of
+/// the run carries its operation, cluster and trace id; when traced, a
+/// child of the accept's span, linked to the runs of owners that were
+/// lost.
+fn run_span(holding: &Holding<'_>) -> tracing::Span {
+    let operation = &holding.operation;
+    let span = tracing::info_span!(
+        "operation",
+        operation = %operation.id,
+        cluster = %operation.cluster,
+        kind = operation.kind.name(),
+        trace_id = tracing::field::Empty,
+    );
+    let earlier = operation.earlier_run_spans(holding.claim.epoch);
+    drover_telemetry::continue_trace(&span, operation.trace_parent.as_deref(), earlier);
+    if let Some(trace_id) = drover_telemetry::trace_id(&span) {
+        span.record("trace_id", trace_id);
+    }
+    span
 }
 
 #[async_trait::async_trait]
@@ -229,27 +262,35 @@ impl Executor {
         });
     }
 
-    /// Holds the operation, then runs, cancels or recovers it.
+    /// Holds the operation, then runs, cancels or recovers it, in its run
+    /// span.
     async fn drive(&self, origin: Origin) -> Result<(), LifecycleError> {
-        match self.hold(origin).await? {
-            None => Ok(()),
-            Some(Held::Run { holding, claimed }) => {
+        let Some(held) = self.hold(origin).await? else {
+            return Ok(());
+        };
+        let span = run_span(held.holding());
+        self.drive_held(held).instrument(span).await
+    }
+
+    async fn drive_held(&self, held: Held<'_>) -> Result<(), LifecycleError> {
+        match held {
+            Held::Run { holding, claimed } => {
                 let _running = self.running(&holding);
                 let deadline =
                     tokio::time::Instant::now() + self.timeouts.get(holding.operation.kind);
                 self.execute(holding, claimed, deadline).await
             }
-            Some(Held::Cancel(mut holding)) => {
+            Held::Cancel(mut holding) => {
                 let cancelled = error(Code::Cancelled, "cancelled before it started");
                 holding
                     .finish(OperationState::Cancelled, Event::OperationFailed, cancelled)
                     .await
             }
-            Some(Held::Resume(holding)) => {
+            Held::Resume(holding) => {
                 let _running = self.running(&holding);
                 self.resume_orphan(holding).await
             }
-            Some(Held::Orphan(holding)) => self.recover_orphan(holding).await,
+            Held::Orphan(holding) => self.recover_orphan(holding).await,
         }
     }
 

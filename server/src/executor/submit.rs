@@ -19,12 +19,29 @@ use crate::owner_work::InFlight;
 use crate::replication::Claim;
 use crate::store::StoreFailure;
 use std::sync::Arc;
+use tracing::Instrument;
 
 impl Executor {
     /// Accepts `request` on `cluster` in one transaction, or refuses it
     /// having written nothing; an operation accepted on a cluster this
     /// replica owns starts here at once.
     pub async fn submit(
+        self: &Arc<Self>,
+        cluster: &str,
+        request: LifecycleRequest,
+    ) -> Result<OperationRecord, LifecycleError> {
+        // The accept's span: the operation's trace starts (or, with a
+        // caller's traceparent, continues) here.
+        let span = tracing::info_span!(
+            "accept",
+            cluster,
+            kind = request.kind.name(),
+            request_id = %request.request_id,
+        );
+        self.submit_traced(cluster, request).instrument(span).await
+    }
+
+    async fn submit_traced(
         self: &Arc<Self>,
         cluster: &str,
         request: LifecycleRequest,

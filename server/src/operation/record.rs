@@ -103,6 +103,10 @@ pub struct OperationRecord {
     /// resumed it after its owner was lost).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<OperationRun>,
+    /// The W3C `traceparent` of its accept, when traced: every owner's run
+    /// continues that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<String>,
 }
 
 /// One owner's turn at running an operation.
@@ -110,6 +114,10 @@ pub struct OperationRecord {
 pub struct OperationRun {
     pub replica: String,
     pub epoch: i64,
+    /// The `traceparent` of this owner's run span, when traced: a later
+    /// owner's run links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_span: Option<String>,
 }
 
 /// An [`Event`] stored by name.
@@ -172,6 +180,8 @@ impl OperationRecord {
             cancel_requested: false,
             abandon_reason: None,
             runs: Vec::new(),
+            // The accept's span, current here: the trace every run continues.
+            trace_parent: drover_telemetry::traceparent(&tracing::Span::current()),
         }
     }
 
@@ -184,6 +194,7 @@ impl OperationRecord {
             let first = OperationRun {
                 replica: by.clone(),
                 epoch: earlier,
+                trace_span: None,
             };
             self.runs.push(first);
         }
@@ -193,8 +204,23 @@ impl OperationRecord {
             self.runs.push(OperationRun {
                 replica: replica.to_string(),
                 epoch,
+                trace_span: None,
             });
         }
+    }
+
+    /// Records the run span of the owner at `epoch` (see
+    /// [`OperationRun::trace_span`]).
+    pub fn trace_run(&mut self, epoch: i64, traceparent: Option<String>) {
+        if let Some(run) = self.runs.iter_mut().rfind(|run| run.epoch == epoch) {
+            run.trace_span = run.trace_span.take().or(traceparent);
+        }
+    }
+
+    /// The run spans of the owners before the one at `epoch`.
+    pub fn earlier_run_spans(&self, epoch: i64) -> impl Iterator<Item = &str> {
+        let earlier = self.runs.iter().filter(move |run| run.epoch != epoch);
+        earlier.filter_map(|run| run.trace_span.as_deref())
     }
 
     /// How many times an owner was lost while running it.

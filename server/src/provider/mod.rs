@@ -198,6 +198,17 @@ impl Providers {
     }
 }
 
+/// The client span of one call to a provider (`call`: its RPC's name).
+pub fn call_span(call: &str) -> tracing::Span {
+    tracing::info_span!(
+        "provider",
+        otel.name = call,
+        otel.kind = "client",
+        rpc.system = "grpc",
+        rpc.service = "drover.provider.v1.Provider",
+    )
+}
+
 /// `message` as a request due by `deadline` (the end of the caller's claim,
 /// see `Ownership::claim_deadline`): it carries the time left as its gRPC
 /// deadline (`grpc-timeout`), which the client enforces (the call ends with
@@ -210,8 +221,12 @@ impl Providers {
 /// between making the call and sending it (SIGSTOP, a long GC pause) would
 /// hand the provider a deadline past the end of its claim. A provider whose
 /// clock is synchronised applies nothing after `drover-apply-by`.
+///
+/// It also carries the current span's `traceparent` (see [`call_span`]),
+/// so the provider's spans continue the operation's trace.
 pub fn due_by<T>(deadline: std::time::Instant, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
+    drover_telemetry::inject(request.metadata_mut());
     // A deadline already past still goes out as the shortest one, for the
     // client to end at once.
     let left = deadline.saturating_duration_since(std::time::Instant::now());

@@ -1126,7 +1126,7 @@ pub async fn serve_secured(
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder().trace_fn(drover_telemetry::server_span);
     if let Some(tls) = &security.tls {
         builder = builder.tls_config(tls.config())?;
     }

@@ -26,6 +26,7 @@
 //!         identity: None,
 //!         domain: None,
 //!     }),
+//!     ..Default::default()
 //! };
 //! let mut drover = Client::connect_with("https://drover.example:7070", &options).await?;
 //! let cluster = drover.get_cluster("web").await?;
@@ -47,10 +48,12 @@ use v1::tasks_client::TasksClient;
 /// caller's credentials on each request.
 pub type Transport = InterceptedService<Channel, Credentials>;
 
-/// Adds `authorization: Bearer <token>` to every request, when set.
+/// Adds `authorization: Bearer <token>` and a `traceparent` to every
+/// request, each when set.
 #[derive(Clone, Default)]
 pub struct Credentials {
     bearer: Option<MetadataValue<Ascii>>,
+    traceparent: Option<MetadataValue<Ascii>>,
 }
 
 impl tonic::service::Interceptor for Credentials {
@@ -62,6 +65,10 @@ impl tonic::service::Interceptor for Credentials {
             request
                 .metadata_mut()
                 .insert("authorization", bearer.clone());
+        }
+        if let Some(traceparent) = &self.traceparent {
+            let metadata = request.metadata_mut();
+            metadata.insert("traceparent", traceparent.clone());
         }
         Ok(request)
     }
@@ -83,6 +90,9 @@ pub struct Tls {
 pub struct ConnectOptions {
     pub tls: Option<Tls>,
     pub token: Option<String>,
+    /// A W3C `traceparent` sent with every request (see [`new_traceparent`]):
+    /// the replicas' spans of what the requests start are its children.
+    pub traceparent: Option<String>,
 }
 
 /// How long connecting to one endpoint may take (TCP and TLS): ample on a
@@ -144,8 +154,33 @@ impl ConnectOptions {
                 })
             })
             .transpose()?;
-        Ok(Credentials { bearer })
+        let traceparent = match &self.traceparent {
+            Some(value) => Some(value.parse().map_err(|_| {
+                ClientError::Status(tonic::Status::invalid_argument(
+                    "the traceparent contains characters not allowed in a header",
+                ))
+            })?),
+            None => None,
+        };
+        Ok(Credentials {
+            bearer,
+            traceparent,
+        })
     }
+}
+
+/// A new W3C trace context (`00-<trace id>-<span id>-01`, sampled) for
+/// [`ConnectOptions::traceparent`]: a fresh trace whose id
+/// [`trace_id_of`] reads back.
+pub fn new_traceparent() -> String {
+    let trace = uuid::Uuid::new_v4().simple().to_string();
+    let span = uuid::Uuid::new_v4().simple().to_string();
+    format!("00-{trace}-{}-01", &span[..16])
+}
+
+/// The trace id (32 hex digits) of a `traceparent`.
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    traceparent.split('-').nth(1)
 }
 
 /// Why a call failed.

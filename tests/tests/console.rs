@@ -46,6 +46,7 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     let options = ConnectOptions {
         tls: None,
         token: Some(OPERATOR.into()),
+        ..Default::default()
     };
     let mut client = Client::connect_with(&replica.endpoint(), &options)
         .await

@@ -230,6 +230,7 @@ async fn an_operator_approves_a_rollout_that_a_viewer_only_sees() {
     let options = ConnectOptions {
         tls: None,
         token: Some(OPERATOR.into()),
+        ..Default::default()
     };
     let mut client = Client::connect_with(&replica.endpoint(), &options)
         .await

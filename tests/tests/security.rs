@@ -115,6 +115,7 @@ async fn every_rpc_is_checked_against_its_role() {
         let options = ConnectOptions {
             tls: None,
             token: Some(token.to_string()),
+            ..Default::default()
         };
         let endpoint = replica.endpoint();
         async move { Client::connect_with(&endpoint, &options).await.unwrap() }
@@ -207,6 +208,7 @@ async fn tls_with_client_certificates() {
             domain: None,
         }),
         token: Some("admin-token-3".into()),
+        ..Default::default()
     };
     let mut trusted = Client::connect_with(&endpoint, &options(true))
         .await

@@ -177,3 +177,38 @@ async fn an_upgrade_is_one_trace_across_a_kill_9_of_its_owner() {
     );
     drop(receiver);
 }
+
+/// `droverctl -v` prints the trace id its requests carry, and the replica's
+/// span of the request is in that trace, a child of droverctl's span.
+#[tokio::test]
+async fn droverctl_sends_a_trace_context_and_prints_its_id() {
+    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", BATCH_DELAY_MS);
+    let receiver = OtlpReceiver::start().await;
+    let otlp = ["--otlp-endpoint", receiver.endpoint.as_str()];
+    let mut f = Fixture::builder().replica_args(&otlp).start().await;
+    create_running(&mut f.client, "ctl", 1).await;
+    let out = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
+        .args(["--endpoint", &f.replicas[0].endpoint(), "-v"])
+        .args(["cluster", "stop", "ctl", "--wait"])
+        .output()
+        .expect("droverctl runs");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let trace_id = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("trace id: "))
+        .unwrap_or_else(|| panic!("no trace id printed: {stderr}"));
+    assert_eq!(trace_id.len(), 32, "{trace_id}");
+    let (trace, _) = traceparent_ids(&format!("00-{trace_id}-0000000000000001-01"));
+    let spans = receiver
+        .wait_for(SPANS_WAIT, "the stop's run", |spans| {
+            span_named(spans, &trace, "operation").next().is_some()
+        })
+        .await;
+    let request = spans
+        .iter()
+        .find(|s| s.span.trace_id == trace && s.span.name.ends_with("/StopCluster"))
+        .expect("the StopCluster request's span");
+    assert_eq!(request.span.kind, 2, "a server span: {request:?}");
+    assert_eq!(request.service, "drover");
+}

@@ -77,6 +77,10 @@ struct Connection {
     /// PEM private key of --cert.
     #[arg(long, global = true, env = "DROVER_KEY", requires = "cert")]
     key: Option<std::path::PathBuf>,
+    /// Print the trace id of this command's requests (on standard error),
+    /// to find them in the replicas' traces and logs.
+    #[arg(short, long, global = true)]
+    verbose: bool,
 }
 
 #[derive(Subcommand)]
@@ -240,7 +244,11 @@ fn connect_options(cli: &Connection) -> Result<ConnectOptions, Failure> {
         None if identity.is_some() => return Err(Failure::Usage("--cert needs --ca-cert".into())),
         None => None,
     };
-    Ok(ConnectOptions { tls, token })
+    Ok(ConnectOptions {
+        tls,
+        token,
+        traceparent: None,
+    })
 }
 
 fn man_pages(dir: &std::path::Path) -> Result<(), Failure> {
@@ -251,7 +259,14 @@ fn man_pages(dir: &std::path::Path) -> Result<(), Failure> {
 }
 
 async fn run(connection: &Connection, output: Output, command: Remote) -> Result<(), Failure> {
-    let options = connect_options(connection)?;
+    let mut options = connect_options(connection)?;
+    // Every request of one command is one trace.
+    let traceparent = drover_client::new_traceparent();
+    if connection.verbose {
+        let trace_id = drover_client::trace_id_of(&traceparent).unwrap_or_default();
+        eprintln!("trace id: {trace_id}");
+    }
+    options.traceparent = Some(traceparent);
     let mut client = Client::connect_first_with(&connection.endpoint, &options).await?;
     let done = match command {
         Remote::Cluster(command) => cluster::run(&mut client, output, command).await,

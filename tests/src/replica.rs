@@ -125,15 +125,14 @@ impl ReplicaProcess {
     ) -> Self {
         let admin_port = free_port();
         command.args(["--admin-listen", &format!("{host}:{admin_port}")]);
+        // A level the caller set (serve_logged's environment) stands.
+        let chosen = command.get_envs().any(|(key, _)| key == "RUST_LOG");
+        if !chosen {
+            let level = std::env::var("DROVER_TEST_LOG").unwrap_or_else(|_| "warn".into());
+            command.env("RUST_LOG", level);
+        }
         // stderr is inherited unless the caller chose where it goes.
-        let child = command
-            .env(
-                "RUST_LOG",
-                std::env::var("DROVER_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn drover");
+        let child = command.stdout(Stdio::null()).spawn().expect("spawn drover");
         let mut replica = Self {
             child,
             host: host.to_string(),

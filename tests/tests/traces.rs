@@ -6,8 +6,9 @@
 use drover_client::v1::{self, OperationState as O};
 use drover_server::keys::KeyLayout;
 use drover_server::store::Store;
-use drover_tests::fixture::Fixture;
+use drover_tests::fixture::{Backends, Fixture};
 use drover_tests::otlp::{traceparent_ids, OtlpReceiver, ReceivedSpan};
+use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, owner, wait_running};
 use std::time::Duration;
 
@@ -178,26 +179,46 @@ async fn an_upgrade_is_one_trace_across_a_kill_9_of_its_owner() {
     drop(receiver);
 }
 
-/// `droverctl -v` prints the trace id its requests carry, and the replica's
-/// span of the request is in that trace, a child of droverctl's span.
+/// `droverctl -v` prints the trace id its requests carry; the replica's
+/// span of the request is in that trace, and every JSON log line of the
+/// operation carries the operation, its cluster and that trace id.
 #[tokio::test]
-async fn droverctl_sends_a_trace_context_and_prints_its_id() {
+async fn droverctl_sends_a_trace_context_and_logs_join_the_trace() {
     std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", BATCH_DELAY_MS);
     let receiver = OtlpReceiver::start().await;
-    let otlp = ["--otlp-endpoint", receiver.endpoint.as_str()];
-    let mut f = Fixture::builder().replica_args(&otlp).start().await;
-    create_running(&mut f.client, "ctl", 1).await;
+    let backends = Backends::start().await;
+    let dir = drover_tests::TempDir::new("traces");
+    let log = dir.path().join("r1.log");
+    let sim = backends.sim.endpoint();
+    let args = [
+        "--provider",
+        sim.as_str(),
+        "--otlp-endpoint",
+        receiver.endpoint.as_str(),
+        "--log-format",
+        "json",
+    ];
+    let etcd = backends.etcd.endpoint();
+    let replica =
+        ReplicaProcess::serve_logged(&etcd, "r1", &args, &[("RUST_LOG", "info")], &log).await;
+    create_running(&mut replica.client().await, "ctl", 1).await;
     let out = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
-        .args(["--endpoint", &f.replicas[0].endpoint(), "-v"])
+        .args(["--endpoint", &replica.endpoint(), "-v", "-o", "json"])
         .args(["cluster", "stop", "ctl", "--wait"])
         .output()
         .expect("droverctl runs");
     assert!(out.status.success(), "{out:?}");
+    let operation: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let operation = operation["id"]
+        .as_str()
+        .expect("an operation id")
+        .to_string();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let trace_id = stderr
         .lines()
         .find_map(|line| line.strip_prefix("trace id: "))
-        .unwrap_or_else(|| panic!("no trace id printed: {stderr}"));
+        .unwrap_or_else(|| panic!("no trace id printed: {stderr}"))
+        .to_string();
     assert_eq!(trace_id.len(), 32, "{trace_id}");
     let (trace, _) = traceparent_ids(&format!("00-{trace_id}-0000000000000001-01"));
     let spans = receiver
@@ -211,4 +232,16 @@ async fn droverctl_sends_a_trace_context_and_prints_its_id() {
         .expect("the StopCluster request's span");
     assert_eq!(request.span.kind, 2, "a server span: {request:?}");
     assert_eq!(request.service, "drover");
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|line: &serde_json::Value| line["span"]["operation"] == operation.as_str())
+        .collect();
+    assert!(!lines.is_empty(), "log lines of the operation: {text}");
+    for line in &lines {
+        assert_eq!(line["span"]["cluster"], "ctl", "{line}");
+        assert_eq!(line["span"]["trace_id"], trace_id.as_str(), "{line}");
+    }
 }

@@ -9,7 +9,10 @@
 //! then restart of the same replica id, SIGSTOP past the TTL); bulk recovery
 //! of many clusters when one replica dies, with each replica's RSS; a
 //! rollout over many clusters at a concurrency limit, its owner killed part
-//! way (`drover_tests::rollout_bench`). Prints a table and writes JSON.
+//! way (`drover_tests::rollout_bench`). The throughput phase runs again
+//! with every replica exporting OpenTelemetry traces at `--trace-sample`
+//! (1 % by default), so tracing's cost shows beside its absence. Prints a
+//! table and writes JSON.
 
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
@@ -85,6 +88,11 @@ struct Args {
     /// quote figures from runs without it.
     #[arg(long)]
     etcd_profiles: Option<std::path::PathBuf>,
+    /// After the throughput phase, run it again with every replica
+    /// exporting OpenTelemetry traces (to a receiver in this process),
+    /// sampling this share of operations; 0 skips it.
+    #[arg(long, default_value_t = 0.01)]
+    trace_sample: f64,
 }
 
 /// Pins every thread of process `pid` to `cpus` (a taskset list).
@@ -432,6 +440,9 @@ async fn profiled<F: std::future::Future>(
     output
 }
 
+/// The throughput phases on clusters `<prefix>-0` ... (one per client,
+/// created first).
+#[allow(clippy::too_many_arguments)]
 async fn throughput(
     etcd: &EtcdProcess,
     replicas: &[(String, ReplicaProcess)],
@@ -440,10 +451,11 @@ async fn throughput(
     rounds: usize,
     processes: &Processes,
     profiles: Option<&std::path::Path>,
+    prefix: &str,
 ) -> Throughput {
     let mut setup = replicas[0].1.client().await;
     for i in 0..clients {
-        let op = create(&mut setup, &format!("bench-{i}"), true)
+        let op = create(&mut setup, &format!("{prefix}-{i}"), true)
             .await
             .expect("a start");
         finish(&mut setup, &op).await;
@@ -465,7 +477,7 @@ async fn throughput(
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
         let waits_before = ReplicaWaits::read(replicas).await;
-        let drover = drover_round(etcd, replicas, length, &mut stop_next);
+        let drover = drover_round(etcd, replicas, length, &mut stop_next, prefix);
         drovers.push(profiled(etcd, profiles, "drover", length, drover).await);
         drover_cpu.add(&processes.cpu().since(&before));
         drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
@@ -514,6 +526,7 @@ async fn drover_round(
     replicas: &[(String, ReplicaProcess)],
     length: Duration,
     stop_next: &mut [bool],
+    prefix: &str,
 ) -> DroverRound {
     let store = etcd.store().await;
     let before = revision(&store).await;
@@ -523,8 +536,8 @@ async fn drover_round(
     for (i, first_stop) in stop_next.iter().enumerate() {
         let mut client = replicas[i % replicas.len()].1.client().await;
         let mut stop_next = *first_stop;
+        let name = format!("{prefix}-{i}");
         tasks.push(tokio::spawn(async move {
-            let name = format!("bench-{i}");
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let started = Instant::now();
@@ -572,6 +585,8 @@ struct Bench {
     ttl: u64,
     /// `--peer-liveness` of the replicas added.
     liveness: bool,
+    /// Where the replicas added send traces (`--otlp-endpoint`), if anywhere.
+    otlp: Option<String>,
     next_id: usize,
 }
 
@@ -587,7 +602,7 @@ impl Bench {
     async fn spawn(&self, id: &str) -> ReplicaProcess {
         let (provider, ttl) = (self.sim.endpoint(), self.ttl.to_string());
         let liveness = if self.liveness { "on" } else { "off" };
-        let args = [
+        let mut args = vec![
             "--provider",
             provider.as_str(),
             "--lease-ttl",
@@ -595,7 +610,29 @@ impl Bench {
             "--peer-liveness",
             liveness,
         ];
+        if let Some(endpoint) = &self.otlp {
+            args.extend(["--otlp-endpoint", endpoint.as_str()]);
+        }
         ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await
+    }
+
+    /// Replaces every replica by a new one with the same id (SIGTERM,
+    /// then start): to change their flags.
+    async fn restart_replicas(&mut self) {
+        for i in 0..self.replicas.len() {
+            let id = self.replicas[i].0.clone();
+            self.replicas[i].1.terminate().await;
+            self.replicas[i].1 = self.spawn(&id).await;
+        }
+    }
+
+    /// The processes whose CPU time a phase counts.
+    fn processes(&self) -> Processes {
+        Processes {
+            etcd: self.etcd.pid().expect("etcd is running"),
+            replicas: self.replicas.iter().map(|(_, r)| r.pid()).collect(),
+            provider: self.sim.pid(),
+        }
     }
 
     fn remove(&mut self, id: &str) -> ReplicaProcess {
@@ -925,6 +962,7 @@ async fn start(args: &Args) -> (Bench, Option<(String, String)>) {
         replicas: Vec::new(),
         ttl: args.ttl,
         liveness: true,
+        otlp: None,
         next_id: 0,
     };
     for _ in 0..3 {
@@ -942,14 +980,12 @@ async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)
         args.clients,
         length,
         args.rounds.max(1),
-        &Processes {
-            etcd: bench.etcd.pid().expect("etcd is running"),
-            replicas: bench.replicas.iter().map(|(_, r)| r.pid()).collect(),
-            provider: bench.sim.pid(),
-        },
+        &bench.processes(),
         args.etcd_profiles.as_deref(),
+        "bench",
     )
     .await;
+    let traced = traced(bench, args).await;
     eprintln!("failover x{}...", args.failovers);
     let failovers = failover(bench, args.failovers).await;
     eprintln!("SIGTERM hand-off...");
@@ -962,12 +998,58 @@ async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)
     Report {
         pinned,
         drover,
+        traced,
         failovers,
         handoff,
         crash,
         bulk,
         rollout,
     }
+}
+
+/// The throughput phase with tracing on.
+struct Traced {
+    /// The share of operations sampled.
+    sample: f64,
+    throughput: Throughput,
+    /// Spans the receiver got.
+    spans: usize,
+}
+
+/// The throughput phase again (on clusters of its own) with every replica
+/// exporting traces to a receiver in this process, sampling
+/// `--trace-sample` of the operations; then the replicas as they were.
+async fn traced(bench: &mut Bench, args: &Args) -> Option<Traced> {
+    if args.trace_sample <= 0.0 {
+        return None;
+    }
+    let receiver = drover_tests::otlp::OtlpReceiver::start().await;
+    // Read by the replicas started now (the standard variables).
+    std::env::set_var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
+    std::env::set_var("OTEL_TRACES_SAMPLER_ARG", args.trace_sample.to_string());
+    bench.otlp = Some(receiver.endpoint.clone());
+    bench.restart_replicas().await;
+    eprintln!("tracing on, {} sampled:", args.trace_sample);
+    let throughput = throughput(
+        &bench.etcd,
+        &bench.replicas,
+        args.clients,
+        Duration::from_secs(args.seconds),
+        args.rounds.max(1),
+        &bench.processes(),
+        None,
+        "traced",
+    )
+    .await;
+    std::env::remove_var("OTEL_TRACES_SAMPLER");
+    std::env::remove_var("OTEL_TRACES_SAMPLER_ARG");
+    bench.otlp = None;
+    bench.restart_replicas().await;
+    Some(Traced {
+        sample: args.trace_sample,
+        throughput,
+        spans: receiver.spans().len(),
+    })
 }
 
 /// The rollout phase on three replicas (the bulk phase killed one).
@@ -996,6 +1078,8 @@ struct Report {
     /// The CPUs of etcd and of everything else, with `--etcd-cpu`.
     pinned: Option<(String, String)>,
     drover: Throughput,
+    /// The throughput phase again with tracing on.
+    traced: Option<Traced>,
     /// kill -9 failovers, sorted.
     failovers: Vec<Duration>,
     handoff: Duration,
@@ -1069,6 +1153,15 @@ impl Report {
                 "p99": ms(percentile(failovers, 0.99)),
                 "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             },
+            "tracing": self.traced.as_ref().map(|traced| json!({
+                "sample": traced.sample,
+                "spans_received": traced.spans,
+                "ops_per_raw_off": hundredths(100.0 * drover.ops_per_second / drover.raw_per_second.max(1.0)) / 100.0,
+                "ops_per_raw_on": hundredths(100.0 * traced.throughput.ops_per_second / traced.throughput.raw_per_second.max(1.0)) / 100.0,
+                "operations_per_second_on": (traced.throughput.ops_per_second * 10.0).round() / 10.0,
+                "replica_cpu_us_per_operation_off": us(drover.cpu_per_op.replicas),
+                "replica_cpu_us_per_operation_on": us(traced.throughput.cpu_per_op.replicas),
+            })),
             "sigterm_handoff_ms": ms(self.handoff),
             "crash": self.crash.iter().map(Crashes::json).collect::<Vec<_>>(),
             "bulk": {
@@ -1087,6 +1180,7 @@ impl Report {
         let row =
             |name: &str, value: String, goal: String| println!("{name:<44} {value:>24} {goal:>14}");
         self.throughput_rows(&row);
+        self.traced_rows(&row);
         self.etcd_rows(&row);
         self.failover_rows(args, &row);
         for figures in &self.crash {
@@ -1132,6 +1226,30 @@ impl Report {
             format!("{:.2}", drover.writes_per_op),
             "<= 3 (1 step)".into(),
         );
+    }
+
+    /// The table rows of the traced throughput phase beside the untraced.
+    fn traced_rows(&self, row: &dyn Fn(&str, String, String)) {
+        let Some(traced) = &self.traced else {
+            return;
+        };
+        let (off, on) = (&self.drover, &traced.throughput);
+        let ratio = |t: &Throughput| t.ops_per_second / t.raw_per_second.max(1.0);
+        row(
+            &format!("ops/raw: tracing off / on ({} sampled)", traced.sample),
+            format!("{:.3} / {:.3}", ratio(off), ratio(on)),
+            String::new(),
+        );
+        row(
+            "replica CPU us per op: tracing off / on",
+            format!(
+                "{:.0} / {:.0}",
+                us(off.cpu_per_op.replicas),
+                us(on.cpu_per_op.replicas)
+            ),
+            String::new(),
+        );
+        row("spans received", traced.spans.to_string(), String::new());
     }
 
     /// The table rows of what an operation cost: etcd requests, fsyncs,

@@ -16,6 +16,10 @@
 //!   heals without a new operation. The write is fenced and compares the
 //!   state and status keys as scanned.
 //!
+//! A paused cluster (`spec.paused`) is observed (its status refreshed, a
+//! Running one with faulty nodes moved to Alert) but nothing is started
+//! for it: no Recover, no Stop, no destroy retry.
+//!
 //! A reconciler on the owner-work runtime, which hands it every owned
 //! cluster each `--scan-interval`, as its watch cache shows it (read from
 //! etcd while the cache is not ready; a cluster that changed meanwhile only
@@ -114,7 +118,8 @@ impl Scanner {
             }
             ClusterState::Alert => {
                 let nodes = self.look(cluster, claim).await?;
-                if nodes.is_empty() {
+                // Paused: observed, never remediated (see `Spec::paused`).
+                if nodes.is_empty() || cluster.spec.spec.paused {
                     return Ok(());
                 }
                 if nodes.iter().all(node_ready) {
@@ -130,7 +135,7 @@ impl Scanner {
             ClusterState::Stopped | ClusterState::Error => {
                 self.look(cluster, claim).await?;
             }
-            ClusterState::Destroying => {
+            ClusterState::Destroying if !cluster.spec.spec.paused => {
                 tracing::info!(cluster = %name, "retrying a destroy that did not finish");
                 self.executor
                     .submit(name, request(OperationKind::Destroy))

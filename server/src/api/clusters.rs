@@ -203,10 +203,10 @@ impl ClustersService {
 impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
-        if !request.update_labels && !request.update_tasks {
+        if !request.update_labels && !request.update_tasks && request.paused.is_none() {
             return Err(FieldError::new(
                 "update_labels",
-                "nothing to update: set update_labels and/or update_tasks",
+                "nothing to update: set update_labels, update_tasks and/or paused",
             )
             .into());
         }
@@ -250,6 +250,9 @@ impl ClustersService {
                 }
                 if let Some(tasks) = tasks {
                     spec.tasks = tasks;
+                }
+                if let Some(paused) = request.paused {
+                    spec.paused = paused;
                 }
                 Ok::<_, ApiError>(())
             })

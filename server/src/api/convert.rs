@@ -65,6 +65,7 @@ pub fn spec_from_proto(
         labels: spec.labels.into_iter().collect(),
         tasks,
         provider: spec.provider,
+        paused: spec.paused,
     };
     validate::spec(field, &spec)?;
     Ok(spec)
@@ -102,6 +103,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                 .map(task_spec_to_proto)
                 .collect(),
             provider: spec.spec.provider,
+            paused: spec.spec.paused,
         }),
         status: Some(v1::ClusterStatus {
             state: Some(state_to_proto(state.state) as i32),

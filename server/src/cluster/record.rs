@@ -36,6 +36,10 @@ pub struct Spec {
     /// before providers had names: those clusters use the default provider.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider: String,
+    /// Nothing starts on its own (remediation, task runs, rollout steps)
+    /// while set; an operator's own requests still run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// `clusters/<name>/spec`.

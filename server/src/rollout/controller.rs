@@ -432,6 +432,7 @@ impl RolloutController {
             match self.readiness(&run.record.spec, &run.targets[i].cluster) {
                 Readiness::Ready => {
                     run.targets[i].record.state = TargetState::Starting;
+                    run.targets[i].record.message.clear();
                     changes.targets.push(i);
                     changes.start.push(i);
                     room -= 1;
@@ -441,6 +442,12 @@ impl RolloutController {
                     changes.targets.push(i);
                 }
                 Readiness::Wait => {}
+                Readiness::WaitSaying(message) => {
+                    if run.targets[i].record.message != message {
+                        run.targets[i].record.message = message;
+                        changes.targets.push(i);
+                    }
+                }
             }
         }
         Next::After(POLL)
@@ -458,6 +465,10 @@ impl RolloutController {
         };
         if let Some(message) = already_there(&spec.action, &record) {
             return Readiness::Skip(message);
+        }
+        if record.spec.spec.paused {
+            let waiting = "waiting: the cluster is paused; it starts when unpaused";
+            return Readiness::WaitSaying(waiting.into());
         }
         match (&record.state.operation, spec.on_busy) {
             (None, _) => Readiness::Ready,
@@ -497,6 +508,8 @@ impl RolloutController {
 enum Readiness {
     Ready,
     Wait,
+    /// Waits, its target saying why.
+    WaitSaying(String),
     Skip(String),
 }
 

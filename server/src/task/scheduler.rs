@@ -277,7 +277,11 @@ impl TaskScheduler {
             // Gone: its tasks go with its records when the name is reused.
             return Ok(None);
         }
+        let paused = read.cluster.spec.spec.paused;
         let blocked = match (&state.operation, state.state) {
+            _ if paused => {
+                Some("waiting: cluster is paused; runs start when it is unpaused".to_string())
+            }
             (Some(slot), _) => Some(format!(
                 "waiting: cluster is busy with operation {} ({}); runs start when it ends",
                 slot.id, slot.kind

@@ -61,6 +61,12 @@ pub enum ClusterCommand {
     /// Replace a cluster's labels (bumps its generation): give the new
     /// labels (--label), or --clear-labels to remove them all.
     Update(UpdateArgs),
+    /// Pause a cluster: Drover starts nothing on its own for it (no
+    /// automatic remediation, task run or rollout step) until unpaused; an
+    /// operator's own requests still run.
+    Pause { name: String },
+    /// Lift a pause: remediation, task runs and rollout steps go on.
+    Unpause { name: String },
     /// Destroy a cluster.
     Delete {
         name: String,
@@ -353,6 +359,8 @@ pub async fn run(
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Update(args) => update(client, output, args).await,
+        ClusterCommand::Pause { name } => set_paused(client, output, name, true).await,
+        ClusterCommand::Unpause { name } => set_paused(client, output, name, false).await,
         ClusterCommand::Delete { name, lifecycle } => {
             let request = |request_id| v1::DeleteClusterRequest { name, request_id };
             lifecycle.run(client, output, request).await
@@ -428,6 +436,23 @@ async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result
         .await?
         .into_inner();
     print_clusters(output, &[cluster], false);
+    Ok(())
+}
+
+/// `cluster pause` and `cluster unpause`.
+async fn set_paused(
+    client: &mut Client,
+    output: Output,
+    name: String,
+    paused: bool,
+) -> Result<(), ClientError> {
+    let request = v1::UpdateClusterRequest {
+        name,
+        paused: Some(paused),
+        ..Default::default()
+    };
+    let cluster = client.clusters().update_cluster(request).await?;
+    print_clusters(output, &[cluster.into_inner()], false);
     Ok(())
 }
 
@@ -612,8 +637,9 @@ fn print_event(output: Output, event: &v1::ClusterEvent) {
     );
 }
 
+/// The state, and `(paused)` after it when the cluster is paused.
 fn state_name(cluster: &v1::Cluster) -> String {
-    cluster
+    let state = cluster
         .status
         .as_ref()
         .and_then(|s| s.state)
@@ -623,7 +649,11 @@ fn state_name(cluster: &v1::Cluster) -> String {
                 .trim_start_matches("CLUSTER_STATE_")
                 .to_string()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    match cluster.spec.as_ref().is_some_and(|spec| spec.paused) {
+        true => format!("{state} (paused)"),
+        false => state,
+    }
 }
 
 /// The version column: the one running, and the one asked for when they

@@ -65,6 +65,10 @@ fn print(d: &Described) {
     field(0, "Generation", &c.generation.to_string());
     field(0, "Created", &format!("{} ago", age(c.created_at.as_ref())));
     field(0, "Labels", &labels.join(", "));
+    if spec.paused {
+        let paused = "yes: no remediation, task run or rollout step starts until unpaused";
+        field(0, "Paused", paused);
+    }
     outln!("Spec:");
     field(1, "Version", &spec.version);
     field(1, "Control nodes", &spec.control_nodes.to_string());

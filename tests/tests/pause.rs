@@ -1,0 +1,194 @@
+//! A paused cluster (`spec.paused`, `droverctl cluster pause`): observed,
+//! but Drover starts nothing on its own for it — no remediation, no task
+//! run, no rollout step — until it is unpaused; an operator's own requests
+//! still run.
+
+use drover_client::v1::{self, ClusterState as S, TaskType as T};
+use drover_client::Client;
+use drover_tests::fixture::Fixture;
+use drover_tests::{create_running, wait_for_state, wait_until};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// How long "nothing starts" is watched: three scans at one a second.
+const QUIET: Duration = Duration::from_secs(3);
+
+async fn set_paused(client: &mut Client, name: &str, paused: bool) -> v1::Cluster {
+    let request = v1::UpdateClusterRequest {
+        name: name.into(),
+        paused: Some(paused),
+        ..Default::default()
+    };
+    let updated = client.clusters().update_cluster(request).await;
+    updated.expect("paused or unpaused").into_inner()
+}
+
+fn repair_now() -> v1::TaskSpec {
+    v1::TaskSpec {
+        r#type: T::Repair as i32,
+        name: "now".into(),
+        schedule: Some(v1::TaskSchedule {
+            start_date: "now".into(),
+            ..Default::default()
+        }),
+        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
+            intensity: "0.5".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+async fn task_status(client: &Client, cluster: &str) -> v1::TaskStatus {
+    let request = v1::GetTaskRequest {
+        cluster: cluster.into(),
+        r#type: T::Repair as i32,
+        name: "now".into(),
+    };
+    let task = client.clone().tasks().get_task(request).await;
+    task.expect("the task")
+        .into_inner()
+        .status
+        .unwrap_or_default()
+}
+
+async fn state_of(client: &Client, cluster: &str) -> (S, Option<String>) {
+    let got = client
+        .clone()
+        .get_cluster(cluster)
+        .await
+        .expect("the cluster");
+    let status = got.status.unwrap_or_default();
+    let state = S::try_from(status.state.unwrap_or_default()).unwrap();
+    (state, status.current_operation)
+}
+
+fn ran(status: &v1::TaskStatus) -> bool {
+    status.success_count.unwrap_or(0) > 0
+}
+
+#[tokio::test]
+async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaused() {
+    let mut f = Fixture::builder().scan_interval(1).start().await;
+    let cluster = create_running(&mut f.client, "held", 1).await;
+    // Paused from the command line; the table says so.
+    let out = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
+        .args(["--endpoint", &f.replicas[0].endpoint()])
+        .args(["cluster", "pause", "held"])
+        .output()
+        .expect("droverctl runs");
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("RUNNING (paused)"), "{table}");
+    let got = f.client.get_cluster("held").await.unwrap();
+    assert!(got.spec.unwrap().paused);
+
+    // A task due now waits, saying why.
+    let put = v1::PutTaskRequest {
+        cluster: "held".into(),
+        task: Some(repair_now()),
+    };
+    f.client.tasks().put_task(put).await.expect("task put");
+    let client = f.client.clone();
+    wait_until(WAIT, "the task to say it waits for the pause", || {
+        let client = client.clone();
+        async move {
+            let status = task_status(&client, "held").await;
+            status.error.is_some_and(|e| e.contains("paused"))
+        }
+    })
+    .await;
+
+    // A fault is observed (Alert); healthy again, nothing recovers it.
+    f.sim.set_health(&cluster.uid, false).await;
+    wait_for_state(&f.client, "held", S::Alert, WAIT).await;
+    f.sim.set_health(&cluster.uid, true).await;
+    let quiet_until = Instant::now() + QUIET;
+    while Instant::now() < quiet_until {
+        let (state, operation) = state_of(&f.client, "held").await;
+        assert_eq!((state, &operation), (S::Alert, &None), "nothing starts");
+        assert!(!ran(&task_status(&f.client, "held").await), "no task run");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let audit = f.sim.audit(&cluster.uid).await;
+    assert!(
+        audit.iter().all(|e| e.method != "RunTask"),
+        "the provider was asked for no run: {audit:?}"
+    );
+
+    // Unpaused: the scanner recovers it and the task runs.
+    set_paused(&mut f.client, "held", false).await;
+    wait_for_state(&f.client, "held", S::Running, WAIT).await;
+    let client = f.client.clone();
+    wait_until(WAIT, "the task to run once unpaused", || {
+        let client = client.clone();
+        async move { ran(&task_status(&client, "held").await) }
+    })
+    .await;
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn a_rollout_waits_for_a_paused_cluster_and_an_operator_request_does_not() {
+    let mut f = Fixture::builder().start().await;
+    create_running(&mut f.client, "rolled", 1).await;
+    set_paused(&mut f.client, "rolled", true).await;
+    // The operator's own request runs on a paused cluster.
+    let stop = v1::StopClusterRequest {
+        name: "rolled".into(),
+        request_id: String::new(),
+    };
+    let op = f.client.clusters().stop_cluster(stop).await.unwrap();
+    f.finish(op.into_inner()).await;
+    let start = v1::StartClusterRequest {
+        name: "rolled".into(),
+        request_id: String::new(),
+    };
+    let op = f.client.clusters().start_cluster(start).await.unwrap();
+    f.finish(op.into_inner()).await;
+
+    let spec = v1::RolloutSpec {
+        clusters: vec!["rolled".into()],
+        version: "1.30.0".into(),
+        stages: vec![v1::RolloutStage {
+            name: "all".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let request = v1::CreateRolloutRequest {
+        name: "past-pause".into(),
+        spec: Some(spec),
+    };
+    f.client.rollouts().create_rollout(request).await.unwrap();
+    let get = || v1::GetRolloutRequest {
+        name: "past-pause".into(),
+    };
+    let client = f.client.clone();
+    wait_until(WAIT, "the rollout's cluster to wait for the pause", || {
+        let mut client = client.clone();
+        async move {
+            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
+            let status = rollout.into_inner().status.unwrap_or_default();
+            status.clusters.iter().any(|c| {
+                c.state == v1::TargetState::TargetPending as i32 && c.message.contains("paused")
+            })
+        }
+    })
+    .await;
+    let (_, operation) = state_of(&f.client, "rolled").await;
+    assert_eq!(operation, None, "the rollout started nothing");
+
+    set_paused(&mut f.client, "rolled", false).await;
+    let client = f.client.clone();
+    wait_until(WAIT, "the rollout to succeed once unpaused", || {
+        let mut client = client.clone();
+        async move {
+            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
+            let status = rollout.into_inner().status.unwrap_or_default();
+            status.state == v1::RolloutState::RolloutSucceeded as i32
+        }
+    })
+    .await;
+    let cluster = f.client.get_cluster("rolled").await.unwrap();
+    assert_eq!(cluster.spec.unwrap().version, "1.30.0");
+}

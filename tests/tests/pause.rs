@@ -192,3 +192,112 @@ async fn a_rollout_waits_for_a_paused_cluster_and_an_operator_request_does_not()
     let cluster = f.client.get_cluster("rolled").await.unwrap();
     assert_eq!(cluster.spec.unwrap().version, "1.30.0");
 }
+
+async fn update(
+    client: &mut Client,
+    request: v1::UpdateClusterRequest,
+) -> Result<(), tonic::Status> {
+    client.clusters().update_cluster(request).await.map(drop)
+}
+
+async fn wait_task(client: &Client, cluster: &str, what: &str, done: fn(&v1::TaskStatus) -> bool) {
+    let client = client.clone();
+    let cluster = cluster.to_string();
+    wait_until(WAIT, what, || {
+        let (client, cluster) = (client.clone(), cluster.clone());
+        async move { done(&task_status(&client, &cluster).await) }
+    })
+    .await;
+}
+
+/// sctool's suspend and resume: a cluster's task runs suspended until
+/// resumed, or for a while (they start by themselves after it).
+#[tokio::test]
+async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up() {
+    let mut f = Fixture::builder().start().await;
+    create_running(&mut f.client, "quiet", 1).await;
+    // Bad suspensions are refused naming the field, and change nothing.
+    let past = drover_proto::Timestamp {
+        seconds: 1,
+        nanos: 0,
+    };
+    let refused = update(
+        &mut f.client,
+        v1::UpdateClusterRequest {
+            name: "quiet".into(),
+            suspend_tasks: Some(v1::TaskSuspension { until: Some(past) }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("suspend_tasks.until"),
+        "{refused:?}"
+    );
+    let both = v1::UpdateClusterRequest {
+        name: "quiet".into(),
+        suspend_tasks: Some(v1::TaskSuspension::default()),
+        resume_tasks: true,
+        ..Default::default()
+    };
+    let refused = update(&mut f.client, both).await.unwrap_err();
+    assert!(refused.message().contains("resume_tasks"), "{refused:?}");
+    let generation = f.client.get_cluster("quiet").await.unwrap().generation;
+
+    // Until resumed.
+    let suspend = v1::UpdateClusterRequest {
+        name: "quiet".into(),
+        suspend_tasks: Some(v1::TaskSuspension::default()),
+        ..Default::default()
+    };
+    update(&mut f.client, suspend).await.unwrap();
+    let cluster = f.client.get_cluster("quiet").await.unwrap();
+    assert_eq!(cluster.generation, generation + 1, "refusals wrote nothing");
+    let put = v1::PutTaskRequest {
+        cluster: "quiet".into(),
+        task: Some(repair_now()),
+    };
+    f.client.tasks().put_task(put).await.expect("task put");
+    wait_task(&f.client, "quiet", "the task to wait, suspended", |s| {
+        s.error
+            .as_deref()
+            .is_some_and(|e| e.contains("suspended until resumed"))
+    })
+    .await;
+    assert!(!ran(&task_status(&f.client, "quiet").await));
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
+            .args(["--endpoint", &f.replicas[0].endpoint()])
+            .args(args)
+            .output()
+            .expect("droverctl runs");
+        assert!(out.status.success(), "{out:?}");
+    };
+    ctl(&["task", "resume", "quiet"]);
+    wait_task(&f.client, "quiet", "the task to run once resumed", ran).await;
+
+    // For a while: a new start date runs once the time is up, by itself.
+    ctl(&["task", "suspend", "quiet", "--for", "2s"]);
+    let mut again = repair_now();
+    again.schedule.as_mut().unwrap().start_date = "now+1s".into();
+    let put = v1::PutTaskRequest {
+        cluster: "quiet".into(),
+        task: Some(again),
+    };
+    f.client.tasks().put_task(put).await.expect("task put");
+    wait_task(&f.client, "quiet", "the task to wait until a time", |s| {
+        s.error
+            .as_deref()
+            .is_some_and(|e| e.contains("suspended until 20"))
+    })
+    .await;
+    wait_task(
+        &f.client,
+        "quiet",
+        "the task to run after the suspension",
+        |s| s.success_count == Some(2),
+    )
+    .await;
+}

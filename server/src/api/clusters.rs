@@ -1,7 +1,8 @@
 //! The drover.v1.Clusters service.
 
 use super::convert::{
-    cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto, tasks_from_proto,
+    cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto, suspension_from_proto,
+    tasks_from_proto,
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
@@ -203,13 +204,23 @@ impl ClustersService {
 impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
-        if !request.update_labels && !request.update_tasks && request.paused.is_none() {
+        let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
+        if !request.update_labels && !request.update_tasks && request.paused.is_none() && !suspends
+        {
             return Err(FieldError::new(
                 "update_labels",
-                "nothing to update: set update_labels, update_tasks and/or paused",
+                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks and/or resume_tasks",
             )
             .into());
         }
+        if request.suspend_tasks.is_some() && request.resume_tasks {
+            let message = "cannot resume and suspend the tasks at once";
+            return Err(FieldError::new("resume_tasks", message).into());
+        }
+        let suspension = request
+            .suspend_tasks
+            .map(|s| suspension_from_proto("suspend_tasks", s, chrono::Utc::now()))
+            .transpose()?;
         if request.expected_generation < 0 {
             return Err(FieldError::new(
                 "expected_generation",
@@ -253,6 +264,9 @@ impl ClustersService {
                 }
                 if let Some(paused) = request.paused {
                     spec.paused = paused;
+                }
+                if suspension.is_some() || request.resume_tasks {
+                    spec.tasks_suspended = suspension;
                 }
                 Ok::<_, ApiError>(())
             })

@@ -44,6 +44,28 @@ pub fn timestamp(rfc3339: &str) -> Option<drover_proto::Timestamp> {
     Some(drover_proto::Timestamp { seconds, nanos })
 }
 
+/// A task suspension from the API, checked under `field`: its `until`, when
+/// given, must be after `now`.
+pub fn suspension_from_proto(
+    field: &str,
+    suspension: v1::TaskSuspension,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<cluster::TaskSuspension, validate::FieldError> {
+    let Some(until) = suspension.until else {
+        return Ok(cluster::TaskSuspension { until: None });
+    };
+    let until = u32::try_from(until.nanos)
+        .ok()
+        .and_then(|nanos| chrono::DateTime::from_timestamp(until.seconds, nanos))
+        .ok_or_else(|| validate::FieldError::new(format!("{field}.until"), "is not a time"))?;
+    if until <= now {
+        let message = "must be in the future (leave it out to suspend until resumed)";
+        return Err(validate::FieldError::new(format!("{field}.until"), message));
+    }
+    let until = until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    Ok(cluster::TaskSuspension { until: Some(until) })
+}
+
 /// A spec from the API, checked field by field under `field`.
 pub fn spec_from_proto(
     field: &str,
@@ -66,6 +88,12 @@ pub fn spec_from_proto(
         tasks,
         provider: spec.provider,
         paused: spec.paused,
+        tasks_suspended: spec
+            .tasks_suspended
+            .map(|s| {
+                suspension_from_proto(&format!("{field}.tasks_suspended"), s, chrono::Utc::now())
+            })
+            .transpose()?,
     };
     validate::spec(field, &spec)?;
     Ok(spec)
@@ -104,6 +132,9 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                 .collect(),
             provider: spec.spec.provider,
             paused: spec.spec.paused,
+            tasks_suspended: spec.spec.tasks_suspended.map(|s| v1::TaskSuspension {
+                until: s.until.as_deref().and_then(timestamp),
+            }),
         }),
         status: Some(v1::ClusterStatus {
             state: Some(state_to_proto(state.state) as i32),

@@ -13,7 +13,7 @@ pub use cache::{CacheChange, ClusterCache};
 pub use drover_machine::ClusterState;
 pub use record::{
     Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
-    StateRecord, StatusRecord, SCHEMA_VERSION,
+    StateRecord, StatusRecord, TaskSuspension, SCHEMA_VERSION,
 };
 pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,

@@ -40,6 +40,18 @@ pub struct Spec {
     /// while set; an operator's own requests still run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Scheduled task runs are suspended: none starts while set (until its
+    /// `until`, when it has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_suspended: Option<TaskSuspension>,
+}
+
+/// A suspension of a cluster's scheduled task runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSuspension {
+    /// RFC 3339; `None`: until resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
 }
 
 /// `clusters/<name>/spec`.

@@ -29,7 +29,9 @@ use super::record::{run_id, RunStatus, TaskRecord, TaskRun, TaskSetRecord};
 use super::schedule::{format_time, parse_time};
 use super::store::{ClusterTasks, TaskStore};
 use super::TaskError;
-use crate::cluster::{to_json, ClusterCache, ClusterState, SpecRecord, SCHEMA_VERSION};
+use crate::cluster::{
+    to_json, ClusterCache, ClusterRecord, ClusterState, SpecRecord, SCHEMA_VERSION,
+};
 use crate::metrics::Metrics;
 use crate::owner_work::{
     Controller, InFlight, Next, OwnerWork, ReconcileError, Reconciler, Triggers,
@@ -272,26 +274,12 @@ impl TaskScheduler {
         if next > Utc::now() {
             return Ok(Some(next));
         }
-        let state = &read.cluster.state;
-        if state.state == ClusterState::Destroyed {
+        if read.cluster.state.state == ClusterState::Destroyed {
             // Gone: its tasks go with its records when the name is reused.
             return Ok(None);
         }
-        let paused = read.cluster.spec.spec.paused;
-        let blocked = match (&state.operation, state.state) {
-            _ if paused => {
-                Some("waiting: cluster is paused; runs start when it is unpaused".to_string())
-            }
-            (Some(slot), _) => Some(format!(
-                "waiting: cluster is busy with operation {} ({}); runs start when it ends",
-                slot.id, slot.kind
-            )),
-            (None, ClusterState::Running) => None,
-            (None, other) => Some(format!(
-                "waiting: cluster is {other}; runs start only while it is Running"
-            )),
-        };
-        if let Some(reason) = blocked {
+        let waiting = why_waiting(&read.cluster, Utc::now());
+        if let Some((reason, wake)) = waiting {
             if record.waiting.as_deref() != Some(reason.as_str()) {
                 let mut waiting = record.clone();
                 waiting.waiting = Some(reason);
@@ -302,8 +290,9 @@ impl TaskScheduler {
                     .and_then([Op::put(key, to_json(&waiting))]);
                 self.tasks.store().cas(txn).await?;
             }
-            // The cluster's next change brings it back here.
-            return Ok(None);
+            // The cluster's next change brings it back here, or the end
+            // of a suspension.
+            return Ok(wake);
         }
         self.start_run(read, record, revision, next, claim).await?;
         Ok(None)
@@ -715,6 +704,47 @@ impl Reconciler for TaskScheduler {
             Err(error) => Err(error.into()),
         }
     }
+}
+
+/// Why a due run of `cluster` cannot start at `now`, and when to look
+/// again (`None`: at the cluster's next change).
+fn why_waiting(
+    cluster: &ClusterRecord,
+    now: DateTime<Utc>,
+) -> Option<(String, Option<DateTime<Utc>>)> {
+    let spec = &cluster.spec.spec;
+    if spec.paused {
+        let reason = "waiting: cluster is paused; runs start when it is unpaused";
+        return Some((reason.into(), None));
+    }
+    if let Some(suspended) = &spec.tasks_suspended {
+        match suspended.until.as_deref().and_then(parse_time) {
+            None => {
+                let reason = "waiting: the cluster's tasks are suspended until resumed";
+                return Some((reason.into(), None));
+            }
+            Some(until) if until > now => {
+                let reason = format!(
+                    "waiting: the cluster's tasks are suspended until {}",
+                    format_time(until)
+                );
+                return Some((reason, Some(until)));
+            }
+            Some(_) => {}
+        }
+    }
+    let state = &cluster.state;
+    let reason = match (&state.operation, state.state) {
+        (Some(slot), _) => format!(
+            "waiting: cluster is busy with operation {} ({}); runs start when it ends",
+            slot.id, slot.kind
+        ),
+        (None, ClusterState::Running) => return None,
+        (None, other) => {
+            format!("waiting: cluster is {other}; runs start only while it is Running")
+        }
+    };
+    Some((reason, None))
 }
 
 /// How a run ended, with its report: as the provider answered.

@@ -231,7 +231,7 @@ fn parse_share(text: &str) -> Result<String, String> {
 
 /// A soak time in seconds: a bare number of seconds, or one with a unit
 /// (`90s`, `10m`, `2h`), since soaks are minutes to hours long.
-fn parse_seconds(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_seconds(text: &str) -> Result<u32, String> {
     let (number, scale) = match text.char_indices().last() {
         Some((at, 's')) => (&text[..at], 1),
         Some((at, 'm')) => (&text[..at], 60),

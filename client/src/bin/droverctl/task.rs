@@ -47,6 +47,16 @@ pub enum TaskCommand {
         kind: Kind,
         name: String,
     },
+    /// Suspend a cluster's scheduled task runs: none starts (a run already
+    /// going goes on) until `task resume`, or for --for only.
+    Suspend {
+        cluster: String,
+        /// How long: seconds, or 90s, 10m, 2h [default: until resumed].
+        #[arg(long = "for", value_parser = crate::rollout::parse_seconds)]
+        duration: Option<u32>,
+    },
+    /// Lift a suspension of a cluster's task runs.
+    Resume { cluster: String },
 }
 
 #[derive(clap::Args)]
@@ -152,6 +162,40 @@ pub async fn run(
             })
             .await?;
             print_runs(output, &runs);
+        }
+        TaskCommand::Suspend { cluster, duration } => {
+            let until = duration.map(|seconds| {
+                let until =
+                    std::time::SystemTime::now() + std::time::Duration::from_secs(seconds.into());
+                let since_epoch = until
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                drover_proto::Timestamp {
+                    seconds: since_epoch.as_secs() as i64,
+                    nanos: since_epoch.subsec_nanos() as i32,
+                }
+            });
+            let request = v1::UpdateClusterRequest {
+                name: cluster.clone(),
+                suspend_tasks: Some(v1::TaskSuspension { until }),
+                ..Default::default()
+            };
+            client.clusters().update_cluster(request).await?;
+            match duration {
+                Some(seconds) => outln!("tasks of {cluster} suspended for {seconds} s"),
+                None => {
+                    outln!("tasks of {cluster} suspended until `droverctl task resume {cluster}`")
+                }
+            }
+        }
+        TaskCommand::Resume { cluster } => {
+            let request = v1::UpdateClusterRequest {
+                name: cluster.clone(),
+                resume_tasks: true,
+                ..Default::default()
+            };
+            client.clusters().update_cluster(request).await?;
+            outln!("tasks of {cluster} resumed");
         }
     }
     Ok(())

@@ -17,11 +17,14 @@
 //! - [`slow_disk`]: etcd on a loop device whose writes a blkio cgroup
 //!   throttles.
 //! - [`load`]: a bounded load of stops and starts, and its figures.
+//! - [`console`]: what the console's browser tests share (tokens, plain
+//!   HTTP to the admin port, signing in).
 //! - [`conformance`]: the store conformance suite, run against etcd and the
 //!   in-memory store alike.
 
 pub mod browser;
 pub mod conformance;
+pub mod console;
 pub mod etcd;
 pub mod fixture;
 pub mod history;

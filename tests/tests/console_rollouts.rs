@@ -8,8 +8,8 @@
 //! after go to `target/console-screenshots/`.
 
 use drover_client::{v1, Client, ConnectOptions};
-use drover_server::auth::hash_token;
 use drover_tests::browser::{self, screenshots, until, Browser};
+use drover_tests::console::{self, http};
 use drover_tests::fixture::Backends;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, TempDir};
@@ -23,48 +23,10 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// A token file with [`VIEWER`] and [`OPERATOR`], written into `dir`.
 fn token_file(dir: &TempDir) -> PathBuf {
-    let mut tokens = String::new();
-    for (name, role, token) in [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)] {
-        let digest: String = hash_token(token)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        tokens.push_str(&format!(
-            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
-        ));
-    }
-    let path = dir.path().join("tokens.toml");
-    std::fs::write(&path, tokens).expect("token file");
-    path
-}
-
-/// A plain HTTP/1.0 request with a bearer token: the status and the body.
-fn http(
-    base: &str,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: Option<(&str, &str)>,
-) -> (u16, String) {
-    use std::io::{Read, Write};
-    let address = base.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to the admin port");
-    let mut request =
-        format!("{method} {path} HTTP/1.0\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n");
-    if let Some((content_type, body)) = body {
-        request.push_str(&format!(
-            "Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ));
-    } else {
-        request.push_str("\r\n");
-    }
-    stream.write_all(request.as_bytes()).expect("send request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read response");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
-    (status.unwrap_or(0), body.to_string())
+    console::token_file(
+        dir,
+        &[("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)],
+    )
 }
 
 /// Three running clusters and a rollout of them whose one stage needs an
@@ -142,16 +104,8 @@ async fn refusals(admin: &str, client: &mut Client) {
     );
 }
 
-/// Signs `token` in through the page's form (shown once the page finds
-/// no token, or after signing out).
 async fn sign_in(browser: &mut Browser, token: &str) {
-    let mut seen = Vec::new();
-    let login = "!document.getElementById('login').hidden";
-    until(browser, login, WAIT, &mut seen, |v| v == true).await;
-    browser.eval(&format!(
-        "document.getElementById('token').value = '{token}'; \
-         document.getElementById('login').requestSubmit(); true"
-    ));
+    console::sign_in(browser, token, WAIT).await;
 }
 
 /// The viewer sees the list and the rollout page: its stage, no buttons.

@@ -2,6 +2,7 @@
 //! the JSON and event stream under `/ui/api/` (checked as the RPC each
 //! mirrors, see the module above).
 
+use super::actions::{self, ClusterAction};
 use super::assets;
 use super::feed::frame;
 use super::fleet::{self, FleetError, FleetQuery, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
@@ -15,7 +16,7 @@ use drover_proto::v1::{
 };
 use http_body_util::{BodyExt, Either, Full, StreamBody};
 use hyper::body::{Body, Bytes, Frame};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use serde::Serialize;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -62,10 +63,24 @@ where
     }
     match segments.as_slice() {
         ["fleet"] => {
-            let owners = console.auth.check(&rpc_path("GetOwner"), headers).is_ok();
-            fleet_answer(&console, query, owners).await
+            let may = |rpc| console.auth.check(&rpc_path(rpc), headers).is_ok();
+            fleet_answer(&console, query, may("GetOwner"), may("CancelOperation")).await
         }
-        ["clusters", name] => cluster_answer(&console, &decode(name)).await,
+        ["clusters", name] => cluster_answer(&console, &decode(name), headers).await,
+        ["clusters", name, action] => {
+            let action = ClusterAction::parse(action).expect("routed by rpc_of");
+            actions::on_cluster(&console, &decode(name), action, headers, body).await
+        }
+        ["operations", cluster, id, "cancel"] => {
+            actions::cancel(&console, &decode(cluster), &decode(id), headers, body).await
+        }
+        ["bulk", "cancel"] => match actions::selector(query) {
+            Err(refused) => refused.answer(),
+            Ok(selector) if parts.method == Method::GET => {
+                actions::bulk_preview(&console, &selector)
+            }
+            Ok(selector) => actions::bulk_cancel(&console, &selector, headers, body).await,
+        },
         ["operations", cluster, id] => operation_answer(&console, &decode(cluster), id).await,
         ["members"] => members_answer(&console).await,
         ["rollouts"] => rollouts::list_answer(&console).await,
@@ -84,7 +99,15 @@ fn rpc_of(method: &Method, segments: &[&str]) -> Result<&'static str, Refused> {
     let (rpc, wanted) = match segments {
         ["fleet"] => ("ListClusters", Method::GET),
         ["clusters", _] => ("GetCluster", Method::GET),
+        ["clusters", _, action] => match ClusterAction::parse(action) {
+            Some(action) => (action.rpc(), Method::POST),
+            None => return Err(Refused::not_found("no such action")),
+        },
         ["operations", _, _] => ("GetOperation", Method::GET),
+        ["operations", _, _, "cancel"] => ("CancelOperation", Method::POST),
+        // The count first (a read), then the cancel, confirmed by it.
+        ["bulk", "cancel"] if *method == Method::GET => ("ListClusters", Method::GET),
+        ["bulk", "cancel"] => ("CancelOperation", Method::POST),
         ["members"] => ("ListMembers", Method::GET),
         ["events"] => ("WatchClusters", Method::GET),
         ["rollouts"] => ("ListRollouts", Method::GET),
@@ -129,7 +152,7 @@ impl Refused {
 
 pub(super) fn rpc_path(method: &str) -> String {
     let service = match method {
-        "GetOperation" => "Operations",
+        "GetOperation" | "CancelOperation" => "Operations",
         "ListMembers" | "GetOwner" => "Admin",
         _ if method.ends_with("Rollout") || method.ends_with("Rollouts") => "Rollouts",
         _ => "Clusters",
@@ -137,7 +160,14 @@ pub(super) fn rpc_path(method: &str) -> String {
     format!("/drover.v1.{service}/{method}")
 }
 
-async fn fleet_answer(console: &Console, query: &str, show_owners: bool) -> Answer {
+/// The fleet page; `may_cancel` says whether the page offers the bulk
+/// cancel (the caller may cancel operations).
+async fn fleet_answer(
+    console: &Console,
+    query: &str,
+    show_owners: bool,
+    may_cancel: bool,
+) -> Answer {
     let query = match parse_fleet_query(query) {
         Ok(query) => query,
         Err(e) => return from_fleet_error(e),
@@ -151,8 +181,16 @@ async fn fleet_answer(console: &Console, query: &str, show_owners: bool) -> Answ
         show_owners,
     )
     .await;
-    match page {
-        Ok(page) => json(StatusCode::OK, &page),
+    match page.map(serde_json::to_value) {
+        Ok(Ok(mut page)) => {
+            page["may_cancel"] = may_cancel.into();
+            json(StatusCode::OK, &page)
+        }
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal",
+            &e.to_string(),
+        ),
         Err(e) => from_fleet_error(e),
     }
 }
@@ -197,7 +235,7 @@ pub(super) fn parse_fleet_query(query: &str) -> Result<FleetQuery, FleetError> {
     Ok(parsed)
 }
 
-async fn cluster_answer(console: &Console, name: &str) -> Answer {
+async fn cluster_answer(console: &Console, name: &str, headers: &HeaderMap) -> Answer {
     let get = v1::GetClusterRequest {
         name: name.to_string(),
         linearizable: false,
@@ -227,12 +265,29 @@ async fn cluster_answer(console: &Console, name: &str) -> Answer {
             "operations": operations,
             "tasks": tasks,
             "history": history,
+            "actions": permitted(console, headers),
         }))
     })();
     match answer {
         Ok(body) => json(StatusCode::OK, &body),
         Err(status) => from_status(status),
     }
+}
+
+/// The cluster and operation actions the caller's token may take,
+/// checked as their RPCs: the page shows only these buttons (and the API
+/// refuses the others anyway).
+fn permitted(console: &Console, headers: &HeaderMap) -> Vec<&'static str> {
+    let may = |rpc: &str| console.auth.check(&rpc_path(rpc), headers).is_ok();
+    let mut allowed: Vec<&'static str> = ClusterAction::ALL
+        .into_iter()
+        .filter(|a| may(a.rpc()))
+        .map(ClusterAction::name)
+        .collect();
+    if may("CancelOperation") {
+        allowed.push("cancel");
+    }
+    allowed
 }
 
 async fn operation_answer(console: &Console, cluster: &str, id: &str) -> Answer {
@@ -314,7 +369,7 @@ fn events(console: &Console, mut closed: watch::Receiver<bool>) -> Answer {
 
 /// Percent-decoding of a query value or path segment (`+` is a space in
 /// a query, as browsers' forms send it).
-fn decode(text: &str) -> String {
+pub(super) fn decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

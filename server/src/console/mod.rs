@@ -1,7 +1,8 @@
 //! The web console on the admin port (`/ui`): views of the fleet, of one
 //! cluster, of one operation, of the members and of the rollouts, kept
 //! live by a stream of server-sent events (`/ui/api/events`; the rollout
-//! pages poll instead, see `web/app.js`), and a rollout's four controls.
+//! pages poll instead, see `web/app.js`), a rollout's four controls, and
+//! the actions on clusters and operations (`actions`).
 //!
 //! The page, its script and its style are built into the binary
 //! ([`assets`]): no CDN, no build step. The script reads JSON under
@@ -24,8 +25,17 @@
 //!   open, as the API is.
 //! - What the console can change is exactly this: pause, resume, approve
 //!   a stage of, or cancel (optionally with its running operations) a
-//!   rollout, each by `POST /ui/api/rollouts/<name>/<action>` handled by
-//!   that RPC's own gRPC handler. Everything else it serves only reads.
+//!   rollout, each by `POST /ui/api/rollouts/<name>/<action>`; pause or
+//!   unpause a cluster and suspend or resume its task runs
+//!   (`POST /ui/api/clusters/<name>/<action>`, as UpdateCluster); cancel an
+//!   operation (`POST /ui/api/operations/<cluster>/<id>/cancel`, as
+//!   CancelOperation); and cancel the running operations of the clusters a
+//!   label selector picks (`GET /ui/api/bulk/cancel?label=k=v` counts them,
+//!   as ListClusters; the `POST` with `{"count": N}`, as CancelOperation,
+//!   cancels them only while there are still N, else 409 and nothing is
+//!   cancelled). Each is handled by that RPC's own gRPC handler; a
+//!   cluster's answer lists only the actions the caller may take.
+//!   Everything else it serves only reads.
 //! - An action needs `Content-Type: application/json` (else 415, nothing
 //!   changed): a cross-site HTML form cannot send that type, and a
 //!   cross-site `fetch` with it needs a CORS preflight the console never
@@ -49,7 +59,9 @@
 //!   (the records keep only the current step): an operation that started
 //!   before the replica did shows only the steps seen since.
 
+mod actions;
 mod assets;
+mod body;
 mod feed;
 mod fleet;
 mod history;

@@ -2,7 +2,8 @@
 // live by the event stream /ui/api/events. Plain DOM, no dependencies.
 // The token (when the replica requires one) lives in sessionStorage only
 // and goes out as `Authorization: Bearer` on every call, the stream too
-// (read with fetch: EventSource cannot send headers).
+// (read with fetch: EventSource cannot send headers), but never over plain
+// http:// to a host other than loopback (see tokenExposed).
 "use strict";
 
 const TOKEN_KEY = "drover.token";
@@ -59,9 +60,21 @@ function table(headers, rows) {
 
 class Unauthorized extends Error {}
 
+/**
+ * Why no token may go from this page, or "": over plain http:// to a host
+ * other than loopback it would cross the network in clear text.
+ */
+function tokenExposed() {
+  const host = location.hostname;
+  const loopback = host === "localhost" || host === "[::1]" || host === "::1" || /^127\./.test(host);
+  if (location.protocol !== "http:" || loopback) return "";
+  return `Refused: this page came over plain http:// from ${host}, so a token would cross the network ` +
+    "in clear text. Serve the admin port over TLS (--tls-cert and --tls-key) and open it with https://.";
+}
+
 function authHeaders() {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  return token ? { Authorization: "Bearer " + token } : {};
+  return token && !tokenExposed() ? { Authorization: "Bearer " + token } : {};
 }
 
 async function api(path, init) {
@@ -76,6 +89,66 @@ async function api(path, init) {
 const act = (name, action, body) => api(`rollouts/${enc(name)}/${action}`, {
   method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}),
 });
+
+/** A POST of a JSON body under /ui/api/ (an action on a cluster or an operation, a bulk cancel). */
+const post = (path, body) => api(path, {
+  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}),
+});
+
+/** A button that asks (naming what it will do), then acts, then reports how it went. */
+function actionButton(id, label, question, run, report) {
+  return h("button", { id, onclick: async () => {
+    if (!(await confirmAction(question))) return;
+    try {
+      await run();
+      report(`${label}: done.`);
+    } catch (e) {
+      report(`${label} refused: ${e.message || e}`);
+    }
+  } }, label);
+}
+
+/** The buttons of a cluster page: only the actions this token may take that apply now. */
+function clusterButtons(c, current, allowed, report) {
+  const name = c.name, s = c.spec || {};
+  const on = (action) => () => post(`clusters/${enc(name)}/${action}`);
+  const choices = [
+    ["pause", "Pause", !s.paused,
+      `Pause cluster ${name}: Drover starts nothing on its own for it (no remediation, task run or rollout step) until unpaused. Your own requests still run.`],
+    ["unpause", "Unpause", s.paused,
+      `Unpause cluster ${name}: remediation, task runs and rollout steps go on.`],
+    ["suspend-tasks", "Suspend tasks", !s.tasks_suspended,
+      `Suspend the task runs of cluster ${name}: no scheduled run starts (a run already going goes on) until resumed.`],
+    ["resume-tasks", "Resume tasks", !!s.tasks_suspended,
+      `Resume the task runs of cluster ${name}: due runs start.`],
+  ];
+  const buttons = choices.filter(([action, , applies]) => applies && allowed.includes(action))
+    .map(([action, label, , question]) => actionButton("action-" + action, label, question, on(action), report));
+  if (current && allowed.includes("cancel")) {
+    buttons.push(actionButton("action-cancel", `Cancel ${short(current.kind)}`,
+      `Cancel operation ${current.id} (${short(current.kind)}) on cluster ${name}: it stops at its next step and ends CANCELLED.`,
+      () => post(`operations/${enc(name)}/${enc(current.id)}/cancel`), report));
+  }
+  return buttons;
+}
+
+/** The fleet's bulk cancel: the count first, confirmed by the person, then the cancel (refused if the count changed). */
+function bulkCancelButton(label, report) {
+  return h("button", { id: "bulk-cancel", onclick: async () => {
+    const q = "bulk/cancel?" + new URLSearchParams({ label }).toString();
+    try {
+      const preview = await api(q);
+      if (preview.count === 0) return report(`No running operation on the clusters labelled ${label}.`);
+      const question = `Cancel the ${preview.count} running operations of the clusters labelled ${label}: ${preview.operations.map((o) => o.cluster).join(", ")}.`;
+      if (!(await confirmAction(question))) return;
+      const done = await post(q, { count: preview.count });
+      const failed = done.cancelled.filter((o) => o.error);
+      report(`Cancelled ${done.cancelled.length - failed.length} of ${done.cancelled.length}` + (failed.length ? `; refused: ${failed.map((o) => `${o.cluster}: ${o.error}`).join("; ")}` : "."));
+    } catch (e) {
+      report(`Bulk cancel refused: ${e.message || e}`);
+    }
+  } }, "Cancel running operations…");
+}
 
 /** Asks in the page's dialog (not window.confirm: it names the action and may carry an option). */
 function confirmAction(text, option) {
@@ -95,12 +168,19 @@ function showLogin(message) {
   clearInterval(poller); // until signed in again: every poll would be refused
   $("main").replaceChildren();
   $("login").hidden = false;
-  $("login-error").textContent = message || "";
+  $("login-error").textContent = message || tokenExposed();
   $("logout").hidden = true;
 }
 
 $("login").addEventListener("submit", (e) => {
   e.preventDefault();
+  const exposed = tokenExposed();
+  if (exposed) {
+    // Not even kept: nothing here may send it.
+    $("token").value = "";
+    $("login-error").textContent = exposed;
+    return;
+  }
   sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
   $("token").value = "";
   start();
@@ -114,6 +194,8 @@ $("logout").addEventListener("click", () => {
 // ---- views ------------------------------------------------------------------
 
 function fleetView(params) {
+  let result = ""; // what the last bulk action answered
+  const report = (message) => { result = message; schedule(); };
   const state = params.get("state") || "";
   const label = params.get("label") || "";
   const page = Number(params.get("page") || 0);
@@ -147,6 +229,8 @@ function fleetView(params) {
           page > 0 ? h("a", { href: link({ page: page - 1 }) }, "‹ prev") : "",
           " ",
           page + 1 < pages ? h("a", { href: link({ page: page + 1 }) }, "next ›") : ""),
+        h("div", { class: "actions", id: "fleet-actions" }, label && fleet.may_cancel ? bulkCancelButton(label, report) : ""),
+        h("p", { id: "action-result", class: "muted" }, result),
         table(["Cluster", "State", "Version", "Owner", "Operation", "Labels"], rows));
       document.body.dataset.fleetMs = Math.round(performance.now() - started);
       document.body.dataset.fleetRows = rows.length;
@@ -156,6 +240,8 @@ function fleetView(params) {
 }
 
 function clusterView(name) {
+  let result = ""; // what the last action here answered
+  const report = (message) => { result = message; schedule(); };
   return {
     async refresh() {
       const d = await api("clusters/" + enc(name));
@@ -175,7 +261,10 @@ function clusterView(name) {
         short(o.kind), badge(o.state), progress(o.state === "OPERATION_STATE_RUNNING" ? o : null),
         time(o.created_at), time(o.finished_at), o.error ? o.error.message : ""]);
       $("main").replaceChildren(
-        h("h1", {}, `Cluster ${c.name} `, badge(st.state, "cluster-state")),
+        h("h1", {}, `Cluster ${c.name} `, badge(st.state, "cluster-state"),
+          s.paused ? h("span", { class: "badge", id: "cluster-paused" }, "paused") : ""),
+        h("div", { class: "actions", id: "cluster-actions" }, clusterButtons(c, current, d.actions || [], report)),
+        h("p", { id: "action-result", class: "muted" }, result),
         h("div", { id: "current-operation" }, current
           ? h("span", {}, `${short(current.kind)} `, progress(current)) : "no operation running"),
         h("h2", {}, "State history"),
@@ -187,6 +276,8 @@ function clusterView(name) {
           h("dt", {}, "Nodes"), h("dd", {}, `${s.control_nodes} control, ${s.worker_nodes} workers (${s.node_offering})`),
           h("dt", {}, "Labels"), h("dd", {}, Object.entries(s.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"),
           h("dt", {}, "Generation"), h("dd", {}, `${c.generation} (observed ${st.observed_generation ?? "—"})`),
+          h("dt", {}, "Task runs"), h("dd", { id: "tasks-suspended" }, s.tasks_suspended
+            ? `suspended${s.tasks_suspended.until ? " until " + time(s.tasks_suspended.until) : " until resumed"}` : "scheduled"),
           h("dt", {}, "Message"), h("dd", {}, st.message || "—")),
         h("h2", {}, "Nodes"), table(["Node", "Role", "Power", "Version", "Health", "Facts"], nodes),
         h("h2", {}, "Tasks"), table(["Task", "Type", "Last run", "Next activation", "Error"], tasks),

@@ -10,6 +10,8 @@
 //! - [`names`], [`net`]: leaves: the DNS-1123 rule for names in keys,
 //!   accepting connections.
 //! - `sync`: locking a mutex that a panic poisoned.
+//! - [`audit`]: the audit log, one JSON line per request that changes
+//!   something and per operation Drover starts by itself.
 //! - [`auth`]: bearer tokens and roles, checked on every RPC.
 //! - [`config`]: flags, environment and file, one row per setting,
 //!   validated before anything binds.
@@ -58,6 +60,7 @@
 
 pub mod admin_http;
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod cluster;
 pub mod compactor;

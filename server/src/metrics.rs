@@ -213,6 +213,7 @@ pub struct Metrics {
     rollout_state: Family<RolloutStateLabels, Gauge>,
     rollout_clusters: Family<RolloutStateLabels, Gauge>,
     rollout_budget_paused: Family<RolloutLabels, Gauge>,
+    pub audit_write_failures: Counter,
 }
 
 /// Builds [`Metrics`] from one row per metric family: the field, the metric
@@ -307,6 +308,8 @@ impl Metrics {
                 => "rollout_clusters", "Targets of each rollout this replica runs, by their state";
             rollout_budget_paused: Family::<RolloutLabels, Gauge>::default()
                 => "rollout_budget_paused", "1 while a rollout this replica runs is paused by its failure budget";
+            audit_write_failures: Counter::default()
+                => "audit_write_failures", "Audit log lines that could not be written (the requests went on)";
         });
         metrics.create_alerted_series();
         metrics

@@ -20,6 +20,7 @@
 //!   not awaited: an etcd slow to answer must not hold up the start.
 
 use crate::admin_http;
+use crate::audit::{AuditError, AuditLog};
 use crate::cluster::ClusterCache;
 use crate::config::Config;
 use crate::console::{Console, ConsoleFeed};
@@ -30,6 +31,7 @@ use crate::operation::Operations;
 use crate::owner_work::{OwnerWork, Runtime};
 use crate::provider::Providers;
 use crate::replication::{Ownership, OwnershipConfig};
+use crate::rollout::starts::Starts;
 use crate::rollout::{RolloutController, RolloutOwners, RolloutStore};
 use crate::scanner::Scanner;
 use crate::store::{MeteredStore, SharedStore};
@@ -49,6 +51,8 @@ pub enum StartError {
         address: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Audit(#[from] AuditError),
     #[error("replica id {replica_id} is held by a live replica whose admin port answers at {other}: two processes must not share a replica id (set --replica-id; its default, the host name, is shared by cloned machines)")]
     ReplicaIdInUse { replica_id: String, other: String },
 }
@@ -59,6 +63,9 @@ pub struct Replica {
     pub store: SharedStore,
     pub keys: KeyLayout,
     pub metrics: Arc<Metrics>,
+    /// Where requests that change something, and what Drover starts by
+    /// itself, are written down.
+    pub audit: Arc<AuditLog>,
     pub cache: Arc<ClusterCache>,
     pub operations: Operations,
     /// Present when the replica has a provider and so runs operations.
@@ -111,6 +118,8 @@ impl Replica {
         providers: Option<Arc<Providers>>,
     ) -> Result<Self, StartError> {
         let metrics = Metrics::new();
+        let failures = metrics.audit_write_failures.clone();
+        let audit = AuditLog::open(config.audit_log.as_deref(), failures, &config.replica_id)?;
         let store = MeteredStore::wrap(store, Arc::clone(&metrics));
         let keys = KeyLayout::new(config.key_prefix.clone());
         let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
@@ -132,16 +141,23 @@ impl Replica {
         let (listener, address) = bind(config.listen).await?;
         let (stop_work, work_stopped) = watch::channel(false);
         let incarnation = admin_http::Incarnation::default();
-        let console = start_console(
+        let console = Arc::new(start_console(
             config,
-            &cache,
-            &keys,
-            &operations,
+            (&cache, &keys),
+            (&operations, &audit),
             &work_stopped,
             &mut tasks,
-        );
+        ));
         let admin_listener = bind_admin(config.admin_listen, config.admin_listen_fallback).await?;
-        let admin = start_admin(admin_listener, &metrics, &incarnation, console, &mut tasks);
+        let admin_tls = config.security.admin_tls.clone();
+        let admin = start_admin(
+            admin_listener,
+            &metrics,
+            &incarnation,
+            Arc::clone(&console),
+            admin_tls,
+            &mut tasks,
+        );
         if let Some(interval) = config.compact_interval {
             let prefix = config.key_prefix.clone();
             let compactor =
@@ -151,11 +167,16 @@ impl Replica {
         // The cache follows etcd until the lease is revoked: the hand-off
         // decides from it which clusters run nothing here.
         let (stop_cache, cache_stopped) = watch::channel(false);
+        // Reopening lasts as long as requests may come: to the end.
+        if let Some(reopen) = audit.reopen_on_sighup(cache_stopped.clone())? {
+            tasks.spawn("audit-reopen", reopen);
+        }
         tasks.spawn("cluster-cache", Arc::clone(&cache).run(cache_stopped));
         let mut replica = Self {
             store,
             keys,
             metrics,
+            audit,
             cache,
             operations,
             workers: None,
@@ -175,7 +196,10 @@ impl Replica {
             return Ok(replica);
         };
         refuse_live_twin(&replica, config, admin.address).await?;
-        let workers = replica.start_workers(config, providers, admin.address, work_stopped);
+        let workers =
+            replica.start_workers(config, Arc::clone(&providers), admin.address, work_stopped);
+        // The console's Recover runs through this replica's executor.
+        console.run_operations_with(Arc::clone(&workers.executor), providers);
         let _ = incarnation.set(Arc::clone(&workers.replication));
         replica.workers = Some(workers);
         Ok(replica)
@@ -201,6 +225,11 @@ impl Replica {
                 replica_id: config.replica_id.clone(),
                 address: self.address.to_string(),
                 admin_address: admin_address.to_string(),
+                admin_tls: config
+                    .security
+                    .admin_tls
+                    .as_ref()
+                    .map(|t| Arc::clone(&t.peers)),
                 lease_ttl: Duration::from_secs(config.lease_ttl_seconds as u64),
                 lease_margin: config.lease_margin,
                 peer_liveness: config.peer_liveness,
@@ -288,12 +317,20 @@ impl Replica {
             Arc::clone(work),
             Arc::clone(&self.cache),
             config.scan_interval,
+            Arc::clone(&self.audit),
         );
         let rollouts = self.start_rollout_owners(work, &work_stopped);
-        let rollouts = RolloutController::new(
-            RolloutStore::new(self.store.clone(), self.keys.clone()),
-            rollouts,
+        let store = RolloutStore::new(self.store.clone(), self.keys.clone());
+        let starts = Starts::new(
             Arc::clone(&executor),
+            store.clone(),
+            Arc::clone(work),
+            Arc::clone(&self.audit),
+        );
+        let rollouts = RolloutController::new(
+            store,
+            rollouts,
+            starts,
             self.operations.clone(),
             Arc::clone(&self.cache),
             Arc::clone(&self.metrics),
@@ -336,9 +373,8 @@ impl Replica {
 /// The web console, and the feed that keeps it live until `work_stopped`.
 fn start_console(
     config: &Config,
-    cache: &Arc<ClusterCache>,
-    keys: &KeyLayout,
-    operations: &Operations,
+    (cache, keys): (&Arc<ClusterCache>, &KeyLayout),
+    (operations, audit): (&Operations, &Arc<AuditLog>),
     work_stopped: &watch::Receiver<bool>,
     tasks: &mut Supervisor,
 ) -> Console {
@@ -352,6 +388,7 @@ fn start_console(
         Arc::clone(cache),
         operations.clone(),
         feed,
+        Arc::clone(audit),
     )
 }
 
@@ -403,18 +440,21 @@ fn start_admin(
     (listener, bound): (TcpListener, SocketAddr),
     metrics: &Arc<Metrics>,
     incarnation: &admin_http::Incarnation,
-    console: Console,
+    console: Arc<Console>,
+    tls: Option<crate::config::AdminTls>,
     tasks: &mut Supervisor,
 ) -> Admin {
     let ready = Arc::new(AtomicBool::new(true));
     let (open, closed) = watch::channel(false);
-    tracing::info!(address = %bound, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness, /ui)");
+    let tls_on = tls.is_some();
+    tracing::info!(address = %bound, tls = tls_on, "serving admin HTTP (/metrics, /healthz, /readyz, /liveness, /ui)");
     let serve = admin_http::serve(
         listener,
         Arc::clone(metrics),
         Arc::clone(&ready),
         Arc::clone(incarnation),
-        Some(Arc::new(console)),
+        Some(console),
+        tls,
         closed,
     );
     tasks.spawn("admin-http", serve);
@@ -436,9 +476,10 @@ async fn refuse_live_twin(
 ) -> Result<(), StartError> {
     let replica_id = &config.replica_id;
     let own = admin.to_string();
-    match crate::replication::live_twin(replica.store.as_ref(), &replica.keys, replica_id, &own)
-        .await
-    {
+    let tls = config.security.admin_tls.as_ref().map(|tls| &tls.peers);
+    let twin =
+        crate::replication::live_twin(replica.store.as_ref(), &replica.keys, replica_id, &own, tls);
+    match twin.await {
         Ok(None) => Ok(()),
         Ok(Some(other)) => Err(StartError::ReplicaIdInUse {
             replica_id: replica_id.clone(),

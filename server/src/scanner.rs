@@ -26,6 +26,7 @@
 //! loses the compare-and-swap); clusters holding an operation are left to
 //! the executor. A check that fails is logged and tried at the next scan.
 
+use crate::audit::AuditLog;
 use crate::cluster::machine::Event;
 use crate::cluster::{
     from_json, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateRecord,
@@ -65,6 +66,8 @@ pub struct Scanner {
     work: Arc<OwnerWork>,
     cache: Arc<ClusterCache>,
     interval: Duration,
+    /// Where the operations it asks for are written, as Drover's own.
+    audit: Arc<AuditLog>,
 }
 
 impl Scanner {
@@ -75,6 +78,7 @@ impl Scanner {
         work: Arc<OwnerWork>,
         cache: Arc<ClusterCache>,
         interval: Duration,
+        audit: Arc<AuditLog>,
     ) -> Arc<Self> {
         Arc::new(Self {
             operations,
@@ -83,7 +87,25 @@ impl Scanner {
             work,
             cache,
             interval,
+            audit,
         })
+    }
+
+    /// Asks for `kind` on `name` as any request would, written to the
+    /// audit log as Drover's own.
+    async fn remediate(&self, name: &str, kind: OperationKind) -> Result<(), LifecycleError> {
+        let request = LifecycleRequest {
+            kind,
+            params: OperationParams::default(),
+            request_id: String::new(),
+        };
+        let submitted = self.executor.submit(name, request).await;
+        let accepted = submitted.as_ref().map(|op| op.id.as_str());
+        let accepted = accepted.map_err(ToString::to_string);
+        let method = kind.rules().rpc();
+        self.audit
+            .started_by_drover(method, name, None, "", accepted);
+        submitted.map(drop)
     }
 
     async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
@@ -95,11 +117,6 @@ impl Scanner {
         if cluster.state.operation.is_some() || cluster.newer_schema().is_some() {
             return Ok(());
         }
-        let request = |kind| LifecycleRequest {
-            kind,
-            params: OperationParams::default(),
-            request_id: String::new(),
-        };
         match cluster.state.state {
             ClusterState::Running => {
                 let nodes = self.look(cluster, claim).await?;
@@ -123,13 +140,9 @@ impl Scanner {
                     return Ok(());
                 }
                 if nodes.iter().all(node_ready) {
-                    self.executor
-                        .submit(name, request(OperationKind::Recover))
-                        .await?;
+                    self.remediate(name, OperationKind::Recover).await?;
                 } else if nodes.iter().all(|n| n.power_state == "off") {
-                    self.executor
-                        .submit(name, request(OperationKind::Stop))
-                        .await?;
+                    self.remediate(name, OperationKind::Stop).await?;
                 }
             }
             ClusterState::Stopped | ClusterState::Error => {
@@ -137,9 +150,7 @@ impl Scanner {
             }
             ClusterState::Destroying if !cluster.spec.spec.paused => {
                 tracing::info!(cluster = %name, "retrying a destroy that did not finish");
-                self.executor
-                    .submit(name, request(OperationKind::Destroy))
-                    .await?;
+                self.remediate(name, OperationKind::Destroy).await?;
             }
             _ => {}
         }

@@ -79,7 +79,10 @@ pub async fn serve(
     let replica = Replica::start(config, store, providers).await?;
     tracing::info!(address = %replica.address, replica = %config.replica_id, "serving gRPC");
     let router = transport(config)?
-        .layer(AuthLayer::new(Arc::new(authenticator(config))))
+        .layer(AuthLayer::new(
+            Arc::new(authenticator(config)),
+            Arc::clone(&replica.audit),
+        ))
         .add_service(health_service)
         .add_service(reflection);
     let router = add_api(router, &replica);

@@ -165,11 +165,14 @@ pub fn server_span(request: &http::Request<()>) -> tracing::Span {
     if !tracing_on() {
         return tracing::Span::none();
     }
+    // The caller, once the handler knows it (a change's audit context).
     let span = tracing::info_span!(
         "grpc",
         otel.name = request.uri().path(),
         otel.kind = "server",
         rpc.system = "grpc",
+        enduser.id = tracing::field::Empty,
+        enduser.role = tracing::field::Empty,
     );
     let parent = TraceContextPropagator::new().extract(&Headers(request.headers()));
     let _ = span.set_parent(parent);

@@ -67,8 +67,15 @@ pub struct Browser {
 impl Browser {
     /// Starts Chromium headless on a blank page and connects to the page.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// As [`Self::start`], with more Chromium flags (for example
+    /// `--host-resolver-rules`).
+    pub fn start_with(extra: &[&str]) -> Self {
         let profile = TempDir::new("chromium");
         let mut child = Command::new("chromium")
+            .args(extra)
             .args([
                 "--headless",
                 "--no-sandbox",

@@ -81,6 +81,20 @@ impl Backends {
         args.extend_from_slice(extra);
         ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await
     }
+
+    /// As [`Self::serve`] for a replica serving TLS (`--tls-cert` ...
+    /// among `extra`), whose health the harness checks with `tls`.
+    pub async fn serve_tls(
+        &self,
+        id: &str,
+        extra: &[&str],
+        tls: tonic::transport::ClientTlsConfig,
+    ) -> ReplicaProcess {
+        let provider = self.sim.endpoint();
+        let mut args = vec!["--provider", provider.as_str()];
+        args.extend_from_slice(extra);
+        ReplicaProcess::serve_tls(&self.etcd.endpoint(), id, &args, tls).await
+    }
 }
 
 impl Fixture {

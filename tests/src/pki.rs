@@ -57,10 +57,31 @@ impl Pki {
         self.issue(name, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A replica's certificate for 127.0.0.1 and localhost, for server and
+    /// client authentication: with `--tls-client-ca` it is also the one a
+    /// replica presents to its peers' `/liveness`.
+    pub fn replica(&self, name: &str) -> Issued {
+        let sans = vec!["127.0.0.1".into(), "localhost".into()];
+        let usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        self.issue_for(name, sans, usages)
+    }
+
     fn issue(&self, name: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Issued {
+        self.issue_for(name, sans, vec![usage])
+    }
+
+    fn issue_for(
+        &self,
+        name: &str,
+        sans: Vec<String>,
+        usages: Vec<ExtendedKeyUsagePurpose>,
+    ) -> Issued {
         let mut params = CertificateParams::new(sans).expect("params");
         params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         let key = KeyPair::generate().expect("key");
         let cert = params
             .signed_by(&key, &self.ca, &self.ca_key)

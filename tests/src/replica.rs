@@ -125,6 +125,14 @@ impl ReplicaProcess {
     ) -> Self {
         let admin_port = free_port();
         command.args(["--admin-listen", &format!("{host}:{admin_port}")]);
+        // A network namespace's address is not loopback: plain HTTP there
+        // (the tests' own network) must be asked for.
+        let loopback = host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+        if tls.is_none() && !loopback {
+            command.arg("--admin-plain-http");
+        }
         // A level the caller set (serve_logged's environment) stands.
         let chosen = command.get_envs().any(|(key, _)| key == "RUST_LOG");
         if !chosen {
@@ -159,9 +167,11 @@ impl ReplicaProcess {
         replica
     }
 
-    /// The admin HTTP base URL (/metrics, /healthz, /readyz).
+    /// The admin HTTP base URL (/metrics, /healthz, /readyz): https://
+    /// when the replica serves TLS.
     pub fn admin_endpoint(&self) -> String {
-        format!("http://{}:{}", self.host, self.admin_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host, self.admin_port)
     }
 
     pub fn endpoint(&self) -> String {

@@ -1,16 +1,29 @@
-//! Reads plain HTTP/1.0 endpoints, enough for the `/metrics` (and etcd's
-//! `/debug/pprof`) of a loopback etcd or replica without an HTTP client
-//! crate.
+//! Reads HTTP/1.0 endpoints (plain, or over TLS with a rustls client
+//! configuration), enough for the `/metrics` (and etcd's `/debug/pprof`)
+//! of a loopback etcd or replica without an HTTP client crate.
 
 use std::collections::BTreeMap;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Every sample of `http://host:port/metrics`, by its full series name
 /// (`name{labels}`).
 pub async fn metrics(base_url: &str) -> BTreeMap<String, f64> {
-    let body = get(base_url, "/metrics").await;
-    String::from_utf8_lossy(&body)
+    samples(&get(base_url, "/metrics").await)
+}
+
+/// [`metrics`] of `https://host:port/metrics`, reached with `tls`.
+pub async fn metrics_tls(base_url: &str, tls: &Arc<rustls::ClientConfig>) -> BTreeMap<String, f64> {
+    let (status, body) = fetch_tls(base_url, "/metrics", tls, &[])
+        .await
+        .unwrap_or_else(|error| panic!("GET /metrics: {error}"));
+    assert_eq!(status, 200, "GET /metrics");
+    samples(&body)
+}
+
+fn samples(body: &[u8]) -> BTreeMap<String, f64> {
+    String::from_utf8_lossy(body)
         .lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
@@ -36,11 +49,57 @@ pub async fn fetch(base_url: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)
         .strip_prefix("http://")
         .expect("a plain http:// URL")
         .trim_end_matches('/');
-    let mut stream = TcpStream::connect(authority).await?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+    let stream = TcpStream::connect(authority).await?;
+    exchange(stream, authority, path, &[]).await
+}
+
+/// [`fetch`] of `https://host:port<path>` with `headers`, reached with
+/// `tls` (the CA to trust, a client certificate if any); the server name
+/// is the host's.
+pub async fn fetch_tls(
+    base_url: &str,
+    path: &str,
+    tls: &Arc<rustls::ClientConfig>,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let authority = base_url
+        .strip_prefix("https://")
+        .expect("an https:// URL")
+        .trim_end_matches('/');
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host);
+    let name =
+        rustls::pki_types::ServerName::try_from(host.to_string()).map_err(std::io::Error::other)?;
+    let stream = TcpStream::connect(authority).await?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::clone(tls))
+        .connect(name, stream)
+        .await?;
+    exchange(stream, authority, path, headers).await
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    authority: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
+    match stream.read_to_end(&mut response).await {
+        // A TLS peer that closed without its close_notify: the answer is
+        // whole all the same (HTTP/1.0 ends it with the connection).
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => {
+        }
+        read => {
+            read?;
+        }
+    }
     let head_end = response
         .windows(4)
         .position(|window| window == b"\r\n\r\n")

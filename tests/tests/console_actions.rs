@@ -4,9 +4,13 @@
 //! refuses the viewer's pause; a form post (what another site could send)
 //! changes nothing. The operator pauses a cluster and suspends its tasks
 //! (each confirmed in a dialog that names what it does; the spec in etcd
-//! shows it), cancels a running operation from its cluster's page, and
+//! shows it), recovers the paused cluster's fault (which nothing
+//! remediates while it is paused), cancels a running operation from its
+//! cluster's page, and
 //! cancels the running operations of the clusters a label picks, asked
-//! for their count first. Screenshots go to `target/console-screenshots/`.
+//! for their count first. Each action, and the viewer's refusal, is in
+//! the audit log once, with the token's name and role and never the token.
+//! Screenshots go to `target/console-screenshots/`.
 
 use drover_client::v1::{self, OperationState as O};
 use drover_client::{Client, ConnectOptions};
@@ -95,8 +99,17 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     let tokens = [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)];
     let tokens = token_file(&dir, &tokens);
     let tokens = tokens.to_str().expect("a UTF-8 path");
+    let audit_log = dir.path().join("audit.log");
+    let audit = audit_log.to_str().expect("a UTF-8 path");
     // A scan a second: a cancelled upgrade's Alert is recovered quickly.
-    let args = ["--auth-tokens", tokens, "--scan-interval", "1"];
+    let args = [
+        "--auth-tokens",
+        tokens,
+        "--scan-interval",
+        "1",
+        "--audit-log",
+        audit,
+    ];
     let replica = backends.serve("r1", &args).await;
     let options = ConnectOptions {
         token: Some(OPERATOR.into()),
@@ -105,7 +118,8 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     let mut client = Client::connect_with(&replica.endpoint(), &options)
         .await
         .expect("connect");
-    for name in ["web", "db", "cache"] {
+    let web = create_running(&mut client, "web", 1).await;
+    for name in ["db", "cache"] {
         create_running(&mut client, name, 1).await;
     }
     let label = |name: &str, team: &str| v1::UpdateClusterRequest {
@@ -162,6 +176,15 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     )
     .expect("save");
 
+    // Paused, its fault is observed but not remediated: the operator
+    // starts the Recover from its page.
+    backends.sim.set_health(&web.uid, false).await;
+    wait_for_state(&client, "web", v1::ClusterState::Alert, WAIT).await;
+    backends.sim.set_health(&web.uid, true).await;
+    let named = "Recover cluster web:";
+    confirm(&mut browser, "action-recover", named, "Recover: done.").await;
+    wait_for_state(&client, "web", v1::ClusterState::Running, WAIT).await;
+
     // A running upgrade, cancelled from its cluster's page.
     backends.sim.set_latency(Duration::from_millis(1500)).await;
     let op = upgrade(&mut client, "db").await;
@@ -209,5 +232,54 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     let path = "/ui/api/bulk/cancel?label=team%3Da";
     let (status, body) = http(&admin, "POST", path, OPERATOR, stale);
     assert_eq!(status, 409, "{body}");
+    assert_audited(&audit_log, &op.id, [&on_web.id, &on_db.id]);
     drop(replica);
+}
+
+/// The console's actions and refusals are in the audit log as the gRPC
+/// API's are: who (the token's name and role), what, on which cluster,
+/// and how it ended.
+fn assert_audited(log: &std::path::Path, cancelled: &str, bulk: [&str; 2]) {
+    let text = std::fs::read_to_string(log).expect("the audit log");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    let line = |method: &str, cluster: &str, name: &str, outcome: &str| {
+        let method = format!("/drover.v1.{method}");
+        lines
+            .iter()
+            .filter(|l| {
+                l["method"] == method.as_str()
+                    && l["cluster"] == cluster
+                    && l["caller"]["name"] == name
+                    && l["outcome"] == outcome
+            })
+            .count()
+    };
+    assert_eq!(
+        line("Clusters/UpdateCluster", "web", "dash", "refused"),
+        1,
+        "{text}"
+    );
+    // Its labels (through the API), then the pause and the suspension.
+    assert_eq!(
+        line("Clusters/UpdateCluster", "web", "ci", "accepted"),
+        3,
+        "{text}"
+    );
+    let cancels: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["method"] == "/drover.v1.Operations/CancelOperation")
+        .filter_map(|l| l["operation_id"].as_str())
+        .collect();
+    for id in [cancelled, bulk[0], bulk[1]] {
+        assert_eq!(cancels.iter().filter(|c| **c == id).count(), 1, "{text}");
+    }
+    let recovered = line("Clusters/RecoverCluster", "web", "ci", "accepted");
+    assert_eq!(recovered, 1, "{text}");
+    assert!(
+        !text.contains(OPERATOR) && !text.contains(VIEWER),
+        "no token in the log"
+    );
 }

@@ -624,6 +624,7 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
             replica_id: "stale-reader".into(),
             address: "127.0.0.1:1".into(),
             admin_address: String::new(),
+            admin_tls: None,
             lease_ttl: Duration::from_secs(2),
             lease_margin: Duration::from_millis(400),
             peer_liveness: false,

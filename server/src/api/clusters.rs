@@ -1,5 +1,6 @@
 //! The drover.v1.Clusters service.
 
+use super::audited::{pending, Audited};
 use super::convert::{
     cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto, suspension_from_proto,
     tasks_from_proto,
@@ -90,12 +91,16 @@ impl ClustersService {
 
     /// Any lifecycle request: its kind reads and checks its own fields,
     /// then the common ones are checked and the request accepted.
-    async fn lifecycle<R: LifecycleCall>(
+    async fn lifecycle<R: LifecycleCall + Audited>(
         &self,
         request: Request<R>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let call = request.into_inner().into_call().map_err(ApiError::from)?;
-        Ok(Response::new(self.accept(R::KIND, call).await?))
+        let audit = pending(&request);
+        let accepted = match request.into_inner().into_call() {
+            Ok(call) => self.accept(R::KIND, call).await,
+            Err(field) => Err(field.into()),
+        };
+        audit.finish(accepted)
     }
 
     async fn accept(&self, kind: OperationKind, call: Call) -> ApiResult<v1::Operation> {
@@ -420,7 +425,8 @@ impl Clusters for ClustersService {
         &self,
         request: Request<v1::CreateClusterRequest>,
     ) -> Result<Response<v1::CreateClusterResponse>, Status> {
-        Ok(Response::new(self.create(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.create(request.into_inner()).await)
     }
 
     async fn get_cluster(
@@ -450,7 +456,8 @@ impl Clusters for ClustersService {
         &self,
         request: Request<v1::UpdateClusterRequest>,
     ) -> Result<Response<v1::Cluster>, Status> {
-        Ok(Response::new(self.update(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.update(request.into_inner()).await)
     }
 
     async fn delete_cluster(

@@ -2,6 +2,7 @@
 //! convert errors to statuses once, in [`error`].
 
 mod admin;
+mod audited;
 mod clusters;
 pub(crate) mod convert;
 mod error;

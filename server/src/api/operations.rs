@@ -1,5 +1,6 @@
 //! The drover.v1.Operations service.
 
+use super::audited::pending;
 use super::convert::operation_to_proto;
 use super::error::ApiResult;
 use crate::cluster::validate::{self, FieldError};
@@ -74,6 +75,28 @@ impl OperationsService {
         })
     }
 
+    async fn cancel(&self, r: v1::CancelOperationRequest) -> ApiResult<v1::Operation> {
+        check_ids(&r.cluster, &r.id)?;
+        Ok(operation_to_proto(
+            self.operations.cancel(&r.cluster, &r.id).await?,
+        ))
+    }
+
+    async fn abandon(&self, r: v1::AbandonOperationRequest) -> Result<v1::Operation, Status> {
+        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
+        if r.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "reason: is required (why the operation is abandoned, for whoever reads it later)",
+            ));
+        }
+        let op = self
+            .operations
+            .abandon(&r.cluster, &r.id, r.reason.trim())
+            .await
+            .map_err(super::ApiError::from)?;
+        Ok(operation_to_proto(op))
+    }
+
     async fn wait(&self, r: v1::WaitOperationRequest) -> ApiResult<v1::Operation> {
         check_ids(&r.cluster, &r.id)?;
         let timeout = match r.timeout_ms {
@@ -125,33 +148,16 @@ impl operations_server::Operations for OperationsService {
         &self,
         request: Request<v1::CancelOperationRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
-        let op = self
-            .operations
-            .cancel(&r.cluster, &r.id)
-            .await
-            .map_err(super::ApiError::from)?;
-        Ok(Response::new(operation_to_proto(op)))
+        let audit = pending(&request);
+        audit.finish(self.cancel(request.into_inner()).await)
     }
 
     async fn abandon_operation(
         &self,
         request: Request<v1::AbandonOperationRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
-        let r = request.into_inner();
-        check_ids(&r.cluster, &r.id).map_err(super::ApiError::from)?;
-        if r.reason.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "reason: is required (why the operation is abandoned, for whoever reads it later)",
-            ));
-        }
-        let op = self
-            .operations
-            .abandon(&r.cluster, &r.id, r.reason.trim())
-            .await
-            .map_err(super::ApiError::from)?;
-        Ok(Response::new(operation_to_proto(op)))
+        let audit = pending(&request);
+        audit.finish(self.abandon(request.into_inner()).await)
     }
 }
 

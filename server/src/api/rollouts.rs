@@ -3,6 +3,7 @@
 //! controls (pause, resume, approve, cancel), each a compare-and-swap of
 //! the rollout's record that its owner acts on.
 
+use super::audited::pending;
 use super::convert::timestamp;
 use super::error::ApiResult;
 use crate::cluster::validate::FieldError;
@@ -302,7 +303,8 @@ impl Rollouts for RolloutsService {
         &self,
         request: Request<v1::CreateRolloutRequest>,
     ) -> Result<Response<v1::Rollout>, Status> {
-        Ok(Response::new(self.create(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.create(request.into_inner()).await)
     }
 
     async fn get_rollout(
@@ -332,38 +334,42 @@ impl Rollouts for RolloutsService {
         &self,
         request: Request<v1::PauseRolloutRequest>,
     ) -> Result<Response<v1::Rollout>, Status> {
+        let audit = pending(&request);
         let name = request.into_inner().name;
         let paused = self.control(&name, "pause", |record, _| {
             record.control.paused = true;
             Ok(())
         });
-        Ok(Response::new(paused.await?))
+        audit.finish(paused.await)
     }
 
     async fn resume_rollout(
         &self,
         request: Request<v1::ResumeRolloutRequest>,
     ) -> Result<Response<v1::Rollout>, Status> {
+        let audit = pending(&request);
         let name = request.into_inner().name;
         let resumed = self.control(&name, "resume", |record, _| {
             record.control.paused = false;
             record.control.resumes += 1;
             Ok(())
         });
-        Ok(Response::new(resumed.await?))
+        audit.finish(resumed.await)
     }
 
     async fn approve_rollout(
         &self,
         request: Request<v1::ApproveRolloutRequest>,
     ) -> Result<Response<v1::Rollout>, Status> {
-        Ok(Response::new(self.approve(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.approve(request.into_inner()).await)
     }
 
     async fn cancel_rollout(
         &self,
         request: Request<v1::CancelRolloutRequest>,
     ) -> Result<Response<v1::Rollout>, Status> {
+        let audit = pending(&request);
         let request = request.into_inner();
         let cancelled = self.control(&request.name, "cancel", |record, _| {
             let earlier = record.control.cancel.is_some_and(|c| c.cancel_running);
@@ -372,7 +378,7 @@ impl Rollouts for RolloutsService {
             });
             Ok(())
         });
-        Ok(Response::new(cancelled.await?))
+        audit.finish(cancelled.await)
     }
 }
 

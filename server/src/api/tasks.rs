@@ -1,6 +1,7 @@
 //! The drover.v1.Tasks service: edits of the spec's task list, and reads of
 //! tasks (spec and status) and their runs.
 
+use super::audited::pending;
 use super::convert::{
     task_run_to_proto, task_spec_from_proto, task_spec_to_proto, task_status_to_proto,
     task_type_from_proto,
@@ -210,14 +211,16 @@ impl Tasks for TasksService {
         &self,
         request: Request<v1::PutTaskRequest>,
     ) -> Result<Response<v1::Task>, Status> {
-        Ok(Response::new(self.put(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.put(request.into_inner()).await)
     }
 
     async fn delete_task(
         &self,
         request: Request<v1::DeleteTaskRequest>,
     ) -> Result<Response<v1::DeleteTaskResponse>, Status> {
-        Ok(Response::new(self.delete(request.into_inner()).await?))
+        let audit = pending(&request);
+        audit.finish(self.delete(request.into_inner()).await)
     }
 
     async fn get_task(

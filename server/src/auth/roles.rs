@@ -90,6 +90,20 @@ pub fn required_role(path: &str) -> Access {
     Access::Needs(role)
 }
 
+/// Whether `path` is a drover.v1 RPC that changes something, which the
+/// audit log records: every one but the reads, whose names say so.
+pub fn changes_something(path: &str) -> bool {
+    let method = path
+        .strip_prefix("/drover.v1.")
+        .and_then(|rest| rest.split_once('/'))
+        .map(|(_, method)| method);
+    method.is_some_and(|method| {
+        !["Get", "List", "Watch", "Wait"]
+            .iter()
+            .any(|read| method.starts_with(read))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +130,18 @@ mod tests {
         let mut listed: Vec<String> = all_rpc_roles().iter().map(|(p, _)| p.to_string()).collect();
         listed.sort();
         assert_eq!(declared, listed);
+    }
+
+    /// Every RPC a viewer may call is a read; the changes are exactly the
+    /// operator's and admin's RPCs but the admin's reads of replication.
+    #[test]
+    fn the_changes_are_the_rpcs_beyond_a_viewer_but_two_reads() {
+        let admin_reads = ["/drover.v1.Admin/ListMembers", "/drover.v1.Admin/GetOwner"];
+        for (path, role) in all_rpc_roles() {
+            let change = role > Role::Viewer && !admin_reads.contains(&path);
+            assert_eq!(changes_something(path), change, "{path}");
+        }
+        assert!(!changes_something("/grpc.health.v1.Health/Check"));
     }
 
     #[test]

@@ -21,11 +21,13 @@
 //! - The `[default: ...]` in a setting's help is written by hand beside the
 //!   default its rule is given.
 
+mod admin_tls;
 mod providers;
 mod rules;
 mod security;
 mod timeouts;
 
+pub use admin_tls::{anonymous_peers, AdminTls, AdminTlsError};
 pub use providers::{ProviderLink, ProviderLinks, DEFAULT_NAME as DEFAULT_PROVIDER_NAME};
 pub use security::{EtcdTls, EtcdUser, KeyPair, Secret, Security, ServerTls};
 pub use timeouts::Timeouts;
@@ -248,9 +250,16 @@ settings! {
     /// Seconds between status scans, 1-3600 [default: 10].
     scan_interval: u64 = "DROVER_SCAN_INTERVAL",
         within(DEFAULT_SCAN_INTERVAL_SECONDS, 1..=3600, "seconds") => u64;
-    /// Admin HTTP address for /metrics, /healthz and /readyz
-    /// [default: 127.0.0.1:9070].
+    /// Admin HTTP address for /metrics, /healthz, /readyz, /liveness and
+    /// the console; HTTPS with tls_cert, and plain HTTP only on loopback
+    /// without admin_plain_http [default: 127.0.0.1:9070].
     admin_listen: String = "DROVER_ADMIN_LISTEN", address(DEFAULT_ADMIN_LISTEN) => SocketAddr;
+    /// Serve the admin port over plain HTTP on an address other than
+    /// loopback (no tls_cert): the console's tokens then cross the network
+    /// in clear text. With tls_cert the admin port serves HTTPS whatever
+    /// this says [default: off].
+    #[arg(num_args = 0..=1, default_missing_value = "on")]
+    admin_plain_http: String = "DROVER_ADMIN_PLAIN_HTTP", on_off(false) => bool;
     /// Seconds between compactions of etcd's history (keeping one interval
     /// of it); 0 disables [default: 300].
     compact_interval: u64 = "DROVER_COMPACT_INTERVAL",
@@ -280,6 +289,10 @@ settings! {
     /// Bearer-token file (TOML: [[token]] name, role, sha256); without it
     /// every caller may do everything.
     auth_tokens: PathBuf = "DROVER_AUTH_TOKENS", given => Option<PathBuf>;
+    /// Audit log: one JSON line per request that changes something, to
+    /// this file (appended; reopened on SIGHUP, for logrotate) or to
+    /// standard output with `-` [default: none].
+    audit_log: PathBuf = "DROVER_AUDIT_LOG", given => Option<PathBuf>;
     /// PEM CA of etcd's certificate (with https:// etcd endpoints).
     etcd_ca: PathBuf = "DROVER_ETCD_CA", given => Option<PathBuf>;
     /// PEM client certificate for etcd (with etcd_key).
@@ -359,6 +372,9 @@ pub struct Config {
     /// clusters over; `None`: never.
     pub provider_handover_after: Option<Duration>,
     pub security: Security,
+    /// Where the audit log goes: a file, or standard output for `-`;
+    /// `None`: nowhere.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// A configuration error: one line naming the setting.
@@ -485,6 +501,7 @@ impl Config {
             etcd_password_file: s.etcd_password_file,
         }
         .load(&s.etcd_endpoints)?;
+        security::admin_plain_http(s.admin_listen, s.admin_plain_http, &security)?;
         Ok(Config {
             listen: s.listen,
             etcd_endpoints: s.etcd_endpoints,
@@ -513,6 +530,7 @@ impl Config {
             provider_handover_after: (s.provider_handover_after > 0)
                 .then(|| Duration::from_secs(s.provider_handover_after)),
             security,
+            audit_log: s.audit_log,
         })
     }
 }

@@ -1,12 +1,14 @@
-//! The security settings: TLS (and client certificates) on the gRPC port,
-//! the bearer-token file, and TLS and a user towards etcd. Every file is
+//! The security settings: TLS (and client certificates) on the gRPC and
+//! admin ports, the bearer-token file, and TLS and a user towards etcd. Every file is
 //! read and checked while the configuration loads, before any port binds.
 //!
 //! Secrets (private keys, the etcd password) are held in [`Secret`], whose
 //! `Debug` prints nothing, so no log line can carry them.
 
+use super::admin_tls::AdminTls;
 use super::{invalid, ConfigError};
 use crate::auth::TokenFile;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// A value that must never be printed.
@@ -71,6 +73,8 @@ pub struct EtcdUser {
 #[derive(Debug, Clone, Default)]
 pub struct Security {
     pub server_tls: Option<ServerTls>,
+    /// The admin port's TLS, from `server_tls`: set exactly when it is.
+    pub admin_tls: Option<AdminTls>,
     pub tokens: Option<TokenFile>,
     pub etcd_tls: Option<EtcdTls>,
     pub etcd_user: Option<EtcdUser>,
@@ -122,8 +126,15 @@ impl SecuritySettings {
     /// Reads and checks every file; `etcd_endpoints` decide whether etcd
     /// is reached over TLS.
     pub fn load(self, etcd_endpoints: &[String]) -> Result<Security, ConfigError> {
+        let server_tls = server_tls(self.tls_cert, self.tls_key, self.tls_client_ca)?;
+        let admin_tls = server_tls
+            .as_ref()
+            .map(AdminTls::new)
+            .transpose()
+            .map_err(|e| invalid("tls_cert", format!("unusable on the admin port: {e}")))?;
         Ok(Security {
-            server_tls: server_tls(self.tls_cert, self.tls_key, self.tls_client_ca)?,
+            server_tls,
+            admin_tls,
             tokens: self.auth_tokens.map(|path| tokens(&path)).transpose()?,
             etcd_tls: etcd_tls(etcd_endpoints, self.etcd_ca, self.etcd_cert, self.etcd_key)?,
             etcd_user: etcd_user(self.etcd_username, self.etcd_password_file)?,
@@ -156,6 +167,28 @@ fn server_tls(
         .tls_config(tls.config())
         .map_err(|e| invalid("tls_cert", format!("unusable certificate or key: {e}")))?;
     Ok(Some(tls))
+}
+
+/// Plain HTTP on the admin port (no `tls_cert`) only on loopback, unless
+/// `admin_plain_http` says so: off loopback the console's bearer tokens
+/// would cross the network in clear text.
+pub(super) fn admin_plain_http(
+    admin_listen: SocketAddr,
+    plain_http: bool,
+    security: &Security,
+) -> Result<(), ConfigError> {
+    if security.admin_tls.is_some() || plain_http || admin_listen.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(invalid(
+        "admin_listen",
+        format!(
+            "{admin_listen} is not loopback and there is no TLS: the console's tokens would \
+             cross the network in clear text; give tls_cert and tls_key (the admin port then \
+             serves HTTPS), or --admin-plain-http (DROVER_ADMIN_PLAIN_HTTP=on) to serve plain \
+             HTTP there anyway"
+        ),
+    ))
 }
 
 fn tokens(path: &Path) -> Result<TokenFile, ConfigError> {
@@ -250,6 +283,24 @@ mod tests {
             printed.contains("drover") && !printed.contains("hunter2"),
             "{printed}"
         );
+    }
+
+    /// Plain HTTP on the admin port: on loopback, or off it when asked
+    /// for; otherwise one line naming the flag that allows it.
+    #[test]
+    fn plain_http_off_loopback_needs_the_flag() {
+        let none = Security::default();
+        let loopback = "127.0.0.1:9070".parse().unwrap();
+        let v6_loopback = "[::1]:9070".parse().unwrap();
+        let wildcard = "0.0.0.0:9070".parse().unwrap();
+        assert!(admin_plain_http(loopback, false, &none).is_ok());
+        assert!(admin_plain_http(v6_loopback, false, &none).is_ok());
+        assert!(admin_plain_http(wildcard, true, &none).is_ok());
+        let error = admin_plain_http(wildcard, false, &none).unwrap_err();
+        assert_eq!(error.setting, "admin_listen");
+        let message = error.to_string();
+        assert!(message.contains("--admin-plain-http"), "{message}");
+        assert!(message.contains("tls_cert") && !message.contains('\n'));
     }
 
     #[test]

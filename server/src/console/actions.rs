@@ -9,6 +9,7 @@
 use super::body::read_json;
 use super::http::{from_status, json, Answer, Refused};
 use super::Console;
+use crate::audit::RequestAudit;
 use drover_proto::v1::{self, clusters_server::Clusters, operations_server::Operations};
 use hyper::body::{Body, Bytes};
 use hyper::{HeaderMap, StatusCode};
@@ -21,14 +22,16 @@ pub(super) enum ClusterAction {
     Unpause,
     SuspendTasks,
     ResumeTasks,
+    Recover,
 }
 
 impl ClusterAction {
-    pub(super) const ALL: [ClusterAction; 4] = [
+    pub(super) const ALL: [ClusterAction; 5] = [
         ClusterAction::Pause,
         ClusterAction::Unpause,
         ClusterAction::SuspendTasks,
         ClusterAction::ResumeTasks,
+        ClusterAction::Recover,
     ];
 
     pub(super) fn parse(segment: &str) -> Option<Self> {
@@ -41,21 +44,26 @@ impl ClusterAction {
             ClusterAction::Unpause => "unpause",
             ClusterAction::SuspendTasks => "suspend-tasks",
             ClusterAction::ResumeTasks => "resume-tasks",
+            ClusterAction::Recover => "recover",
         }
     }
 
-    /// The gRPC method it mirrors, whose role it needs: all of them edit
-    /// the spec.
+    /// The gRPC method it mirrors, whose role it needs: a Recover is an
+    /// operation; the others edit the spec.
     pub(super) fn rpc(self) -> &'static str {
-        "UpdateCluster"
+        match self {
+            ClusterAction::Recover => "RecoverCluster",
+            _ => "UpdateCluster",
+        }
     }
 
-    fn request(self, name: String) -> v1::UpdateClusterRequest {
+    /// The spec edit it is; `None` for Recover, an operation.
+    fn update(self, name: String) -> Option<v1::UpdateClusterRequest> {
         let request = v1::UpdateClusterRequest {
             name,
             ..Default::default()
         };
-        match self {
+        Some(match self {
             ClusterAction::Pause => v1::UpdateClusterRequest {
                 paused: Some(true),
                 ..request
@@ -72,17 +80,18 @@ impl ClusterAction {
                 resume_tasks: true,
                 ..request
             },
-        }
+            ClusterAction::Recover => return None,
+        })
     }
 }
 
 /// `POST /ui/api/clusters/<name>/<action>` (body `{}`): the cluster as the
-/// update left it.
+/// update left it, or for `recover` the operation it started.
 pub(super) async fn on_cluster<B>(
     console: &Console,
     name: &str,
     action: ClusterAction,
-    headers: &HeaderMap,
+    (headers, audit): (&HeaderMap, RequestAudit),
     body: B,
 ) -> Answer
 where
@@ -92,9 +101,32 @@ where
     if let Err(refused) = read_json::<NoFields, B>(headers, body).await {
         return refused.answer();
     }
-    let request = tonic::Request::new(action.request(name.to_string()));
-    match console.clusters.update_cluster(request).await {
+    let Some(update) = action.update(name.to_string()) else {
+        return recover(console, name, audit).await;
+    };
+    match console
+        .clusters
+        .update_cluster(audited(update, audit))
+        .await
+    {
         Ok(cluster) => json(StatusCode::OK, &cluster.into_inner()),
+        Err(status) => from_status(status),
+    }
+}
+
+/// A Recover of `name`, accepted as any RecoverCluster call is; 503 on a
+/// replica that runs no operations.
+async fn recover(console: &Console, name: &str, audit: RequestAudit) -> Answer {
+    let Some(clusters) = console.lifecycle.get() else {
+        let status = tonic::Status::unavailable("this replica runs no operations (no provider)");
+        return from_status(status);
+    };
+    let request = v1::RecoverClusterRequest {
+        name: name.to_string(),
+        request_id: String::new(),
+    };
+    match clusters.recover_cluster(audited(request, audit)).await {
+        Ok(operation) => json(StatusCode::OK, &operation.into_inner()),
         Err(status) => from_status(status),
     }
 }
@@ -103,9 +135,8 @@ where
 /// operation as the cancel left it.
 pub(super) async fn cancel<B>(
     console: &Console,
-    cluster: &str,
-    id: &str,
-    headers: &HeaderMap,
+    (cluster, id): &(String, String),
+    (headers, audit): (&HeaderMap, RequestAudit),
     body: B,
 ) -> Answer
 where
@@ -116,16 +147,24 @@ where
         return refused.answer();
     }
     let request = v1::CancelOperationRequest {
-        cluster: cluster.to_string(),
-        id: id.to_string(),
+        cluster: cluster.clone(),
+        id: id.clone(),
     };
     let cancelled = console
         .operations_api
-        .cancel_operation(tonic::Request::new(request));
+        .cancel_operation(audited(request, audit));
     match cancelled.await {
         Ok(operation) => json(StatusCode::OK, &operation.into_inner()),
         Err(status) => from_status(status),
     }
+}
+
+/// `message` as a request whose handler writes its audit line with
+/// `audit` (one line per cancelled operation in a bulk cancel).
+pub(super) fn audited<M>(message: M, audit: RequestAudit) -> tonic::Request<M> {
+    let mut request = tonic::Request::new(message);
+    request.extensions_mut().insert(audit);
+    request
 }
 
 /// The body of an action that takes no option.
@@ -202,7 +241,7 @@ fn preview(running: &[(String, String)]) -> serde_json::Value {
 pub(super) async fn bulk_cancel<B>(
     console: &Console,
     selector: &[(String, String)],
-    headers: &HeaderMap,
+    (headers, audit): (&HeaderMap, RequestAudit),
     body: B,
 ) -> Answer
 where
@@ -230,9 +269,8 @@ where
             cluster: cluster.clone(),
             id: id.clone(),
         };
-        let cancelled = console
-            .operations_api
-            .cancel_operation(tonic::Request::new(request));
+        let request = audited(request, audit.clone());
+        let cancelled = console.operations_api.cancel_operation(request);
         let error = cancelled
             .await
             .err()

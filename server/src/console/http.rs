@@ -59,8 +59,13 @@ where
         Err(refused) => return refused.answer(),
     };
     if let Err(status) = console.auth.check(&rpc_path(rpc), headers) {
+        if parts.method == Method::POST {
+            console.audit_refusal(rpc, action_target(&segments), headers, &status);
+        }
         return from_status(status);
     }
+    // What an action's handler writes its audit line with.
+    let audit = console.request_audit(rpc, headers);
     match segments.as_slice() {
         ["fleet"] => {
             let may = |rpc| console.auth.check(&rpc_path(rpc), headers).is_ok();
@@ -69,17 +74,18 @@ where
         ["clusters", name] => cluster_answer(&console, &decode(name), headers).await,
         ["clusters", name, action] => {
             let action = ClusterAction::parse(action).expect("routed by rpc_of");
-            actions::on_cluster(&console, &decode(name), action, headers, body).await
+            actions::on_cluster(&console, &decode(name), action, (headers, audit), body).await
         }
         ["operations", cluster, id, "cancel"] => {
-            actions::cancel(&console, &decode(cluster), &decode(id), headers, body).await
+            let operation = (decode(cluster), decode(id));
+            actions::cancel(&console, &operation, (headers, audit), body).await
         }
         ["bulk", "cancel"] => match actions::selector(query) {
             Err(refused) => refused.answer(),
             Ok(selector) if parts.method == Method::GET => {
                 actions::bulk_preview(&console, &selector)
             }
-            Ok(selector) => actions::bulk_cancel(&console, &selector, headers, body).await,
+            Ok(selector) => actions::bulk_cancel(&console, &selector, (headers, audit), body).await,
         },
         ["operations", cluster, id] => operation_answer(&console, &decode(cluster), id).await,
         ["members"] => members_answer(&console).await,
@@ -87,9 +93,18 @@ where
         ["rollouts", name] => rollouts::rollout_answer(&console, &decode(name), headers).await,
         ["rollouts", name, action] => {
             let action = Action::parse(action).expect("routed by rpc_of");
-            rollouts::act(&console, &decode(name), action, headers, body).await
+            rollouts::act(&console, &decode(name), action, (headers, audit), body).await
         }
         _ => events(&console, closed),
+    }
+}
+
+/// The cluster or rollout an action names (for its audit line).
+fn action_target<'a>(segments: &[&'a str]) -> (Option<&'a str>, Option<&'a str>) {
+    match segments {
+        ["clusters", name, _] | ["operations", name, _, _] => (Some(name), None),
+        ["rollouts", name, _] => (None, Some(name)),
+        _ => (None, None),
     }
 }
 

@@ -50,9 +50,11 @@
 //! - Each action is confirmed in the page first, naming what it will do.
 //!
 //! # Caveats
-//! - Plain HTTP like the rest of the admin port: a token sent to it can be
-//!   sniffed off the network. Reach it over loopback, a private network or
-//!   a TLS-terminating proxy.
+//! - Served as the rest of the admin port is: over TLS with `--tls-cert`,
+//!   otherwise plain HTTP, where a token sent to it can be sniffed off the
+//!   network. The page itself sends none over plain HTTP to a host other
+//!   than loopback; a replica binds plain HTTP off loopback only with
+//!   `--admin-plain-http`.
 //! - Without `--auth-tokens` anyone who reaches the admin port can take a
 //!   rollout's actions, as anyone who reaches the gRPC port can.
 //! - Step timings are the times this replica's feed saw each step begin
@@ -73,11 +75,14 @@ pub use fleet::{FleetError, FleetPage, FleetQuery, FleetRow};
 pub use http::handle;
 
 use crate::api::{AdminService, ClustersService, OperationsService, RolloutsService, TasksService};
+use crate::audit::{AuditLog, Outcome, RequestAudit};
 use crate::auth::{Authenticator, TokenFile};
 use crate::cluster::ClusterCache;
+use crate::executor::Executor;
 use crate::operation::Operations;
+use crate::provider::Providers;
 use crate::rollout::RolloutStore;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What the console reads, and who may read it.
 pub struct Console {
@@ -90,16 +95,23 @@ pub struct Console {
     tasks: TasksService,
     admin: AdminService,
     rollouts: RolloutsService,
+    /// Where each action's line goes, as the gRPC API's do.
+    audit: Arc<AuditLog>,
+    /// The Clusters service with this replica's executor, once its workers
+    /// run (a replica without a provider runs no operation): for Recover.
+    lifecycle: OnceLock<ClustersService>,
 }
 
 impl Console {
     /// A console over the replica's cache and operations, checking
-    /// `tokens` (open without them, like the API).
+    /// `tokens` (open without them, like the API), its actions audited in
+    /// `audit`.
     pub fn new(
         tokens: Option<&TokenFile>,
         cache: Arc<ClusterCache>,
         operations: Operations,
         feed: Arc<ConsoleFeed>,
+        audit: Arc<AuditLog>,
     ) -> Self {
         let auth = match tokens {
             Some(tokens) => Authenticator::from_tokens(tokens),
@@ -123,7 +135,53 @@ impl Console {
             cache,
             operations,
             feed,
+            audit,
+            lifecycle: OnceLock::new(),
         }
+    }
+
+    /// Lets the console start operations (Recover) through `executor`.
+    pub fn run_operations_with(&self, executor: Arc<Executor>, providers: Arc<Providers>) {
+        let service = ClustersService::new(
+            self.operations.clone(),
+            Arc::clone(&self.cache),
+            Some(executor),
+            Some(providers),
+        );
+        let _ = self.lifecycle.set(service);
+    }
+
+    /// Who acts and as which RPC, for the handler of an action the caller
+    /// was allowed to take to write its line (as the auth layer does for
+    /// gRPC calls).
+    fn request_audit(&self, rpc: &str, headers: &hyper::HeaderMap) -> RequestAudit {
+        let method = http::rpc_path(rpc);
+        let caller = self.auth.identify(&method, headers, None).0;
+        RequestAudit {
+            log: Arc::clone(&self.audit),
+            caller,
+            method,
+        }
+    }
+
+    /// Writes the line of an action refused before any handler ran (no
+    /// token, a role too low), naming its cluster or rollout.
+    fn audit_refusal(
+        &self,
+        rpc: &str,
+        target: (Option<&str>, Option<&str>),
+        headers: &hyper::HeaderMap,
+        status: &tonic::Status,
+    ) {
+        let audit = self.request_audit(rpc, headers);
+        self.audit.write(&crate::audit::Entry {
+            caller: &audit.caller,
+            method: &audit.method,
+            cluster: target.0,
+            rollout: target.1,
+            request_id: "",
+            outcome: Outcome::refused(status),
+        });
     }
 }
 
@@ -159,7 +217,9 @@ mod tests {
             ));
         }
         let tokens = TokenFile::parse(&file).expect("a token file");
-        let console = Console::new(Some(&tokens), cache, operations.clone(), ConsoleFeed::new());
+        let audit = AuditLog::open(None, Default::default(), "r1").expect("no sink");
+        let feed = ConsoleFeed::new();
+        let console = Console::new(Some(&tokens), cache, operations.clone(), feed, audit);
         (Arc::new(console), operations, stop)
     }
 

@@ -3,9 +3,11 @@
 //! Rollouts service's own gRPC handlers, so the console and `droverctl`
 //! cannot disagree on what a rollout is or what a control does.
 
+use super::actions::audited;
 use super::body::read_json;
 use super::http::{from_status, json, rpc_path, Answer};
 use super::Console;
+use crate::audit::RequestAudit;
 use drover_proto::v1::{self, rollouts_server::Rollouts};
 use hyper::body::{Body, Bytes};
 use hyper::{HeaderMap, StatusCode};
@@ -88,7 +90,7 @@ pub(super) async fn act<B>(
     console: &Console,
     name: &str,
     action: Action,
-    headers: &HeaderMap,
+    (headers, audit): (&HeaderMap, RequestAudit),
     body: B,
 ) -> Answer
 where
@@ -104,16 +106,16 @@ where
     let done = match action {
         Action::Pause => {
             let request = v1::PauseRolloutRequest { name };
-            rollouts.pause_rollout(tonic::Request::new(request)).await
+            rollouts.pause_rollout(audited(request, audit)).await
         }
         Action::Resume => {
             let request = v1::ResumeRolloutRequest { name };
-            rollouts.resume_rollout(tonic::Request::new(request)).await
+            rollouts.resume_rollout(audited(request, audit)).await
         }
         Action::Approve => {
             let stage = body.stage;
             let request = v1::ApproveRolloutRequest { name, stage };
-            rollouts.approve_rollout(tonic::Request::new(request)).await
+            rollouts.approve_rollout(audited(request, audit)).await
         }
         Action::Cancel => {
             let cancel_running = body.cancel_running;
@@ -121,7 +123,7 @@ where
                 name,
                 cancel_running,
             };
-            rollouts.cancel_rollout(tonic::Request::new(request)).await
+            rollouts.cancel_rollout(audited(request, audit)).await
         }
     };
     with_actions(console, done, headers)

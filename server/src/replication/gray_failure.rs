@@ -259,6 +259,7 @@ mod tests {
             version: String::new(),
             lease: 1,
             admin_address: String::new(),
+            admin_tls: false,
             draining,
             failing_providers: names.clone(),
             unreachable_providers: names,

@@ -170,6 +170,7 @@ pub(crate) mod tests {
             replica_id: "r1".into(),
             address: "127.0.0.1:1".into(),
             admin_address: String::new(),
+            admin_tls: None,
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
             peer_liveness: false,

@@ -1,6 +1,7 @@
-//! Liveness: peers see a crash. Each member holds one plain-HTTP
-//! connection to every peer's `/liveness` (on the admin port its member
-//! record names). When one breaks, the peer is probed at once: evidence
+//! Liveness: peers see a crash. Each member holds one HTTP connection to
+//! every peer's `/liveness` (on the admin port its member record names;
+//! over TLS, with this replica's certificate, when the record says that
+//! port speaks TLS). When one breaks, the peer is probed at once: evidence
 //! that the incarnation holding the lease is gone revokes that lease, so
 //! its clusters are taken over now instead of after the TTL.
 //!
@@ -39,6 +40,11 @@
 //!   peer's death: a refusal there is taken as the peer's death (its lease
 //!   revoked, its clusters moved, safely) as before. So is a firewall that
 //!   rejects connections to one peer's admin port only.
+//! - Over TLS a handshake that fails (a certificate the other side's
+//!   `--tls-client-ca` did not sign, or one not issued for client
+//!   authentication) proves nothing, like any other failed probe: that
+//!   peer's crash is left to the TTL, and a new member waits a TTL before
+//!   it claims. `drover_liveness_peers_connected` falls short then.
 //! - Peers killed together (a whole host with two replicas) look like this
 //!   replica's own network failing: left to the TTL.
 //! - Left to the TTL: a peer that crashes before this replica saw it
@@ -99,6 +105,8 @@ struct Peer {
     replica: String,
     lease: LeaseId,
     admin_address: String,
+    /// Its admin port speaks TLS.
+    admin_tls: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,15 +192,34 @@ impl Drop for Connected {
 /// connection, so that the peer knows who watches it.
 pub const WATCHER_HEADER: &str = "drover-watcher";
 
-/// `GET /liveness` at `address`, within [`PROBE_TIMEOUT`], as `watcher`
-/// (a replica that will hold the connection) or as nobody (a look).
-async fn probe(address: &str, watcher: Option<&str>) -> Result<(LivenessLine, Open), ProbeError> {
-    tokio::time::timeout(PROBE_TIMEOUT, connect(address, watcher))
+/// How to reach a peer's admin port: over TLS when its member record says
+/// it speaks TLS, with `own` (this replica's certificate as the client's)
+/// or, for a replica without TLS of its own, anonymously.
+fn tls_towards(
+    peer_speaks_tls: bool,
+    own: Option<&Arc<rustls::ClientConfig>>,
+) -> Option<Arc<rustls::ClientConfig>> {
+    peer_speaks_tls.then(|| own.map_or_else(crate::config::anonymous_peers, Arc::clone))
+}
+
+/// `GET /liveness` at `address` (over `tls` when given), within
+/// [`PROBE_TIMEOUT`], as `watcher` (a replica that will hold the
+/// connection) or as nobody (a look).
+async fn probe(
+    address: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    watcher: Option<&str>,
+) -> Result<(LivenessLine, Open), ProbeError> {
+    tokio::time::timeout(PROBE_TIMEOUT, connect(address, tls, watcher))
         .await
         .unwrap_or(Err(ProbeError::TimedOut))
 }
 
-async fn connect(address: &str, watcher: Option<&str>) -> Result<(LivenessLine, Open), ProbeError> {
+async fn connect(
+    address: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    watcher: Option<&str>,
+) -> Result<(LivenessLine, Open), ProbeError> {
     let stream = TcpStream::connect(address).await.map_err(|error| {
         if error.kind() == std::io::ErrorKind::ConnectionRefused {
             ProbeError::Refused
@@ -200,6 +227,28 @@ async fn connect(address: &str, watcher: Option<&str>) -> Result<(LivenessLine, 
             failed(error)
         }
     })?;
+    let Some(tls) = tls else {
+        return exchange(stream, address, watcher).await;
+    };
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+        .map_err(failed)?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, stream)
+        .await
+        .map_err(failed)?;
+    exchange(stream, address, watcher).await
+}
+
+/// The `/liveness` request and its first line, on a connection made.
+async fn exchange<S>(
+    stream: S,
+    address: &str,
+    watcher: Option<&str>,
+) -> Result<(LivenessLine, Open), ProbeError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(failed)?;
@@ -263,6 +312,7 @@ pub async fn live_twin(
     keys: &KeyLayout,
     replica_id: &str,
     own_admin: &str,
+    own_tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> crate::store::Result<Option<String>> {
     let Some(kv) = store.get(&keys.member(replica_id)).await?.into_single() else {
         return Ok(None);
@@ -274,7 +324,8 @@ pub async fn live_twin(
     if kv.lease == 0 || address == own_admin || !reachable(&address) {
         return Ok(None);
     }
-    let answered = match probe(&address, None).await {
+    let tls = tls_towards(record.admin_tls, own_tls);
+    let answered = match probe(&address, tls, None).await {
         Ok((line, _open)) => line.replica == replica_id && line.lease == kv.lease,
         Err(_) => false,
     };
@@ -423,6 +474,7 @@ impl Ownership {
                 replica: m.id,
                 lease,
                 admin_address: m.admin_address,
+                admin_tls: m.admin_tls,
             })
             .collect())
     }
@@ -455,7 +507,8 @@ impl Ownership {
         loop {
             tokio::time::sleep_until(next_probe).await;
             next_probe = tokio::time::Instant::now() + PROBE_SPACING;
-            let probed = probe(&peer.admin_address, Some(&self.config.replica_id)).await;
+            let tls = tls_towards(peer.admin_tls, self.config.admin_tls.as_ref());
+            let probed = probe(&peer.admin_address, tls, Some(&self.config.replica_id)).await;
             match judge(&peer, seen, probed.as_ref().map(|(line, _)| line)) {
                 Verdict::Alive => {
                     let Ok((_, open)) = probed else { continue };
@@ -541,6 +594,7 @@ mod tests {
             replica_id: id.into(),
             address: "127.0.0.1:1".into(),
             admin_address: admin_address.clone(),
+            admin_tls: None,
             lease_ttl: Duration::from_secs(30),
             lease_margin: Duration::from_secs(6),
             peer_liveness: false,
@@ -559,12 +613,14 @@ mod tests {
             ready,
             incarnation,
             None,
+            None,
             closed,
         ));
         let peer = Peer {
             replica: id.into(),
             lease,
             admin_address,
+            admin_tls: false,
         };
         (ownership, peer, open)
     }
@@ -589,7 +645,7 @@ mod tests {
         let store: SharedStore = Arc::new(MemoryStore::new());
         let (watcher, _, _watcher_port) = member(&store, "r1").await;
         let (_, peer, peer_port) = member(&store, "r2").await;
-        let (line, open) = probe(&peer.admin_address, None).await.unwrap();
+        let (line, open) = probe(&peer.admin_address, None, None).await.unwrap();
         assert_eq!(
             line,
             LivenessLine {
@@ -649,6 +705,7 @@ mod tests {
             replica: "r2".into(),
             lease: 7,
             admin_address: "127.0.0.1:1".into(),
+            admin_tls: false,
         }
     }
 

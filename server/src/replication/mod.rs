@@ -70,11 +70,15 @@ pub struct MemberRecord {
     /// Drover version it runs.
     pub version: String,
     pub lease: LeaseId,
-    /// The admin HTTP address (plain HTTP) where peers hold a liveness
-    /// connection (`/liveness`); empty from members of older builds, which
-    /// peers then leave to the TTL.
+    /// The admin HTTP address (HTTPS with `admin_tls`) where peers hold a
+    /// liveness connection (`/liveness`); empty from members of older
+    /// builds, which peers then leave to the TTL.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub admin_address: String,
+    /// Its admin port speaks TLS (`--tls-cert`): peers reach `/liveness`
+    /// there over TLS, presenting their own certificate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_tls: bool,
     /// Shutting down: it finishes the operations it runs and hands every
     /// other cluster over; peers prefer it for none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -201,6 +205,10 @@ pub struct OwnershipConfig {
     /// Where the admin port listens, written to the member record for the
     /// peers' liveness connections (empty: none).
     pub admin_address: String,
+    /// `Some`: the admin port speaks TLS (said in the member record), and
+    /// this is how this replica reaches its peers' over TLS (its
+    /// certificate as the client's).
+    pub admin_tls: Option<Arc<rustls::ClientConfig>>,
     pub lease_ttl: Duration,
     /// How long before the TTL runs out this replica stops believing in its
     /// lease (less than a third of the TTL leaves time for renewals).

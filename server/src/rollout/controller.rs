@@ -36,7 +36,6 @@ use crate::cluster::validate::parse_version;
 use crate::cluster::{
     from_json, now_rfc3339, to_json, CacheChange, ClusterCache, ClusterRecord, StateRecord,
 };
-use crate::executor::Executor;
 use crate::metrics::Metrics;
 use crate::operation::{LifecycleError, OperationState, Operations};
 use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
@@ -80,13 +79,12 @@ impl RolloutController {
     pub fn new(
         rollouts: RolloutStore,
         owners: Arc<RolloutOwners>,
-        executor: Arc<Executor>,
+        starts: Arc<Starts>,
         operations: Operations,
         cache: Arc<ClusterCache>,
         metrics: Arc<Metrics>,
         work: Arc<OwnerWork>,
     ) -> Arc<Self> {
-        let starts = Starts::new(executor, rollouts.clone(), Arc::clone(&work));
         Arc::new(Self {
             rollouts,
             metrics,

@@ -15,6 +15,7 @@
 use super::record::{TargetRecord, TargetState};
 use super::spec::{Action, OnBusy};
 use super::store::{Loaded, RolloutStore};
+use crate::audit::AuditLog;
 use crate::cluster::to_json;
 use crate::executor::Executor;
 use crate::operation::{
@@ -45,10 +46,17 @@ pub struct Starts {
     /// reconcile.
     done: Mutex<HashMap<String, Vec<(usize, TargetRecord)>>>,
     next_task: AtomicU64,
+    /// Where each submit is written, as Drover's own.
+    audit: Arc<AuditLog>,
 }
 
 impl Starts {
-    pub fn new(executor: Arc<Executor>, rollouts: RolloutStore, work: Arc<OwnerWork>) -> Arc<Self> {
+    pub fn new(
+        executor: Arc<Executor>,
+        rollouts: RolloutStore,
+        work: Arc<OwnerWork>,
+        audit: Arc<AuditLog>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             executor,
             rollouts,
@@ -56,6 +64,7 @@ impl Starts {
             submitting: Mutex::default(),
             done: Mutex::default(),
             next_task: AtomicU64::new(0),
+            audit,
         })
     }
 
@@ -98,7 +107,7 @@ impl Starts {
         let this = Arc::clone(self);
         tokio::spawn(async move {
             let _mark = mark;
-            let records = this.submit_all(jobs, on_busy).await;
+            let records = this.submit_all(&name, jobs, on_busy).await;
             let written = this.write(&name, &records, claim).await;
             if let Some(submitting) = lock(&this.submitting).get_mut(&name) {
                 clusters.iter().for_each(|c| {
@@ -121,17 +130,24 @@ impl Starts {
         });
     }
 
-    /// Every job's submit, at once; each target's record after it.
+    /// Every job's submit of `rollout`, at once, each written to the
+    /// audit log; each target's record after it.
     async fn submit_all(
         &self,
+        rollout: &str,
         jobs: Vec<Job>,
         on_busy: OnBusy,
     ) -> Vec<(usize, String, TargetRecord)> {
         let mut submits = tokio::task::JoinSet::new();
         for (i, cluster, request) in jobs {
             let executor = Arc::clone(&self.executor);
+            let (audit, rollout) = (Arc::clone(&self.audit), rollout.to_string());
             submits.spawn(async move {
+                let (method, request_id) = (request.kind.rules().rpc(), request.request_id.clone());
                 let result = executor.submit(&cluster, request).await;
+                let accepted = result.as_ref().map(|op| op.id.as_str());
+                let accepted = accepted.map_err(ToString::to_string);
+                audit.started_by_drover(method, &cluster, Some(&rollout), &request_id, accepted);
                 (i, cluster, result)
             });
         }

@@ -121,6 +121,8 @@ function clusterButtons(c, current, allowed, report) {
       `Suspend the task runs of cluster ${name}: no scheduled run starts (a run already going goes on) until resumed.`],
     ["resume-tasks", "Resume tasks", !!s.tasks_suspended,
       `Resume the task runs of cluster ${name}: due runs start.`],
+    ["recover", "Recover", (c.status || {}).state === "CLUSTER_STATE_ALERT" && !current,
+      `Recover cluster ${name}: the provider repairs what is down (RepairNodes), then every node must be ready; the cluster goes Recovering, then Running.`],
   ];
   const buttons = choices.filter(([action, , applies]) => applies && allowed.includes(action))
     .map(([action, label, , question]) => actionButton("action-" + action, label, question, on(action), report));

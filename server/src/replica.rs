@@ -123,13 +123,7 @@ impl Replica {
         let store = MeteredStore::wrap(store, Arc::clone(&metrics));
         let keys = KeyLayout::new(config.key_prefix.clone());
         let cache = ClusterCache::new(store.clone(), keys.clone(), Arc::clone(&metrics));
-        // In the background: an etcd that is slow to answer must not hold
-        // up the start.
         let mut tasks = Supervisor::new();
-        let checked = (store.clone(), Arc::clone(&metrics));
-        tasks.spawn("etcd-version-check", async move {
-            crate::store::known_issues::report(&checked.0, &checked.1).await
-        });
         let operations = Operations::new(
             store.clone(),
             keys.clone(),
@@ -158,20 +152,8 @@ impl Replica {
             admin_tls,
             &mut tasks,
         );
-        if let Some(interval) = config.compact_interval {
-            let prefix = config.key_prefix.clone();
-            let compactor =
-                crate::compactor::run(store.clone(), prefix, interval, work_stopped.clone());
-            tasks.spawn("compactor", compactor);
-        }
-        // The cache follows etcd until the lease is revoked: the hand-off
-        // decides from it which clusters run nothing here.
-        let (stop_cache, cache_stopped) = watch::channel(false);
-        // Reopening lasts as long as requests may come: to the end.
-        if let Some(reopen) = audit.reopen_on_sighup(cache_stopped.clone())? {
-            tasks.spawn("audit-reopen", reopen);
-        }
-        tasks.spawn("cluster-cache", Arc::clone(&cache).run(cache_stopped));
+        let watched = (&store, &metrics, &cache);
+        let stop_cache = start_followers(config, watched, &audit, &work_stopped, &mut tasks)?;
         let mut replica = Self {
             store,
             keys,
@@ -368,6 +350,40 @@ impl Replica {
         self.tasks.spawn("rollout-owners", run);
         owners
     }
+}
+
+/// What follows etcd beside the owner work: the etcd version check, the
+/// compactor (unless `--compact-interval 0`) until `work_stopped`, the
+/// cluster cache and the audit log's reopening on SIGHUP; returns what
+/// stops the cache.
+fn start_followers(
+    config: &Config,
+    (store, metrics, cache): (&SharedStore, &Arc<Metrics>, &Arc<ClusterCache>),
+    audit: &Arc<AuditLog>,
+    work_stopped: &watch::Receiver<bool>,
+    tasks: &mut Supervisor,
+) -> Result<watch::Sender<bool>, StartError> {
+    // In the background: an etcd that is slow to answer must not hold up
+    // the start.
+    let checked = (store.clone(), Arc::clone(metrics));
+    tasks.spawn("etcd-version-check", async move {
+        crate::store::known_issues::report(&checked.0, &checked.1).await
+    });
+    if let Some(interval) = config.compact_interval {
+        let prefix = config.key_prefix.clone();
+        let compactor =
+            crate::compactor::run(store.clone(), prefix, interval, work_stopped.clone());
+        tasks.spawn("compactor", compactor);
+    }
+    // The cache follows etcd until the lease is revoked: the hand-off
+    // decides from it which clusters run nothing here.
+    let (stop_cache, cache_stopped) = watch::channel(false);
+    // Reopening lasts as long as requests may come: to the end.
+    if let Some(reopen) = audit.reopen_on_sighup(cache_stopped.clone())? {
+        tasks.spawn("audit-reopen", reopen);
+    }
+    tasks.spawn("cluster-cache", Arc::clone(cache).run(cache_stopped));
+    Ok(stop_cache)
 }
 
 /// The web console, and the feed that keeps it live until `work_stopped`.

@@ -77,12 +77,19 @@ pub struct PgProviderProcess {
     port: u16,
     node_ports: (u16, u16),
     root: TempDir,
+    /// More flags, kept for restarts.
+    extra: Vec<String>,
 }
 
 impl PgProviderProcess {
     /// Starts `drover-postgres-provider` on a free port, with node ports
     /// from a free range, fsync off, offerings `small` and `medium`.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`Self::start`], with more flags (e.g. `--otlp-endpoint URL`).
+    pub async fn start_with(extra: &[&str]) -> Self {
         assert!(
             Path::new(BIN).join("postgres").exists(),
             "PostgreSQL 15 is not installed (scripts/install-deps.sh installs it)"
@@ -93,12 +100,14 @@ impl PgProviderProcess {
         // started there while this provider restarts would take it.
         let (port, last) = free_range(40);
         let node_ports = (port + 1, last);
-        let child = spawn(root.path(), port, node_ports, None);
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn(root.path(), port, node_ports, None, &extra);
         let provider = Self {
             child,
             port,
             node_ports,
             root,
+            extra,
         };
         provider.wait_serving().await;
         provider
@@ -116,7 +125,8 @@ impl PgProviderProcess {
     pub async fn restart_with_fault(&mut self, fault_point: Option<&str>) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn(self.root.path(), self.port, self.node_ports, fault_point);
+        let (root, ports) = (self.root.path(), self.node_ports);
+        self.child = spawn(root, self.port, ports, fault_point, &self.extra);
         self.wait_serving().await;
     }
 
@@ -171,7 +181,13 @@ impl Drop for PgProviderProcess {
     }
 }
 
-fn spawn(root: &Path, port: u16, (from, to): (u16, u16), fault_point: Option<&str>) -> Child {
+fn spawn(
+    root: &Path,
+    port: u16,
+    (from, to): (u16, u16),
+    fault_point: Option<&str>,
+    extra: &[String],
+) -> Child {
     let mut cmd = Command::new(workspace_binary("drover-postgres-provider"));
     cmd.args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")
@@ -182,6 +198,7 @@ fn spawn(root: &Path, port: u16, (from, to): (u16, u16), fault_point: Option<&st
     if let Some(point) = fault_point {
         cmd.args(["--fault-point", point]);
     }
+    cmd.args(extra);
     cmd.args(["--offering", "small=8MB:30", "--offering", "medium=16MB:40"])
         .args(["--port-range", &format!("{from}-{to}"), "--unsafe-no-fsync"])
         .env("RUST_LOG", "warn")

@@ -6,8 +6,10 @@
 use drover_client::v1::{self, OperationState as O};
 use drover_server::keys::KeyLayout;
 use drover_server::store::Store;
+use drover_tests::etcd::EtcdProcess;
 use drover_tests::fixture::{Backends, Fixture};
 use drover_tests::otlp::{traceparent_ids, OtlpReceiver, ReceivedSpan};
+use drover_tests::postgres::{PgProviderProcess, V1};
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{create_running, owner, wait_running};
 use std::time::Duration;
@@ -244,4 +246,67 @@ async fn droverctl_sends_a_trace_context_and_logs_join_the_trace() {
         assert_eq!(line["span"]["cluster"], "ctl", "{line}");
         assert_eq!(line["span"]["trace_id"], trace_id.as_str(), "{line}");
     }
+}
+
+/// The PostgreSQL provider continues an operation's trace: its spans of
+/// the calls a start makes are children of the replica's client spans.
+#[tokio::test]
+async fn the_postgresql_provider_continues_the_trace() {
+    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", BATCH_DELAY_MS);
+    let receiver = OtlpReceiver::start().await;
+    let otlp = ["--otlp-endpoint", receiver.endpoint.as_str()];
+    let etcd = EtcdProcess::start().await;
+    let provider = PgProviderProcess::start_with(&otlp).await;
+    let endpoint = provider.endpoint();
+    let mut args = vec!["--provider", endpoint.as_str(), "--lease-ttl", "10"];
+    args.extend(otlp);
+    let replica = ReplicaProcess::serve_with(&etcd.endpoint(), "r1", &args).await;
+    let mut client = replica.client().await;
+    let request = v1::CreateClusterRequest {
+        name: "pg".into(),
+        spec: Some(v1::ClusterSpec {
+            version: V1.into(),
+            control_nodes: 1,
+            node_offering: "small".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = client.clusters().create_cluster(request).await;
+    let start = created
+        .expect("create")
+        .into_inner()
+        .operation
+        .expect("a start");
+    let done = client.wait_operation(&start, Duration::from_secs(60)).await;
+    assert_eq!(done.unwrap().state, O::Succeeded as i32);
+
+    let store = etcd.store().await;
+    let key = KeyLayout::new(PREFIX).operation("pg", &start.id);
+    let kv = store.get(&key).await.unwrap().kvs.remove(0);
+    let record: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+    let (trace, _) = traceparent_ids(record["trace_parent"].as_str().expect("traced"));
+    let spans = receiver
+        .wait_for(SPANS_WAIT, "the provider's spans of the start", |spans| {
+            let calls: Vec<&Vec<u8>> = spans
+                .iter()
+                .filter(|s| s.service == "drover" && s.span.trace_id == trace && s.span.kind == 3)
+                .map(|s| &s.span.span_id)
+                .collect();
+            spans.iter().any(|s| {
+                s.service == "drover-postgres-provider"
+                    && s.span.trace_id == trace
+                    && calls.contains(&&s.span.parent_span_id)
+            })
+        })
+        .await;
+    let names: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.service == "drover-postgres-provider" && s.span.trace_id == trace)
+        .map(|s| s.span.name.as_str())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("/CreateNodes")),
+        "the provider's span of CreateNodes: {names:?}"
+    );
 }

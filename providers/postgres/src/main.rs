@@ -15,6 +15,10 @@ struct Args {
     /// Address to serve the provider API on.
     #[arg(long, default_value = "127.0.0.1:7090")]
     listen: String,
+    /// Where OpenTelemetry traces go over OTLP/gRPC [default: the standard
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; neither: no traces].
+    #[arg(long, env = "DROVER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Directory for data directories, logs and the state store.
     #[arg(long)]
     root: PathBuf,
@@ -46,14 +50,14 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Traces with the standard OTEL_* variables (the replica's spans
-    // continue here through the traceparent it sends).
+    let args = Args::parse();
+    // Traces to --otlp-endpoint or the standard OTEL_* variables (the
+    // replica's spans continue here through the traceparent it sends).
     let _telemetry = drover_telemetry::init(drover_telemetry::Options {
         log_format: drover_telemetry::LogFormat::Text,
         service: "drover-postgres-provider",
-        otlp_endpoint: None,
+        otlp_endpoint: args.otlp_endpoint.clone(),
     })?;
-    let args = Args::parse();
     let offerings = match args.offerings.is_empty() {
         true => config::default_offerings(),
         false => args.offerings.into_iter().collect(),

@@ -163,41 +163,51 @@ pub async fn run(
             .await?;
             print_runs(output, &runs);
         }
-        TaskCommand::Suspend { cluster, duration } => {
-            let until = duration.map(|seconds| {
-                let until =
-                    std::time::SystemTime::now() + std::time::Duration::from_secs(seconds.into());
-                let since_epoch = until
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
-                drover_proto::Timestamp {
-                    seconds: since_epoch.as_secs() as i64,
-                    nanos: since_epoch.subsec_nanos() as i32,
-                }
-            });
-            let request = v1::UpdateClusterRequest {
-                name: cluster.clone(),
-                suspend_tasks: Some(v1::TaskSuspension { until }),
-                ..Default::default()
-            };
-            client.clusters().update_cluster(request).await?;
-            match duration {
-                Some(seconds) => outln!("tasks of {cluster} suspended for {seconds} s"),
-                None => {
-                    outln!("tasks of {cluster} suspended until `droverctl task resume {cluster}`")
-                }
-            }
-        }
-        TaskCommand::Resume { cluster } => {
-            let request = v1::UpdateClusterRequest {
-                name: cluster.clone(),
-                resume_tasks: true,
-                ..Default::default()
-            };
-            client.clusters().update_cluster(request).await?;
-            outln!("tasks of {cluster} resumed");
-        }
+        TaskCommand::Suspend { cluster, duration } => suspend(client, cluster, duration).await?,
+        TaskCommand::Resume { cluster } => resume(client, cluster).await?,
     }
+    Ok(())
+}
+
+/// `task suspend`: no run of `cluster`'s tasks starts until resumed, or
+/// for `duration` seconds.
+async fn suspend(
+    client: &mut Client,
+    cluster: String,
+    duration: Option<u32>,
+) -> Result<(), ClientError> {
+    let until = duration.map(|seconds| {
+        let until = std::time::SystemTime::now() + std::time::Duration::from_secs(seconds.into());
+        let since_epoch = until
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        drover_proto::Timestamp {
+            seconds: since_epoch.as_secs() as i64,
+            nanos: since_epoch.subsec_nanos() as i32,
+        }
+    });
+    let request = v1::UpdateClusterRequest {
+        name: cluster.clone(),
+        suspend_tasks: Some(v1::TaskSuspension { until }),
+        ..Default::default()
+    };
+    client.clusters().update_cluster(request).await?;
+    match duration {
+        Some(seconds) => outln!("tasks of {cluster} suspended for {seconds} s"),
+        None => outln!("tasks of {cluster} suspended until `droverctl task resume {cluster}`"),
+    }
+    Ok(())
+}
+
+/// `task resume`: lifts a suspension of `cluster`'s task runs.
+async fn resume(client: &mut Client, cluster: String) -> Result<(), ClientError> {
+    let request = v1::UpdateClusterRequest {
+        name: cluster.clone(),
+        resume_tasks: true,
+        ..Default::default()
+    };
+    client.clusters().update_cluster(request).await?;
+    outln!("tasks of {cluster} resumed");
     Ok(())
 }
 

@@ -482,12 +482,21 @@ async fn leases_revoked(admins: &[String]) -> f64 {
 }
 
 /// Replicas die young when a deployment comes up, in rolling restarts and
-/// crash loops. Ten times, three replicas start together over clusters
-/// nobody owns, and one of them is killed -9 as soon as it owns its first
-/// cluster (polled every 10 ms), at TTL 15 s. It claims nothing before
-/// both peers hold a liveness connection to it, so each crash is seen by a
-/// peer and its clusters are with the others long before the TTL (it used
-/// to claim at once, and a crash before the peers connected cost a TTL).
+/// crash loops. Ten times, two replicas start over clusters nobody owns
+/// and a third joins them at once, and is killed -9 as soon as it owns its
+/// first cluster (polled every 10 ms), at TTL 15 s. It claims nothing
+/// before both peers hold a liveness connection to it, so each crash is
+/// seen by a peer and its clusters are with the others long before the
+/// TTL (it used to claim at once, and a crash before the peers connected
+/// cost a TTL).
+///
+/// The peers are up before it joins: "both peers" are the members its
+/// first look finds. Three processes started in the same instant may not
+/// see each other's member records yet, and one that sees none claims at
+/// once (a lone replica must); its crash in that first instant is left
+/// to the TTL (`replication/liveness.rs`, Caveats). Under a loaded
+/// machine that happened in 1 of 10 rounds, which is why they are not
+/// started together here.
 #[tokio::test]
 async fn a_replica_killed_right_after_its_first_claim_costs_no_ttl() {
     const TTL: &str = "15";
@@ -516,11 +525,11 @@ async fn a_replica_killed_right_after_its_first_claim_costs_no_ttl() {
     for round in 0..10 {
         let young = format!("y{round}");
         let endpoint = etcd.endpoint();
-        let (mut r1, mut r2, mut y) = tokio::join!(
+        let (mut r1, mut r2) = tokio::join!(
             ReplicaProcess::serve_with(&endpoint, "r1", &args),
             ReplicaProcess::serve_with(&endpoint, "r2", &args),
-            ReplicaProcess::serve_with(&endpoint, &young, &args),
         );
+        let mut y = ReplicaProcess::serve_with(&endpoint, &young, &args).await;
         let admin = y.admin_endpoint();
         wait_until(
             Duration::from_secs(20),

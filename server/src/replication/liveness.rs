@@ -54,7 +54,11 @@
 //!   `unwatched` (it claims nothing, peers keep its share) until every
 //!   peer that watches holds a liveness connection to it
 //!   ([`Ownership::watched_by_every_peer`]), or a TTL into its session
-//!   (a peer that cannot reach its admin port).
+//!   (a peer that cannot reach its admin port). "Every peer" is every
+//!   member record it has seen: replicas started in the same instant may
+//!   not see each other's records yet, and one that sees no peer claims
+//!   at once (a lone replica must), so its crash in that first instant is
+//!   left to the TTL.
 
 use super::*;
 use crate::cluster::{from_json, ClusterCache};

@@ -210,6 +210,23 @@ pub async fn stop_and_start(client: &mut drover_client::Client, cluster: &str, w
     }
 }
 
+/// A repair task (intensity 0.5) that runs once, now.
+pub fn repair_now(name: &str) -> drover_client::v1::TaskSpec {
+    use drover_client::v1;
+    v1::TaskSpec {
+        r#type: v1::TaskType::Repair as i32,
+        name: name.into(),
+        schedule: Some(v1::TaskSchedule {
+            start_date: "now".into(),
+            ..Default::default()
+        }),
+        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
+            intensity: "0.5".into(),
+            ..Default::default()
+        })),
+    }
+}
+
 /// Creates a cluster (version 1.29.0, one control node, `workers` workers)
 /// with its first start, waits for the start to succeed, and returns it.
 pub async fn create_running(

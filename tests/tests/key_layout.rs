@@ -102,18 +102,7 @@ async fn every_value_under_the_prefix_is_json() {
         f.run("layout", true, &format!("stop-{i}")).await;
         f.run("layout", false, &format!("start-{i}")).await;
     }
-    let task = v1::TaskSpec {
-        r#type: v1::TaskType::Repair as i32,
-        name: "nightly".into(),
-        schedule: Some(v1::TaskSchedule {
-            start_date: "now".into(),
-            ..Default::default()
-        }),
-        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
-            intensity: "0.5".into(),
-            ..Default::default()
-        })),
-    };
+    let task = drover_tests::repair_now("nightly");
     let put = v1::PutTaskRequest {
         cluster: "layout".into(),
         task: Some(task),

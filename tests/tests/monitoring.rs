@@ -4,7 +4,7 @@
 
 use drover_client::v1;
 use drover_tests::fixture::Fixture;
-use drover_tests::{create_running, scrape, wait_until};
+use drover_tests::{create_running, repair_now, scrape, wait_until};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,22 +101,6 @@ fn exported_names(exposition: &str) -> BTreeSet<String> {
         }
     }
     names
-}
-
-/// A repair task that runs once, now.
-fn repair_now(name: &str) -> v1::TaskSpec {
-    v1::TaskSpec {
-        r#type: v1::TaskType::Repair as i32,
-        name: name.into(),
-        schedule: Some(v1::TaskSchedule {
-            start_date: "now".into(),
-            ..Default::default()
-        }),
-        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
-            intensity: "0.5".into(),
-            ..Default::default()
-        })),
-    }
 }
 
 #[tokio::test]

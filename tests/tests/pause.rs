@@ -6,7 +6,7 @@
 use drover_client::v1::{self, ClusterState as S, TaskType as T};
 use drover_client::Client;
 use drover_tests::fixture::Fixture;
-use drover_tests::{create_running, wait_for_state, wait_until};
+use drover_tests::{create_running, repair_now, wait_for_state, wait_until};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -21,21 +21,6 @@ async fn set_paused(client: &mut Client, name: &str, paused: bool) -> v1::Cluste
     };
     let updated = client.clusters().update_cluster(request).await;
     updated.expect("paused or unpaused").into_inner()
-}
-
-fn repair_now() -> v1::TaskSpec {
-    v1::TaskSpec {
-        r#type: T::Repair as i32,
-        name: "now".into(),
-        schedule: Some(v1::TaskSchedule {
-            start_date: "now".into(),
-            ..Default::default()
-        }),
-        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
-            intensity: "0.5".into(),
-            ..Default::default()
-        })),
-    }
 }
 
 async fn task_status(client: &Client, cluster: &str) -> v1::TaskStatus {
@@ -85,7 +70,7 @@ async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaus
     // A task due now waits, saying why.
     let put = v1::PutTaskRequest {
         cluster: "held".into(),
-        task: Some(repair_now()),
+        task: Some(repair_now("now")),
     };
     f.client.tasks().put_task(put).await.expect("task put");
     let client = f.client.clone();
@@ -257,7 +242,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
     assert_eq!(cluster.generation, generation + 1, "refusals wrote nothing");
     let put = v1::PutTaskRequest {
         cluster: "quiet".into(),
-        task: Some(repair_now()),
+        task: Some(repair_now("now")),
     };
     f.client.tasks().put_task(put).await.expect("task put");
     wait_task(&f.client, "quiet", "the task to wait, suspended", |s| {
@@ -280,7 +265,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
 
     // For a while: a new start date runs once the time is up, by itself.
     ctl(&["task", "suspend", "quiet", "--for", "2s"]);
-    let mut again = repair_now();
+    let mut again = repair_now("now");
     again.schedule.as_mut().unwrap().start_date = "now+1s".into();
     let put = v1::PutTaskRequest {
         cluster: "quiet".into(),

@@ -16,7 +16,7 @@ use drover_server::store::SharedStore;
 use drover_server::task::{ReconcileOutcome, TaskScheduler, TaskStore};
 use drover_tests::fixture::{Fixture, FixtureBuilder};
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, owner, wait_until};
+use drover_tests::{create_running, owner, repair_now, wait_until};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,21 +136,6 @@ async fn wait_status(
     }
 }
 
-fn repair(name: &str) -> v1::TaskSpec {
-    v1::TaskSpec {
-        r#type: T::Repair as i32,
-        name: name.into(),
-        schedule: Some(v1::TaskSchedule {
-            start_date: "now".into(),
-            ..Default::default()
-        }),
-        properties: Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
-            intensity: "0.5".into(),
-            ..Default::default()
-        })),
-    }
-}
-
 fn backup(name: &str) -> v1::TaskSpec {
     v1::TaskSpec {
         r#type: T::Backup as i32,
@@ -213,33 +198,36 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
         create_only: true,
         request_id: String::new(),
     };
-    let bad_cron = with_schedule(repair("weekly"), |s| s.cron = "TZ=UTC 0 3 * * 1".into());
+    let bad_cron = with_schedule(repair_now("weekly"), |s| s.cron = "TZ=UTC 0 3 * * 1".into());
     let cases = [
         (
-            vec![repair("a"), backup("b"), bad_cron],
+            vec![repair_now("a"), backup("b"), bad_cron],
             "spec.tasks[2].schedule.cron: ",
         ),
-        (vec![repair("a"), repair("a")], "spec.tasks[1].name: "),
         (
-            vec![with_schedule(repair("a"), |s| {
+            vec![repair_now("a"), repair_now("a")],
+            "spec.tasks[1].name: ",
+        ),
+        (
+            vec![with_schedule(repair_now("a"), |s| {
                 s.timezone = "Europe/Warsaw".into()
             })],
             "spec.tasks[0].schedule.timezone: ",
         ),
         (
-            vec![with_schedule(repair("a"), |s| {
+            vec![with_schedule(repair_now("a"), |s| {
                 s.cron = "0 3 * * *".into();
                 s.interval = "24h".into();
             })],
             "spec.tasks[0].schedule.interval: ",
         ),
         (
-            vec![repair("6d3f4a1e-8f7b-4c1a-9a57-5f0e3a1b2c3d")],
+            vec![repair_now("6d3f4a1e-8f7b-4c1a-9a57-5f0e3a1b2c3d")],
             "spec.tasks[0].name: ",
         ),
         // Accepted, it crashed the owner's scheduler (date arithmetic).
         (
-            vec![with_schedule(repair("a"), |s| {
+            vec![with_schedule(repair_now("a"), |s| {
                 s.start_date = "now+1000000y".into()
             })],
             "spec.tasks[0].schedule.start_date: ",
@@ -279,11 +267,11 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
     // The same name in two types is fine.
     f.client
         .clusters()
-        .create_cluster(create("web", vec![repair("daily"), backup("daily")]))
+        .create_cluster(create("web", vec![repair_now("daily"), backup("daily")]))
         .await
         .expect("one name, two types");
     let generation = f.client.get_cluster("web").await.unwrap().generation;
-    let mut bad_intensity = repair("daily");
+    let mut bad_intensity = repair_now("daily");
     bad_intensity.properties = Some(v1::task_spec::Properties::Repair(v1::RepairProperties {
         intensity: "fast".into(),
         ..Default::default()
@@ -321,7 +309,7 @@ async fn bad_tasks_are_refused_naming_the_field_and_nothing_is_written() {
 async fn tasks_run_once_per_slot_with_status_split_from_spec() {
     let mut f = fixture(1).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
-    let put = f.put("db", repair("nightly")).await.unwrap();
+    let put = f.put("db", repair_now("nightly")).await.unwrap();
     assert_eq!(put.spec.as_ref().unwrap().name, "nightly");
     f.put("db", backup("nightly"))
         .await
@@ -375,9 +363,9 @@ async fn tasks_run_once_per_slot_with_status_split_from_spec() {
 
     // A change keeps the id and re-runs nothing already run; a new start
     // date is evaluated anew and runs again.
-    let changed = with_schedule(repair("nightly"), |s| s.retry_wait = "1s".into());
+    let changed = with_schedule(repair_now("nightly"), |s| s.retry_wait = "1s".into());
     f.put("db", changed).await.unwrap();
-    let changed = with_schedule(repair("nightly"), |s| s.start_date = "now+1s".into());
+    let changed = with_schedule(repair_now("nightly"), |s| s.start_date = "now+1s".into());
     f.put("db", changed).await.unwrap();
     let again = wait_status(
         &f.client,
@@ -445,7 +433,7 @@ async fn runs_wait_for_a_running_cluster_with_no_operation() {
             control_nodes: 1,
             worker_nodes: 1,
             node_offering: "medium".into(),
-            tasks: vec![repair("soon")],
+            tasks: vec![repair_now("soon")],
             ..Default::default()
         }),
         create_only: true,
@@ -510,7 +498,7 @@ async fn run_errors_and_scheduling_errors_propagate_for_repair_and_backup() {
     f.sim.fault("RunTask", 1, false).await;
     f.sim.fault("RunTask", 1, false).await;
     let no_retry = |task: v1::TaskSpec| with_schedule(task, |s| s.num_retries = Some(0));
-    f.put("db", no_retry(repair("r"))).await.unwrap();
+    f.put("db", no_retry(repair_now("r"))).await.unwrap();
     f.put("db", no_retry(backup("b"))).await.unwrap();
     for (task_type, name) in [(T::Repair, "r"), (T::Backup, "b")] {
         let failed = wait_status(&f.client, "db", task_type, name, "the run to fail", |s| {
@@ -532,7 +520,7 @@ async fn run_errors_and_scheduling_errors_propagate_for_repair_and_backup() {
             s.cron = cron;
         })
     };
-    f.put("db", never(repair("feb30"), "0 0 30 2 *"))
+    f.put("db", never(repair_now("feb30"), "0 0 30 2 *"))
         .await
         .unwrap();
     f.put("db", never(backup("apr31"), "0 0 31 4 *"))
@@ -560,7 +548,7 @@ async fn run_errors_and_scheduling_errors_propagate_for_repair_and_backup() {
         assert!(status.error.unwrap().contains("no next activation"));
     }
     // Fixed, the error clears and the task is scheduled.
-    f.put("db", never(repair("feb30"), "0 0 28 2 *"))
+    f.put("db", never(repair_now("feb30"), "0 0 28 2 *"))
         .await
         .unwrap();
     let fixed = wait_status(&f.client, "db", T::Repair, "feb30", "the fix", |s| {
@@ -583,12 +571,12 @@ async fn an_older_generation_never_deletes_or_recreates_tasks() {
     let store = f.store().await;
     let keys = KeyLayout::new(PREFIX);
     let registry = Registry::new(store.clone(), keys.clone());
-    f.put("db", repair("r1")).await.unwrap();
+    f.put("db", repair_now("r1")).await.unwrap();
     let old_generation: SpecRecord = registry.get("db").await.unwrap().spec;
     f.put("db", backup("b1")).await.unwrap();
     f.put(
         "db",
-        with_schedule(repair("r1"), |s| s.retry_wait = "5m".into()),
+        with_schedule(repair_now("r1"), |s| s.retry_wait = "5m".into()),
     )
     .await
     .unwrap();
@@ -686,7 +674,7 @@ async fn removing_a_task_stops_its_run() {
     let mut f = fixture(1).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     f.sim.set_task_latency(Duration::from_secs(60)).await;
-    f.put("db", repair("long")).await.unwrap();
+    f.put("db", repair_now("long")).await.unwrap();
     let running = wait_status(
         &f.client,
         "db",
@@ -735,7 +723,7 @@ async fn kill_9_of_the_owner_during_a_run_aborts_and_retries_it() {
     let mut f = fixture(2).start().await;
     let created = create_running(&mut f.client, "db", 1).await;
     f.sim.set_task_latency(Duration::from_secs(60)).await;
-    let task = with_schedule(repair("nightly"), |s| {
+    let task = with_schedule(repair_now("nightly"), |s| {
         s.num_retries = Some(3);
         s.retry_wait = "1s".into();
     });
@@ -819,7 +807,7 @@ async fn a_running_task_keeps_its_cluster_through_a_membership_change() {
         create_running(&mut f.client, name, 1).await;
     }
     for name in &names {
-        f.put(name, repair("long")).await.unwrap();
+        f.put(name, repair_now("long")).await.unwrap();
         wait_status(
             &f.client,
             name,

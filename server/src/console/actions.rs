@@ -7,7 +7,7 @@
 //! already authorized as that RPC.
 
 use super::body::read_json;
-use super::http::{from_status, json, Answer, Refused};
+use super::http::{answer_of, from_status, json, Answer, Refused};
 use super::Console;
 use crate::audit::RequestAudit;
 use drover_proto::v1::{self, clusters_server::Clusters, operations_server::Operations};
@@ -104,14 +104,8 @@ where
     let Some(update) = action.update(name.to_string()) else {
         return recover(console, name, audit).await;
     };
-    match console
-        .clusters
-        .update_cluster(audited(update, audit))
-        .await
-    {
-        Ok(cluster) => json(StatusCode::OK, &cluster.into_inner()),
-        Err(status) => from_status(status),
-    }
+    let updated = console.clusters.update_cluster(audited(update, audit));
+    answer_of(updated.await)
 }
 
 /// A Recover of `name`, accepted as any RecoverCluster call is; 503 on a
@@ -125,10 +119,7 @@ async fn recover(console: &Console, name: &str, audit: RequestAudit) -> Answer {
         name: name.to_string(),
         request_id: String::new(),
     };
-    match clusters.recover_cluster(audited(request, audit)).await {
-        Ok(operation) => json(StatusCode::OK, &operation.into_inner()),
-        Err(status) => from_status(status),
-    }
+    answer_of(clusters.recover_cluster(audited(request, audit)).await)
 }
 
 /// `POST /ui/api/operations/<cluster>/<id>/cancel` (body `{}`): the
@@ -153,10 +144,7 @@ where
     let cancelled = console
         .operations_api
         .cancel_operation(audited(request, audit));
-    match cancelled.await {
-        Ok(operation) => json(StatusCode::OK, &operation.into_inner()),
-        Err(status) => from_status(status),
-    }
+    answer_of(cancelled.await)
 }
 
 /// `message` as a request whose handler writes its audit line with

@@ -432,6 +432,14 @@ pub(super) fn error(status: StatusCode, code: &str, message: &str) -> Answer {
     answer
 }
 
+/// A handler's answer as JSON, or its status as an HTTP error.
+pub(super) fn answer_of<T: Serialize>(result: Result<tonic::Response<T>, Status>) -> Answer {
+    match result {
+        Ok(answer) => json(StatusCode::OK, &answer.into_inner()),
+        Err(status) => from_status(status),
+    }
+}
+
 pub(super) fn from_status(status: Status) -> Answer {
     let http = match status.code() {
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,

@@ -5,7 +5,7 @@
 
 use super::actions::audited;
 use super::body::read_json;
-use super::http::{from_status, json, rpc_path, Answer};
+use super::http::{answer_of, from_status, json, rpc_path, Answer};
 use super::Console;
 use crate::audit::RequestAudit;
 use drover_proto::v1::{self, rollouts_server::Rollouts};
@@ -69,10 +69,7 @@ struct ActionBody {
 /// `GET /ui/api/rollouts`: ListRollouts' answer.
 pub(super) async fn list_answer(console: &Console) -> Answer {
     let request = tonic::Request::new(v1::ListRolloutsRequest {});
-    match console.rollouts.list_rollouts(request).await {
-        Ok(list) => json(StatusCode::OK, &list.into_inner()),
-        Err(status) => from_status(status),
-    }
+    answer_of(console.rollouts.list_rollouts(request).await)
 }
 
 /// `GET /ui/api/rollouts/<name>`: GetRollout's answer and the actions

@@ -1,13 +1,14 @@
-//! What the console's browser tests share: a token file with roles, a
-//! plain HTTP request to the admin port, and signing in through the page.
+//! What the console's browser tests share (and a token file, which the
+//! security and audit tests use too): a plain HTTP request to the admin
+//! port, and signing in through the page.
 
 use crate::browser::{until, Browser};
-use crate::TempDir;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// A token file with `tokens` (name, role, token), written into `dir`.
-pub fn token_file(dir: &TempDir, tokens: &[(&str, &str, &str)]) -> PathBuf {
+/// A token file with `tokens` (name, role, token), digests only, written
+/// into `dir`; its path.
+pub fn token_file(dir: &Path, tokens: &[(&str, &str, &str)]) -> PathBuf {
     let mut file = String::new();
     for (name, role, token) in tokens {
         let digest: String = drover_server::auth::hash_token(token)
@@ -18,7 +19,7 @@ pub fn token_file(dir: &TempDir, tokens: &[(&str, &str, &str)]) -> PathBuf {
             "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
         ));
     }
-    let path = dir.path().join("tokens.toml");
+    let path = dir.join("tokens.toml");
     std::fs::write(&path, file).expect("token file");
     path
 }

@@ -100,6 +100,11 @@ impl Pki {
         }
     }
 
+    /// The PKI's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// A file in the PKI's directory (for token and password files).
     pub fn write(&self, name: &str, contents: &str) -> PathBuf {
         let path = self.dir.path().join(name);

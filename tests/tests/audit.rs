@@ -27,15 +27,13 @@ const TOKENS: [(&str, &str, Role); 3] = [
 
 /// A token file for [`TOKENS`] in `dir` (digests only); its path.
 fn token_file(dir: &Path) -> String {
-    let mut text = String::new();
-    for (name, token, role) in TOKENS {
-        let digest = hex_of(token);
-        text.push_str(&format!(
-            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
-        ));
-    }
-    let path = dir.join("tokens.toml");
-    std::fs::write(&path, text).expect("write the token file");
+    let roles: Vec<(String, &str)> = TOKENS.iter().map(|(_, t, r)| (r.to_string(), *t)).collect();
+    let tokens: Vec<(&str, &str, &str)> = TOKENS
+        .iter()
+        .zip(&roles)
+        .map(|((name, _, _), (role, token))| (*name, role.as_str(), *token))
+        .collect();
+    let path = drover_tests::console::token_file(dir, &tokens);
     path.to_string_lossy().into_owned()
 }
 

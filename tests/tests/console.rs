@@ -6,7 +6,6 @@
 //! fleet and cluster pages go to `target/console-screenshots/`.
 
 use drover_client::{v1, Client, ConnectOptions};
-use drover_server::auth::hash_token;
 use drover_tests::browser::{self, screenshots, until, Browser};
 use drover_tests::fixture::Backends;
 use drover_tests::replica::ReplicaProcess;
@@ -24,18 +23,8 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
     }
     let Backends { sim, etcd } = Backends::start().await;
     let dir = TempDir::new("console");
-    let mut tokens = String::new();
-    for (name, role, token) in [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)] {
-        let digest: String = hash_token(token)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        tokens.push_str(&format!(
-            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{digest}\"\n"
-        ));
-    }
-    let token_file = dir.path().join("tokens.toml");
-    std::fs::write(&token_file, tokens).expect("token file");
+    let tokens = [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)];
+    let token_file = drover_tests::console::token_file(dir.path(), &tokens);
     let args = [
         "--provider",
         &sim.endpoint(),

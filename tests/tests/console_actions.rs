@@ -97,7 +97,7 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     let backends = Backends::start().await;
     let dir = TempDir::new("console-actions");
     let tokens = [("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)];
-    let tokens = token_file(&dir, &tokens);
+    let tokens = token_file(dir.path(), &tokens);
     let tokens = tokens.to_str().expect("a UTF-8 path");
     let audit_log = dir.path().join("audit.log");
     let audit = audit_log.to_str().expect("a UTF-8 path");

@@ -24,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// A token file with [`VIEWER`] and [`OPERATOR`], written into `dir`.
 fn token_file(dir: &TempDir) -> PathBuf {
     console::token_file(
-        dir,
+        dir.path(),
         &[("dash", "viewer", VIEWER), ("ci", "operator", OPERATOR)],
     )
 }

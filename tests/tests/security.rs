@@ -4,7 +4,7 @@
 //! throwaway CA.
 
 use drover_client::{v1, Client, ClientError, ConnectOptions, Tls};
-use drover_server::auth::{all_rpc_roles, hash_token, Role};
+use drover_server::auth::{all_rpc_roles, Role};
 use drover_tests::etcd::{EtcdProcess, EtcdTlsFiles};
 use drover_tests::pki::Pki;
 use drover_tests::replica::ReplicaProcess;
@@ -22,22 +22,14 @@ const TOKENS: [(&str, &str, Role); 3] = [
 
 /// A token file for [`TOKENS`], holding only their digests.
 fn token_file(pki: &Pki) -> String {
-    let mut text = String::from("# digests only\n");
-    for (name, token, role) in TOKENS {
-        text.push_str(&format!(
-            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{}\"\n",
-            hex_digest(token)
-        ));
-    }
-    let path = pki.write("tokens.toml", &text);
-    path.to_string_lossy().into_owned()
-}
-
-fn hex_digest(token: &str) -> String {
-    hash_token(token)
+    let roles: Vec<String> = TOKENS.iter().map(|(_, _, role)| role.to_string()).collect();
+    let tokens: Vec<(&str, &str, &str)> = TOKENS
         .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+        .zip(&roles)
+        .map(|((name, token, _), role)| (*name, role.as_str(), *token))
+        .collect();
+    let path = drover_tests::console::token_file(pki.dir(), &tokens);
+    path.to_string_lossy().into_owned()
 }
 
 /// Calls `path` with an empty request (every field at its default) and

@@ -67,6 +67,7 @@ pub mod compactor;
 pub mod config;
 pub mod console;
 pub mod executor;
+pub mod health;
 pub mod keys;
 pub mod kind;
 pub mod metrics;

@@ -39,6 +39,10 @@ use crate::task::TaskType;
 const OPERATION_RESULTS: [&str; 3] = ["succeeded", "failed", "cancelled"];
 /// Final statuses of a task run, as `drover_task_runs_total` labels them.
 const RUN_STATUSES: [&str; 4] = ["done", "error", "stopped", "aborted"];
+/// What automatic remediation did, as `drover_remediations_total` labels
+/// it: started a remediation, short-circuited a cluster, gave up on a
+/// node (its retries used up).
+const REMEDIATION_OUTCOMES: [&str; 3] = ["started", "short_circuited", "gave_up"];
 /// The provider calls an operation sends again when the provider is
 /// unavailable, as `drover_provider_request_retries_total` labels them.
 pub const RETRIED_PROVIDER_CALLS: [&str; 8] = [
@@ -56,6 +60,11 @@ pub const RETRIED_PROVIDER_CALLS: [&str; 8] = [
 pub struct OperationLabels {
     pub kind: String,
     pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -213,6 +222,9 @@ pub struct Metrics {
     rollout_state: Family<RolloutStateLabels, Gauge>,
     rollout_clusters: Family<RolloutStateLabels, Gauge>,
     rollout_budget_paused: Family<RolloutLabels, Gauge>,
+    remediations: Family<OutcomeLabels, Counter>,
+    unhealthy_nodes: Gauge,
+    clusters_short_circuited: Gauge,
     pub audit_write_failures: Counter,
 }
 
@@ -308,6 +320,12 @@ impl Metrics {
                 => "rollout_clusters", "Targets of each rollout this replica runs, by their state";
             rollout_budget_paused: Family::<RolloutLabels, Gauge>::default()
                 => "rollout_budget_paused", "1 while a rollout this replica runs is paused by its failure budget";
+            remediations: Family::<OutcomeLabels, Counter>::default()
+                => "remediations", "Automatic remediation by outcome: started (a Recover naming unhealthy nodes), short_circuited (a cluster with more unhealthy nodes than max_unhealthy), gave_up (a node's retries used up)";
+            unhealthy_nodes: Gauge::default()
+                => "unhealthy_nodes", "Nodes past their health timeout in the clusters this replica owns, as last judged";
+            clusters_short_circuited: Gauge::default()
+                => "clusters_short_circuited", "Clusters this replica owns whose remediation is short-circuited";
             audit_write_failures: Counter::default()
                 => "audit_write_failures", "Audit log lines that could not be written (the requests went on)";
         });
@@ -318,6 +336,9 @@ impl Metrics {
     /// Creates at 0 the series the alert rules compare (see the module's
     /// Guarantees).
     fn create_alerted_series(&self) {
+        for outcome in REMEDIATION_OUTCOMES {
+            let _ = self.remediations.get_or_create(&OutcomeLabels { outcome });
+        }
         for kind in OperationKind::ALL {
             let kind = kind.name().to_string();
             for result in OPERATION_RESULTS {
@@ -396,6 +417,19 @@ impl Metrics {
                 })
                 .set(age);
         }
+    }
+
+    /// Counts a remediation outcome (one of [`REMEDIATION_OUTCOMES`]).
+    pub fn remediation(&self, outcome: &'static str) {
+        self.remediations
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Sets the health gauges of the clusters this replica owns.
+    pub fn set_health(&self, unhealthy_nodes: usize, short_circuited: usize) {
+        self.unhealthy_nodes.set(unhealthy_nodes as i64);
+        self.clusters_short_circuited.set(short_circuited as i64);
     }
 
     /// Sets a rollout's series: 1 on `state` among `states`, its targets'

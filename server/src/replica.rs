@@ -301,6 +301,15 @@ impl Replica {
             config.scan_interval,
             Arc::clone(&self.audit),
         );
+        let remediator = crate::health::Remediator::new(
+            self.operations.clone(),
+            Arc::clone(&executor),
+            Arc::clone(work),
+            Arc::clone(&self.cache),
+            config.scan_interval,
+            Arc::clone(&self.audit),
+            Arc::clone(&self.metrics),
+        );
         let rollouts = self.start_rollout_owners(work, &work_stopped);
         let store = RolloutStore::new(self.store.clone(), self.keys.clone());
         let starts = Starts::new(
@@ -329,6 +338,7 @@ impl Replica {
         .with(executor.clone())
         .with(scheduler)
         .with(scanner)
+        .with(remediator)
         .with(rollouts);
         self.tasks
             .spawn("owner-work", runtime.run(adoptions, work_stopped));

@@ -29,10 +29,11 @@
 use crate::audit::AuditLog;
 use crate::cluster::machine::Event;
 use crate::cluster::{
-    from_json, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateRecord,
-    SCHEMA_VERSION,
+    from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus,
+    StateRecord, SCHEMA_VERSION,
 };
 use crate::executor::Executor;
+use crate::health::merge_nodes;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
@@ -221,11 +222,15 @@ impl Scanner {
         claim: Claim,
         nodes: &[pb::ProviderNode],
     ) -> Result<(), LifecycleError> {
-        let shown: Vec<NodeStatus> = nodes.iter().map(node_status).collect();
         let mut status = cluster.status.clone().unwrap_or_default();
+        let shown = nodes.iter().map(node_status).collect();
+        let shown = merge_nodes(&status.nodes, shown, &now_rfc3339());
+        // What a node is, and since when it has not been ready (the clock
+        // of its health check; a node from before health checks gets it).
         let same = |a: &NodeStatus, b: &NodeStatus| {
             (&a.id, &a.role, &a.power_state, &a.version, a.ready)
                 == (&b.id, &b.role, &b.power_state, &b.version, b.ready)
+                && (a.not_ready_since.is_some() == b.not_ready_since.is_some())
         };
         if status.nodes.len() == shown.len()
             && status.nodes.iter().zip(&shown).all(|(a, b)| same(a, b))

@@ -256,6 +256,7 @@ mod tests {
             version: "1.29.0".into(),
             ready: true,
             facts: [("lag".to_string(), "0".to_string())].into(),
+            ..Default::default()
         };
         assert_eq!(
             node_violations(

@@ -163,9 +163,15 @@ impl SimProcess {
     }
 
     pub async fn set_health(&self, cluster_uid: &str, healthy: bool) {
+        self.set_node_health(cluster_uid, &[], healthy).await;
+    }
+
+    /// Marks the named nodes of a cluster (every node when none) healthy
+    /// or not.
+    pub async fn set_node_health(&self, cluster_uid: &str, node_ids: &[&str], healthy: bool) {
         let request = pb::NodeHealth {
             cluster_uid: cluster_uid.into(),
-            node_ids: Vec::new(),
+            node_ids: node_ids.iter().map(|id| id.to_string()).collect(),
             healthy,
         };
         self.control()

@@ -7,11 +7,11 @@
 
 use drover_client::v1;
 use drover_tests::postgres::{
-    address, data_dir, postmaster_pid, psql, writable, PgDeployment, BIN, V1, V2,
+    address, data_dir, kill_postmaster, primary, psql, rows_everywhere, writable, PgDeployment,
+    WritableSampler, BIN, V1, V2,
 };
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{scrape, start_upgrade, wait_for_state, wait_until};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,27 +51,6 @@ impl Steps for PgDeployment {
     }
 }
 
-fn primary(nodes: &[v1::Node]) -> v1::Node {
-    let controls: Vec<_> = nodes.iter().filter(|n| n.role == "control").collect();
-    assert_eq!(controls.len(), 1, "one primary: {nodes:#?}");
-    controls[0].clone()
-}
-
-fn count_rows(node: &v1::Node) -> Result<String, String> {
-    psql(&address(node), "SELECT count(*) FROM items")
-}
-
-/// Polls until every node serves the rows.
-async fn rows_everywhere(nodes: &[v1::Node]) {
-    for node in nodes {
-        wait_until(Duration::from_secs(30), "rows on every node", || {
-            let rows = count_rows(node);
-            std::future::ready(rows == Ok(ROWS.to_string()))
-        })
-        .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
     let mut d = deployment().await;
@@ -81,7 +60,7 @@ async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
          INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, {ROWS}) g"
     );
     psql(&address(&primary(&nodes)), &sql).expect("write rows");
-    rows_everywhere(&nodes).await;
+    rows_everywhere(&nodes, ROWS).await;
 
     let nodes = scale_to_three_standbys(&mut d, &nodes).await;
     let nodes = rolling_upgrade(&mut d, &nodes).await;
@@ -137,7 +116,7 @@ async fn a_provider_restarted_mid_upgrade_finishes_the_upgrade() {
         "{nodes:#?}"
     );
     assert_eq!(writable(&nodes), vec![primary(&nodes).id]);
-    rows_everywhere(&nodes).await;
+    rows_everywhere(&nodes, ROWS).await;
     stale_epochs_are_still_refused(&mut d, done.runs[0].epoch).await;
 }
 
@@ -150,6 +129,7 @@ async fn stale_epochs_are_still_refused(d: &mut PgDeployment, epoch: i64) {
         .await
         .expect("connect to the provider");
     let stale = pb::PowerRequest {
+        node_ids: Vec::new(),
         token: Some(pb::FencingToken {
             cluster_uid: uid,
             epoch: epoch - 1,
@@ -229,7 +209,7 @@ async fn scale_to_three_standbys(d: &mut PgDeployment, before: &[v1::Node]) -> V
         .filter(|n| !before.iter().any(|b| b.id == n.id))
         .collect();
     assert_eq!(new.len(), 1, "{nodes:#?}");
-    rows_everywhere(&nodes).await;
+    rows_everywhere(&nodes, ROWS).await;
     nodes
 }
 
@@ -238,27 +218,10 @@ async fn scale_to_three_standbys(d: &mut PgDeployment, before: &[v1::Node]) -> V
 /// accepts writes.
 async fn rolling_upgrade(d: &mut PgDeployment, before: &[v1::Node]) -> Vec<v1::Node> {
     let old_primary = primary(before).id;
-    let stop = Arc::new(AtomicBool::new(false));
-    let most_writable = Arc::new(Mutex::new(Vec::new()));
-    let sampler = {
-        let (stop, most, nodes) = (stop.clone(), most_writable.clone(), before.to_vec());
-        tokio::task::spawn_blocking(move || {
-            while !stop.load(Ordering::SeqCst) {
-                let now = writable(&nodes);
-                let mut most = most.lock().unwrap();
-                if now.len() > most.len() {
-                    *most = now;
-                }
-                drop(most);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let sampler = WritableSampler::start(before);
     let op = start_upgrade(&mut d.client, "pg", V2).await;
     d.succeeds(op).await;
-    stop.store(true, Ordering::SeqCst);
-    sampler.await.unwrap();
-    let most = most_writable.lock().unwrap().clone();
+    let (most, _) = sampler.finish().await;
     assert!(most.len() <= 1, "two writable primaries at once: {most:?}");
 
     let nodes = d.nodes().await;
@@ -269,7 +232,7 @@ async fn rolling_upgrade(d: &mut PgDeployment, before: &[v1::Node]) -> Vec<v1::N
     let new_primary = primary(&nodes);
     assert_ne!(new_primary.id, old_primary, "the primary switched over");
     assert_eq!(writable(&nodes), vec![new_primary.id.clone()]);
-    rows_everywhere(&nodes).await;
+    rows_everywhere(&nodes, ROWS).await;
     nodes
 }
 
@@ -278,12 +241,7 @@ async fn kill_a_standby_and_recover(d: &mut PgDeployment, nodes: &[v1::Node]) {
         .iter()
         .find(|n| n.role == "worker")
         .expect("a standby");
-    let pid = postmaster_pid(standby).expect("its postmaster");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    kill_postmaster(standby);
     // The scanner sees it unhealthy.
     wait_for_state(
         &d.client,
@@ -312,7 +270,7 @@ async fn kill_a_standby_and_recover(d: &mut PgDeployment, nodes: &[v1::Node]) {
     .await;
     let after = d.nodes().await;
     assert!(after.iter().all(|n| n.ready), "{after:#?}");
-    rows_everywhere(&after).await;
+    rows_everywhere(&after, ROWS).await;
 }
 
 /// A backup task writes a base backup into a `file:` location; a copy of

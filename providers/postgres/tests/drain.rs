@@ -33,6 +33,7 @@ async fn an_older_call_in_flight_ends_before_the_newer_epoch_answers_or_applies_
     let mut client = env.client.clone();
     let older = tokio::spawn(async move {
         let stop = pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         };
         let answer = client.stop_nodes(stop).await;

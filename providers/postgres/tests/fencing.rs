@@ -26,6 +26,7 @@ async fn stale_tokens_are_refused_also_after_a_restart_and_a_repeated_create_con
     assert!(all_healthy(&again));
 
     let stale = pb::PowerRequest {
+        node_ids: Vec::new(),
         token: token(uid, 4),
     };
     let refused = env.client.stop_nodes(stale.clone()).await.unwrap_err();
@@ -50,6 +51,7 @@ async fn stale_tokens_are_refused_also_after_a_restart_and_a_repeated_create_con
     let stop = env
         .client
         .stop_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 6),
         })
         .await
@@ -58,6 +60,7 @@ async fn stale_tokens_are_refused_also_after_a_restart_and_a_repeated_create_con
     let refused = env
         .client
         .start_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 5),
         })
         .await
@@ -67,6 +70,7 @@ async fn stale_tokens_are_refused_also_after_a_restart_and_a_repeated_create_con
     let unknown = env
         .client
         .start_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token("c-none", 1),
         })
         .await

@@ -22,6 +22,7 @@ async fn a_cluster_keeps_its_rows_through_stop_start_scale_repair_and_backup_the
     let stopped = env
         .client
         .stop_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         })
         .await
@@ -38,6 +39,7 @@ async fn a_cluster_keeps_its_rows_through_stop_start_scale_repair_and_backup_the
     let started = env
         .client
         .start_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         })
         .await
@@ -83,6 +85,7 @@ async fn a_cluster_keeps_its_rows_through_stop_start_scale_repair_and_backup_the
     let repaired = env
         .client
         .repair_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         })
         .await

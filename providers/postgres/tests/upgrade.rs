@@ -94,6 +94,7 @@ async fn a_rolling_upgrade_switches_over_and_a_killed_primary_is_replaced() {
     let repaired = env
         .client
         .repair_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         })
         .await
@@ -109,6 +110,7 @@ async fn a_rolling_upgrade_switches_over_and_a_killed_primary_is_replaced() {
     let again = env
         .client
         .repair_nodes(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: token(uid, 1),
         })
         .await

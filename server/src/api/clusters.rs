@@ -2,8 +2,8 @@
 
 use super::audited::{pending, Audited};
 use super::convert::{
-    cluster_to_proto, operation_to_proto, spec_from_proto, state_from_proto, suspension_from_proto,
-    tasks_from_proto,
+    cluster_to_proto, health_from_proto, maintenance_from_proto, operation_to_proto,
+    spec_from_proto, state_from_proto, suspension_from_proto, tasks_from_proto,
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
@@ -210,11 +210,16 @@ impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
         let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
-        if !request.update_labels && !request.update_tasks && request.paused.is_none() && !suspends
+        let policies = request.update_health || request.update_maintenance;
+        if !request.update_labels
+            && !request.update_tasks
+            && request.paused.is_none()
+            && !suspends
+            && !policies
         {
             return Err(FieldError::new(
                 "update_labels",
-                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks and/or resume_tasks",
+                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health and/or update_maintenance",
             )
             .into());
         }
@@ -244,6 +249,19 @@ impl ClustersService {
         } else {
             None
         };
+        // Checked here, as the spec checks them, so a bad one writes nothing.
+        let health = request
+            .update_health
+            .then(|| health_from_proto(request.health.unwrap_or_default()));
+        if let Some(health) = &health {
+            crate::health::policy::validate("health", health)?;
+        }
+        let maintenance = request
+            .update_maintenance
+            .then(|| maintenance_from_proto(request.maintenance.unwrap_or_default()));
+        if let Some(maintenance) = &maintenance {
+            crate::cluster::window::validate("maintenance", maintenance)?;
+        }
         let current = self.registry.get(&request.name).await?;
         self.operations.check_schema(&current)?;
         let gone = matches!(
@@ -272,6 +290,12 @@ impl ClustersService {
                 }
                 if suspension.is_some() || request.resume_tasks {
                     spec.tasks_suspended = suspension;
+                }
+                if let Some(health) = health {
+                    spec.health = health;
+                }
+                if let Some(maintenance) = maintenance {
+                    spec.maintenance = maintenance;
                 }
                 Ok::<_, ApiError>(())
             })

@@ -1,6 +1,7 @@
 //! Conversions between stored records and drover.v1 messages.
 
 use crate::cluster::{self, validate, ClusterRecord, ClusterState};
+use crate::health;
 use crate::operation::{OperationKind, OperationRecord, OperationState};
 use crate::task::{
     self,
@@ -94,9 +95,99 @@ pub fn spec_from_proto(
                 suspension_from_proto(&format!("{field}.tasks_suspended"), s, chrono::Utc::now())
             })
             .transpose()?,
+        health: spec.health.map(health_from_proto).unwrap_or_default(),
+        maintenance: spec
+            .maintenance
+            .map(maintenance_from_proto)
+            .unwrap_or_default(),
     };
     validate::spec(field, &spec)?;
     Ok(spec)
+}
+
+/// A health policy from the API (checked with the spec).
+pub fn health_from_proto(policy: v1::HealthPolicy) -> cluster::HealthPolicy {
+    cluster::HealthPolicy {
+        unhealthy_timeout_seconds: policy.unhealthy_timeout_seconds,
+        startup_timeout_seconds: policy.startup_timeout_seconds,
+        max_unhealthy: policy.max_unhealthy,
+        max_in_flight: policy.max_in_flight,
+        max_retry: policy.max_retry,
+        retry_period_seconds: policy.retry_period_seconds,
+        min_healthy_period_seconds: policy.min_healthy_period_seconds,
+    }
+}
+
+fn health_to_proto(policy: cluster::HealthPolicy) -> v1::HealthPolicy {
+    v1::HealthPolicy {
+        unhealthy_timeout_seconds: policy.unhealthy_timeout_seconds,
+        startup_timeout_seconds: policy.startup_timeout_seconds,
+        max_unhealthy: policy.max_unhealthy,
+        max_in_flight: policy.max_in_flight,
+        max_retry: policy.max_retry,
+        retry_period_seconds: policy.retry_period_seconds,
+        min_healthy_period_seconds: policy.min_healthy_period_seconds,
+    }
+}
+
+/// Maintenance windows from the API (checked with the spec).
+pub fn maintenance_from_proto(window: v1::MaintenanceWindow) -> cluster::MaintenanceWindow {
+    cluster::MaintenanceWindow {
+        window: window.window,
+        timezone: window.timezone,
+    }
+}
+
+/// Each node of `status` judged under `spec`'s health policy at `now`.
+fn nodes_to_proto(
+    spec: &cluster::Spec,
+    nodes: Vec<cluster::NodeStatus>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<v1::Node> {
+    let policy = health::Policy::of(&spec.health);
+    nodes
+        .into_iter()
+        .map(|node| {
+            let judged = health::judge(&node, &policy, now);
+            let health = match judged.health {
+                health::NodeHealth::Healthy => v1::NodeHealth::Healthy,
+                health::NodeHealth::NotReady => v1::NodeHealth::NotReady,
+                health::NodeHealth::Unhealthy => v1::NodeHealth::Unhealthy,
+            };
+            v1::Node {
+                id: node.id,
+                role: node.role,
+                power_state: node.power_state,
+                version: node.version,
+                ready: node.ready,
+                facts: node.facts.into_iter().collect(),
+                health: health as i32,
+                health_reason: judged.reason,
+                not_ready_since: node.not_ready_since.as_deref().and_then(timestamp),
+            }
+        })
+        .collect()
+}
+
+fn remediation_to_proto(
+    spec: &cluster::Spec,
+    remediation: cluster::RemediationStatus,
+) -> v1::Remediation {
+    let policy = health::Policy::of(&spec.health);
+    v1::Remediation {
+        message: remediation.message,
+        short_circuited: remediation.short_circuited,
+        nodes: remediation
+            .nodes
+            .into_iter()
+            .map(|node| v1::NodeRemediation {
+                retries_left: policy.max_retry.saturating_sub(node.attempts),
+                node_id: node.node_id,
+                attempts: node.attempts,
+                last_started_at: timestamp(&node.last_started_at),
+            })
+            .collect(),
+    }
 }
 
 pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
@@ -109,6 +200,8 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
         status,
     } = record;
     let status = status.unwrap_or_default();
+    let nodes = nodes_to_proto(&spec.spec, status.nodes, chrono::Utc::now());
+    let remediation = remediation_to_proto(&spec.spec, status.remediation);
     v1::Cluster {
         name: spec.name,
         uid: spec.uid,
@@ -135,21 +228,16 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
             tasks_suspended: spec.spec.tasks_suspended.map(|s| v1::TaskSuspension {
                 until: s.until.as_deref().and_then(timestamp),
             }),
+            health: Some(health_to_proto(spec.spec.health)),
+            maintenance: Some(v1::MaintenanceWindow {
+                window: spec.spec.maintenance.window,
+                timezone: spec.spec.maintenance.timezone,
+            }),
         }),
         status: Some(v1::ClusterStatus {
             state: Some(state_to_proto(state.state) as i32),
-            nodes: status
-                .nodes
-                .into_iter()
-                .map(|node| v1::Node {
-                    id: node.id,
-                    role: node.role,
-                    power_state: node.power_state,
-                    version: node.version,
-                    ready: node.ready,
-                    facts: node.facts.into_iter().collect(),
-                })
-                .collect(),
+            nodes,
+            remediation: Some(remediation),
             current_version: status.current_version,
             observed_generation: status.observed_generation,
             current_operation: state.operation.map(|slot| slot.id),

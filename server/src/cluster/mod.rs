@@ -8,12 +8,14 @@ mod record;
 mod registry;
 pub mod task_spec;
 pub mod validate;
+pub mod window;
 
 pub use cache::{CacheChange, ClusterCache};
 pub use drover_machine::ClusterState;
 pub use record::{
-    Autoscaling, ClusterRecord, LastOperation, NodeStatus, OperationSlot, Spec, SpecRecord,
-    StateRecord, StatusRecord, TaskSuspension, SCHEMA_VERSION,
+    Autoscaling, ClusterRecord, HealthPolicy, LastOperation, MaintenanceWindow, NodeRemediation,
+    NodeStatus, OperationSlot, RemediationStatus, Spec, SpecRecord, StateRecord, StatusRecord,
+    TaskSuspension, SCHEMA_VERSION,
 };
 pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,

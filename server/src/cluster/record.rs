@@ -44,6 +44,54 @@ pub struct Spec {
     /// `until`, when it has one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_suspended: Option<TaskSuspension>,
+    /// Node health checks and remediation; unset fields take defaults.
+    #[serde(default, skip_serializing_if = "HealthPolicy::is_default")]
+    pub health: HealthPolicy,
+    /// When Drover may start work of its own; empty: at any time.
+    #[serde(default, skip_serializing_if = "MaintenanceWindow::is_empty")]
+    pub maintenance: MaintenanceWindow,
+}
+
+/// `spec.health`, as given (`None`: the default, see `crate::health`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_timeout_seconds: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout_seconds: Option<u32>,
+    /// A count or a percentage (`40%`); empty: the default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub max_unhealthy: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period_seconds: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_healthy_period_seconds: Option<u32>,
+}
+
+impl HealthPolicy {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.maintenance`: `[WEEKDAY-]HH:MM` start/end pairs in a time zone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaintenanceWindow {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub window: Vec<String>,
+    /// IANA name; empty: UTC.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub timezone: String,
+}
+
+impl MaintenanceWindow {
+    pub fn is_empty(&self) -> bool {
+        self.window.is_empty() && self.timezone.is_empty()
+    }
 }
 
 /// A suspension of a cluster's scheduled task runs.
@@ -106,6 +154,45 @@ pub struct StatusRecord {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
+    /// What automatic remediation did, per node.
+    #[serde(default, skip_serializing_if = "RemediationStatus::is_empty")]
+    pub remediation: RemediationStatus,
+}
+
+/// `status.remediation`: written by the remediation controller before it
+/// asks for a remediation, so a crash never gives a node more than its
+/// retries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemediationStatus {
+    /// Why nothing is remediated now, when so.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub short_circuited: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeRemediation>,
+    /// Remediations asked for so far: the request ids' sequence.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub asked: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl RemediationStatus {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// One node's remediations since its retries were last reset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRemediation {
+    pub node_id: String,
+    pub attempts: u32,
+    /// RFC 3339.
+    pub last_started_at: String,
 }
 
 /// The outcome of the last finished operation.
@@ -133,6 +220,13 @@ pub struct NodeStatus {
     /// status is written and are never a reason to write it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub facts: BTreeMap<String, String>,
+    /// RFC 3339: since when the node has not been ready, as first observed
+    /// (kept across writes while it stays so); `None` when ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_since: Option<String>,
+    /// Not ready since it first appeared: judged by the startup timeout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub never_ready: bool,
 }
 
 /// Every record of one cluster, read together.

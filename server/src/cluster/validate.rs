@@ -125,6 +125,8 @@ pub fn spec(field: &str, spec: &Spec) -> Validation {
         ));
     }
     node_offering(&format!("{field}.node_offering"), &spec.node_offering)?;
+    crate::health::policy::validate(&format!("{field}.health"), &spec.health)?;
+    super::window::validate(&format!("{field}.maintenance"), &spec.maintenance)?;
     if !spec.provider.is_empty() {
         provider_name(&format!("{field}.provider"), &spec.provider)?;
     }

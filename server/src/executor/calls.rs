@@ -132,11 +132,23 @@ impl Holding<'_> {
                     .await
             }
             Step::StartNodes => {
-                let request = due_by(deadline, pb::PowerRequest { token });
+                let request = due_by(
+                    deadline,
+                    pb::PowerRequest {
+                        node_ids: Vec::new(),
+                        token,
+                    },
+                );
                 provider.start_nodes(request).await
             }
             Step::StopNodes => {
-                let request = due_by(deadline, pb::PowerRequest { token });
+                let request = due_by(
+                    deadline,
+                    pb::PowerRequest {
+                        node_ids: Vec::new(),
+                        token,
+                    },
+                );
                 provider.stop_nodes(request).await
             }
             Step::Resize { workers, offering } => {
@@ -175,7 +187,8 @@ impl Holding<'_> {
                     .await
             }
             Step::RepairNodes => {
-                let request = due_by(deadline, pb::PowerRequest { token });
+                let node_ids = self.operation.params.node_ids.clone();
+                let request = due_by(deadline, pb::PowerRequest { token, node_ids });
                 provider.repair_nodes(request).await
             }
             Step::HealthCheck => unreachable!("the health check describes"),

@@ -7,6 +7,7 @@ use crate::cluster::machine::{self, Event};
 use crate::cluster::{
     now_rfc3339, to_json, ClusterState, LastOperation, StateRecord, StatusRecord, SCHEMA_VERSION,
 };
+use crate::health::merge_nodes;
 use crate::metrics::{KindLabels, OperationLabels};
 use crate::operation::{LifecycleError, OperationError, OperationState};
 use crate::provider::{node_status, DESCRIBE_TIMEOUT};
@@ -145,9 +146,14 @@ impl Holding<'_> {
         let mut status = self.cluster.status.clone().unwrap_or_default();
         status.schema = SCHEMA_VERSION;
         if self.nodes_fresh {
-            status.nodes = self.nodes.iter().map(node_status).collect();
+            let shown = self.nodes.iter().map(node_status).collect();
+            status.nodes = merge_nodes(&status.nodes, shown, &now_rfc3339());
         }
         if state == OperationState::Succeeded {
+            // The health check passed: nothing holds remediation back any
+            // more (the attempts stay, for the retry budget).
+            status.remediation.message.clear();
+            status.remediation.short_circuited = false;
             status.observed_generation = Some(self.cluster.spec.generation);
             let version = &self.cluster.spec.spec.version;
             if self.nodes_fresh && all_at_version(&self.nodes, version) {

@@ -56,6 +56,7 @@ pub enum Controller {
     Tasks,
     Scanner,
     Rollouts,
+    Remediation,
 }
 
 impl Controller {
@@ -65,6 +66,7 @@ impl Controller {
             Controller::Tasks => "tasks",
             Controller::Scanner => "scanner",
             Controller::Rollouts => "rollouts",
+            Controller::Remediation => "remediation",
         }
     }
 }

@@ -259,6 +259,8 @@ pub fn node_status(node: &ProviderNode) -> crate::cluster::NodeStatus {
         version: node.version.clone(),
         ready: node_ready(node),
         facts: node.facts.clone().into_iter().collect(),
+        not_ready_since: None,
+        never_ready: false,
     }
 }
 

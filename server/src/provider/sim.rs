@@ -870,9 +870,12 @@ impl Provider for SimProvider {
         let due = time_left(&request);
         let r = request.into_inner();
         let work = work_of(&r, |r| &mut r.token);
-        self.mutate("RepairNodes", r.token, (due, work), |c, _| Ok(repair(c)))
-            .await
-            .map(Response::new)
+        let only = r.node_ids;
+        self.mutate("RepairNodes", r.token, (due, work), move |c, _| {
+            Ok(repair(c, &only))
+        })
+        .await
+        .map(Response::new)
     }
 
     /// Refuses node counts outside [`capabilities`], and versions and
@@ -965,10 +968,13 @@ fn done_report(task_type: &str, spec: Option<&drover_proto::v1::TaskSpec>) -> St
 
 /// Replaces every node that is off or unhealthy by a working one, as a
 /// real provider would restart or rebuild it.
-fn repair(cluster: &mut SimCluster) -> Landed {
+/// Powers on and heals the nodes not ready among `only` (every node when
+/// empty).
+fn repair(cluster: &mut SimCluster, only: &[String]) -> Landed {
     let mut repaired = Vec::new();
     for node in &mut cluster.nodes {
-        if !crate::provider::node_ready(node) {
+        let named = only.is_empty() || only.contains(&node.id);
+        if named && !crate::provider::node_ready(node) {
             node.power_state = "on".to_string();
             node.healthy = true;
             repaired.push(node.id.clone());
@@ -1185,13 +1191,19 @@ mod tests {
         };
         sim.create_nodes(Request::new(create)).await.unwrap();
         let stale = sim
-            .stop_nodes(Request::new(pb::PowerRequest { token: token(4) }))
+            .stop_nodes(Request::new(pb::PowerRequest {
+                node_ids: Vec::new(),
+                token: token(4),
+            }))
             .await
             .unwrap_err();
         assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
-        sim.stop_nodes(Request::new(pb::PowerRequest { token: token(5) }))
-            .await
-            .unwrap();
+        sim.stop_nodes(Request::new(pb::PowerRequest {
+            node_ids: Vec::new(),
+            token: token(5),
+        }))
+        .await
+        .unwrap();
         let log = sim
             .get_audit_log(Request::new(pb::AuditLogRequest::default()))
             .await
@@ -1216,7 +1228,10 @@ mod tests {
         };
         sim.describe_cluster(Request::new(fence)).await.unwrap();
         let late = sim
-            .stop_nodes(Request::new(pb::PowerRequest { token: token(5) }))
+            .stop_nodes(Request::new(pb::PowerRequest {
+                node_ids: Vec::new(),
+                token: token(5),
+            }))
             .await
             .unwrap_err();
         assert_eq!(late.code(), tonic::Code::FailedPrecondition);
@@ -1239,7 +1254,12 @@ mod tests {
             ..Default::default()
         };
         sim.create_nodes(Request::new(create)).await.unwrap();
-        let start = || sim.start_nodes(Request::new(pb::PowerRequest { token: token(1) }));
+        let start = || {
+            sim.start_nodes(Request::new(pb::PowerRequest {
+                node_ids: Vec::new(),
+                token: token(1),
+            }))
+        };
         assert!(start().await.is_ok());
         assert_eq!(start().await.unwrap_err().code(), tonic::Code::Internal);
         assert!(start().await.is_ok());
@@ -1270,7 +1290,10 @@ mod tests {
     async fn a_call_past_its_apply_by_applies_nothing() {
         let sim = SimProvider::new();
         created(&sim, 1).await;
-        let mut request = Request::new(pb::PowerRequest { token: token(5) });
+        let mut request = Request::new(pb::PowerRequest {
+            node_ids: Vec::new(),
+            token: token(5),
+        });
         let past = (now_ms() - 1_000).to_string().parse().unwrap();
         request
             .metadata_mut()
@@ -1296,6 +1319,7 @@ mod tests {
         .unwrap();
         let stop = |epoch| {
             let mut request = Request::new(pb::PowerRequest {
+                node_ids: Vec::new(),
                 token: token(epoch),
             });
             request
@@ -1322,6 +1346,7 @@ mod tests {
         assert_eq!(stops, 1, "applied once");
         // Another operation's stop is new work.
         let mut other = Request::new(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: Some(pb::FencingToken {
                 operation_id: "op2".into(),
                 ..token(6).unwrap()
@@ -1438,8 +1463,11 @@ mod tests {
         let caller = {
             let sim = sim.clone();
             tokio::spawn(async move {
-                sim.stop_nodes(Request::new(pb::PowerRequest { token }))
-                    .await
+                sim.stop_nodes(Request::new(pb::PowerRequest {
+                    node_ids: Vec::new(),
+                    token,
+                }))
+                .await
             })
         };
         let wanted = before.unwrap_or(0) + 1;
@@ -1535,7 +1563,10 @@ mod tests {
         let old = admitted_stop(&sim, token(5)).await;
         let elsewhere = admitted_stop(&sim, u2).await;
         let started = sim
-            .start_nodes(Request::new(pb::PowerRequest { token: token(6) }))
+            .start_nodes(Request::new(pb::PowerRequest {
+                node_ids: Vec::new(),
+                token: token(6),
+            }))
             .await;
         assert!(started.is_ok(), "{started:?}");
         let ended = tokio::time::timeout(Duration::from_millis(100), old).await;

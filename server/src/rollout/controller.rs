@@ -21,6 +21,9 @@
 //!   operation end, so the provider never runs more.
 //! - Nothing new starts while the rollout is paused (by a user or by its
 //!   failure budget), waits for an approval, soaks, or has been cancelled.
+//! - A target whose cluster is paused, or outside its maintenance window
+//!   (`spec.maintenance`), stays PENDING saying so; it starts when that
+//!   ends.
 //!
 //! # Caveats
 //! - The owner learns that an operation ended from the watch cache (a
@@ -467,6 +470,12 @@ impl RolloutController {
         if record.spec.spec.paused {
             let waiting = "waiting: the cluster is paused; it starts when unpaused";
             return Readiness::WaitSaying(waiting.into());
+        }
+        let window = &record.spec.spec.maintenance;
+        if let Some((why, _)) = crate::cluster::window::closed(window, chrono::Utc::now()) {
+            // Looked at again every POLL, so the opening needs no timer.
+            let waiting = format!("waiting: {why}");
+            return Readiness::WaitSaying(waiting);
         }
         match (&record.state.operation, spec.on_busy) {
             (None, _) => Readiness::Ready,

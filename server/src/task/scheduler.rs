@@ -14,6 +14,9 @@
 //!   the task id and the slot) to be absent, the cluster state to be as read
 //!   (Running, no operation), and the task record to be as read: one slot,
 //!   at most one run.
+//! - No run starts while the cluster is paused, its tasks are suspended,
+//!   or it is outside its maintenance window; the task's status says why,
+//!   and a run already going goes on.
 //! - A run left RUNNING under another owner epoch is first fenced at the
 //!   provider (StopTask with this owner's newer token), then recorded as
 //!   ABORTED and retried per the task's policy; it is never resumed.
@@ -733,6 +736,10 @@ fn why_waiting(
             Some(_) => {}
         }
     }
+    // A run already going is not asked: only starts wait for the window.
+    if let Some((why, opens)) = crate::cluster::window::closed(&spec.maintenance, now) {
+        return Some((format!("waiting: {why}"), opens));
+    }
     let state = &cluster.state;
     let reason = match (&state.operation, state.state) {
         (Some(slot), _) => format!(
@@ -785,4 +792,66 @@ fn failed_call_outcome(status: &tonic::Status) -> RunOutcome {
         format!("provider: {}", status.message())
     };
     (RunStatus::Error, Some(error), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{MaintenanceWindow, StateRecord, TaskSuspension};
+
+    fn running(maintenance: &[&str]) -> ClusterRecord {
+        let spec = crate::cluster::Spec {
+            maintenance: MaintenanceWindow {
+                window: maintenance.iter().map(|b| b.to_string()).collect(),
+                timezone: String::new(),
+            },
+            ..Default::default()
+        };
+        ClusterRecord {
+            spec: SpecRecord {
+                schema: SCHEMA_VERSION,
+                name: "c".into(),
+                uid: "u".into(),
+                generation: 1,
+                spec,
+                created_at: String::new(),
+                request_id: String::new(),
+            },
+            spec_revision: 1,
+            state: StateRecord {
+                schema: SCHEMA_VERSION,
+                uid: "u".into(),
+                state: ClusterState::Running,
+                operation: None,
+                changed_at: String::new(),
+            },
+            state_revision: 1,
+            status: None,
+            status_revision: 0,
+        }
+    }
+
+    /// A due run waits for the window, waking when it opens; the pause and
+    /// a suspension, which the operator lifts, are said first.
+    #[test]
+    fn a_due_run_waits_for_the_maintenance_window() {
+        let now = parse_time("2026-05-04T12:00:00Z").unwrap();
+        assert_eq!(why_waiting(&running(&[]), now), None);
+        assert_eq!(why_waiting(&running(&["11:00", "13:00"]), now), None);
+        let closed = running(&["01:00", "05:00"]);
+        let (reason, wake) = why_waiting(&closed, now).unwrap();
+        assert_eq!(
+            reason,
+            "waiting: outside the maintenance window (01:00..05:00 UTC); it opens at 2026-05-05T01:00:00Z"
+        );
+        assert_eq!(wake, parse_time("2026-05-05T01:00:00Z"));
+        let mut suspended = closed.clone();
+        suspended.spec.spec.tasks_suspended = Some(TaskSuspension { until: None });
+        let (reason, _) = why_waiting(&suspended, now).unwrap();
+        assert!(reason.contains("suspended"), "{reason}");
+        let mut paused = closed;
+        paused.spec.spec.paused = true;
+        let (reason, _) = why_waiting(&paused, now).unwrap();
+        assert!(reason.contains("paused"), "{reason}");
+    }
 }

@@ -58,8 +58,10 @@ pub enum ClusterCommand {
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
-    /// Replace a cluster's labels (bumps its generation): give the new
-    /// labels (--label), or --clear-labels to remove them all.
+    /// Replace a cluster's labels and/or its maintenance window (bumps its
+    /// generation): give the new labels (--label) or --clear-labels to
+    /// remove them all; the new window (--window, --timezone) or
+    /// --no-window to clear it.
     Update(UpdateArgs),
     /// Pause a cluster: Drover starts nothing on its own for it (no
     /// automatic remediation, task run or rollout step) until unpaused; an
@@ -192,7 +194,12 @@ impl RemoveNodesArgs {
 /// An update names what it changes: with no flag it would replace the
 /// labels with none, wiping them by accident.
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("change").required(true).args(["labels", "clear_labels"])))]
+#[command(group(
+    clap::ArgGroup::new("change")
+        .required(true)
+        .multiple(true)
+        .args(["labels", "clear_labels", "window", "no_window"])
+))]
 pub struct UpdateArgs {
     name: String,
     /// A label, key=value; repeatable. The labels given replace all.
@@ -201,6 +208,19 @@ pub struct UpdateArgs {
     /// Remove every label.
     #[arg(long, conflicts_with = "labels")]
     clear_labels: bool,
+    /// A maintenance window bound, [WEEKDAY-]HH:MM, read in pairs (start,
+    /// end): `--window Sat-22:00 --window Sun-06:00` or
+    /// `--window 01:00,05:00`. Drover starts task runs, rollout steps and
+    /// remediation only inside the window; the bounds given replace the
+    /// old window.
+    #[arg(long = "window", value_name = "BOUND", value_delimiter = ',')]
+    window: Vec<String>,
+    /// The IANA time zone of the window's bounds [default: UTC].
+    #[arg(long, value_name = "ZONE", requires = "window")]
+    timezone: Option<String>,
+    /// Remove the maintenance window: always open.
+    #[arg(long, conflicts_with_all = ["window", "timezone"])]
+    no_window: bool,
     /// Apply only if the cluster is still at this generation.
     #[arg(long, default_value_t = 0)]
     expected_generation: i64,
@@ -415,18 +435,29 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
 }
 
 async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result<(), ClientError> {
-    // `clear_labels` is the same request as no labels: the flag only says
-    // that no labels is what is meant.
+    // `clear_labels` is the same request as no labels, `no_window` as no
+    // window: the flags only say that none is what is meant.
     let UpdateArgs {
         name,
         labels,
-        clear_labels: _,
+        clear_labels,
+        window,
+        timezone,
+        no_window,
         expected_generation,
     } = args;
+    let update_labels = clear_labels || !labels.is_empty();
+    let update_maintenance = no_window || !window.is_empty();
+    let maintenance = v1::MaintenanceWindow {
+        window: window.iter().map(|b| b.trim().to_string()).collect(),
+        timezone: timezone.unwrap_or_default(),
+    };
     let request = v1::UpdateClusterRequest {
         name,
         labels: labels.into_iter().collect(),
-        update_labels: true,
+        update_labels,
+        maintenance: update_maintenance.then_some(maintenance),
+        update_maintenance,
         expected_generation,
         ..Default::default()
     };
@@ -656,6 +687,22 @@ fn state_name(cluster: &v1::Cluster) -> String {
     }
 }
 
+/// A maintenance window as `cluster describe` shows it: its pairs and its
+/// zone (`Sat-22:00..Sun-06:00 (Europe/Warsaw)`); `None` when there is none.
+pub fn window_shown(window: Option<&v1::MaintenanceWindow>) -> Option<String> {
+    let window = window.filter(|w| !w.window.is_empty())?;
+    let pairs: Vec<String> = window
+        .window
+        .chunks(2)
+        .map(|pair| pair.join(".."))
+        .collect();
+    let zone = match window.timezone.as_str() {
+        "" => "UTC",
+        zone => zone,
+    };
+    Some(format!("{} ({zone})", pairs.join(", ")))
+}
+
 /// The version column: the one running, and the one asked for when they
 /// differ (an upgrade under way, cancelled or failed).
 pub fn version_shown(cluster: &v1::Cluster) -> String {
@@ -750,6 +797,70 @@ mod tests {
         );
         assert_eq!(version_shown(&cluster("1.30.0", Some("1.30.0"))), "1.30.0");
         assert_eq!(version_shown(&cluster("1.30.0", None)), "1.30.0");
+    }
+
+    #[test]
+    fn a_window_is_shown_by_its_pairs_in_its_zone() {
+        let window = |bounds: &[&str], timezone: &str| v1::MaintenanceWindow {
+            window: bounds.iter().map(|b| b.to_string()).collect(),
+            timezone: timezone.into(),
+        };
+        assert_eq!(window_shown(None), None);
+        assert_eq!(window_shown(Some(&window(&[], "Europe/Warsaw"))), None);
+        assert_eq!(
+            window_shown(Some(&window(&["Sat-22:00", "Sun-06:00"], "Europe/Warsaw"))).as_deref(),
+            Some("Sat-22:00..Sun-06:00 (Europe/Warsaw)")
+        );
+        assert_eq!(
+            window_shown(Some(&window(&["01:00", "05:00", "13:00", "14:00"], ""))).as_deref(),
+            Some("01:00..05:00, 13:00..14:00 (UTC)")
+        );
+    }
+
+    #[test]
+    fn update_names_what_it_changes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: ClusterCommand,
+        }
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["cluster", "update", "web"].iter().chain(args))
+                .map(|cli| match cli.command {
+                    ClusterCommand::Update(args) => (args.window, args.timezone, args.no_window),
+                    _ => unreachable!(),
+                })
+                .map_err(|e| e.kind())
+        };
+        let bounds = |b: &[&str]| b.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            parse(&[
+                "--window",
+                "Sat-22:00",
+                "--window",
+                "Sun-06:00",
+                "--timezone",
+                "Europe/Warsaw"
+            ]),
+            Ok((
+                bounds(&["Sat-22:00", "Sun-06:00"]),
+                Some("Europe/Warsaw".into()),
+                false
+            ))
+        );
+        assert_eq!(
+            parse(&["--window", "01:00,05:00"]),
+            Ok((bounds(&["01:00", "05:00"]), None, false))
+        );
+        assert_eq!(parse(&["--no-window"]), Ok((vec![], None, true)));
+        assert!(parse(&[]).is_err(), "nothing to change");
+        assert!(
+            parse(&["--timezone", "UTC"]).is_err(),
+            "a zone needs its window"
+        );
+        assert!(parse(&["--no-window", "--window", "01:00,02:00"]).is_err());
+        assert!(parse(&["--label", "a=b", "--window", "01:00,02:00"]).is_ok());
     }
 
     #[test]

@@ -74,6 +74,9 @@ fn print(d: &Described) {
     field(1, "Control nodes", &spec.control_nodes.to_string());
     field(1, "Workers", &spec.worker_nodes.to_string());
     field(1, "Offering", &spec.node_offering);
+    if let Some(window) = crate::cluster::window_shown(spec.maintenance.as_ref()) {
+        field(1, "Maintenance", &window);
+    }
     outln!("Status:");
     let since = age(status.state_changed_at.as_ref());
     field(
@@ -90,6 +93,7 @@ fn print(d: &Described) {
         field(1, "Message", message);
     }
     nodes(&status.nodes);
+    remediation(status.remediation.as_ref());
     operations(&d.operations);
     tasks(&d.tasks);
     state_changes(&d.operations);
@@ -101,14 +105,45 @@ fn nodes(nodes: &[v1::Node]) {
         outln!("  (none)");
         return;
     }
-    let mut table = Table::new(["  ID", "ROLE", "POWER", "VERSION", "READY"]);
+    let mut table = Table::new(["  ID", "ROLE", "POWER", "VERSION", "READY", "HEALTH"]);
     for n in nodes {
+        let health = match v1::NodeHealth::try_from(n.health) {
+            Ok(v1::NodeHealth::Healthy) => "healthy".to_string(),
+            Ok(v1::NodeHealth::NotReady) => format!("not ready: {}", n.health_reason),
+            Ok(v1::NodeHealth::Unhealthy) => format!("UNHEALTHY: {}", n.health_reason),
+            _ => "-".to_string(),
+        };
         table.row([
             format!("  {}", n.id),
             n.role.clone(),
             n.power_state.clone(),
             n.version.clone(),
             n.ready.to_string(),
+            health,
+        ]);
+    }
+    table.print();
+}
+
+/// What automatic remediation did per node, and why it holds back now.
+fn remediation(remediation: Option<&v1::Remediation>) {
+    let Some(r) = remediation.filter(|r| !r.message.is_empty() || !r.nodes.is_empty()) else {
+        return;
+    };
+    outln!("Remediation:");
+    if !r.message.is_empty() {
+        field(1, "Held back", &r.message);
+    }
+    if r.nodes.is_empty() {
+        return;
+    }
+    let mut table = Table::new(["  NODE", "ATTEMPTS", "RETRIES LEFT", "LAST"]);
+    for n in &r.nodes {
+        table.row([
+            format!("  {}", n.node_id),
+            n.attempts.to_string(),
+            n.retries_left.to_string(),
+            format!("{} ago", age(n.last_started_at.as_ref())),
         ]);
     }
     table.print();

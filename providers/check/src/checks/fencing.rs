@@ -34,7 +34,10 @@ pub(super) async fn missing_token(s: &mut Scope<'_>) -> Outcome {
         ..s.create_request(&cluster, EPOCH)
     };
     invalid_token("CreateNodes", p.create_nodes(l.due(create)).await)?;
-    let power = pb::PowerRequest { token: None };
+    let power = pb::PowerRequest {
+        node_ids: Vec::new(),
+        token: None,
+    };
     invalid_token("StartNodes", p.start_nodes(l.due(power.clone())).await)?;
     invalid_token("StopNodes", p.stop_nodes(l.due(power.clone())).await)?;
     let delete = pb::DeleteNodesRequest::default();
@@ -80,6 +83,7 @@ pub(super) async fn unknown_cluster(s: &mut Scope<'_>) -> Outcome {
     let unknown = s.cluster();
     let (mut p, l) = (s.provider(), s.link());
     let power = pb::PowerRequest {
+        node_ids: Vec::new(),
         token: unknown.token(EPOCH),
     };
     refused(
@@ -133,6 +137,7 @@ pub(super) async fn stale_token_refused(s: &mut Scope<'_>) -> Outcome {
     let cluster = s.cluster();
     s.create(&cluster).await?;
     let newer = s.link().due(pb::PowerRequest {
+        node_ids: Vec::new(),
         token: cluster.token(EPOCH + 1),
     });
     let nodes = ok(
@@ -141,6 +146,7 @@ pub(super) async fn stale_token_refused(s: &mut Scope<'_>) -> Outcome {
     )?
     .nodes;
     let older = s.link().due(pb::PowerRequest {
+        node_ids: Vec::new(),
         token: cluster.token(EPOCH),
     });
     let answer = s.provider().stop_nodes(older).await;
@@ -199,6 +205,7 @@ pub(super) async fn drain(s: &mut Scope<'_>) -> Outcome {
     let old = {
         let mut provider = s.provider();
         let request = s.link().due(pb::PowerRequest {
+            node_ids: Vec::new(),
             token: cluster.token(EPOCH),
         });
         tokio::spawn(async move { (provider.stop_nodes(request).await, Instant::now()) })
@@ -278,6 +285,7 @@ pub(super) async fn deadline(s: &mut Scope<'_>) -> Outcome {
     let cluster = s.cluster();
     let created = s.create(&cluster).await?;
     let request = s.link().past_due(pb::PowerRequest {
+        node_ids: Vec::new(),
         token: cluster.token(EPOCH),
     });
     let call = "StopNodes (drover-apply-by a second ago)";

@@ -233,6 +233,7 @@ async fn power_twice(
     on: bool,
 ) -> Result<Vec<pb::ProviderNode>, Failure> {
     let request = pb::PowerRequest {
+        node_ids: Vec::new(),
         token: cluster.token(EPOCH),
     };
     let call = if on { "StartNodes" } else { "StopNodes" };
@@ -385,6 +386,7 @@ pub(super) async fn repair_healthy(s: &mut Scope<'_>) -> Outcome {
     let cluster = s.cluster();
     let created = s.create(&cluster).await?;
     let request = s.link().due(pb::PowerRequest {
+        node_ids: Vec::new(),
         token: cluster.token(EPOCH),
     });
     let nodes = match s.provider().repair_nodes(request).await {

@@ -4,6 +4,7 @@ use super::audited::{pending, Audited};
 use super::convert::{
     cluster_to_proto, health_from_proto, maintenance_from_proto, operation_to_proto,
     spec_from_proto, state_from_proto, suspension_from_proto, tasks_from_proto,
+    upgrade_policy_from_proto,
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
@@ -210,7 +211,8 @@ impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
         let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
-        let policies = request.update_health || request.update_maintenance;
+        let policies =
+            request.update_health || request.update_maintenance || request.update_upgrade_policy;
         if !request.update_labels
             && !request.update_tasks
             && request.paused.is_none()
@@ -219,7 +221,7 @@ impl ClustersService {
         {
             return Err(FieldError::new(
                 "update_labels",
-                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health and/or update_maintenance",
+                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health, update_maintenance and/or update_upgrade_policy",
             )
             .into());
         }
@@ -296,6 +298,10 @@ impl ClustersService {
                 }
                 if let Some(maintenance) = maintenance {
                     spec.maintenance = maintenance;
+                }
+                if request.update_upgrade_policy {
+                    let policy = request.upgrade_policy.unwrap_or_default();
+                    spec.upgrade_policy = upgrade_policy_from_proto(policy);
                 }
                 Ok::<_, ApiError>(())
             })

@@ -96,6 +96,10 @@ pub fn spec_from_proto(
             })
             .transpose()?,
         health: spec.health.map(health_from_proto).unwrap_or_default(),
+        upgrade_policy: spec
+            .upgrade_policy
+            .map(upgrade_policy_from_proto)
+            .unwrap_or_default(),
         maintenance: spec
             .maintenance
             .map(maintenance_from_proto)
@@ -131,6 +135,14 @@ fn health_to_proto(policy: cluster::HealthPolicy) -> v1::HealthPolicy {
 }
 
 /// Maintenance windows from the API (checked with the spec).
+/// An upgrade policy from the API (any values are valid).
+pub fn upgrade_policy_from_proto(policy: v1::UpgradePolicy) -> cluster::UpgradePolicy {
+    cluster::UpgradePolicy {
+        step_retries: policy.step_retries,
+        step_timeout_seconds: policy.step_timeout_seconds,
+    }
+}
+
 pub fn maintenance_from_proto(window: v1::MaintenanceWindow) -> cluster::MaintenanceWindow {
     cluster::MaintenanceWindow {
         window: window.window,
@@ -229,6 +241,10 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
                 until: s.until.as_deref().and_then(timestamp),
             }),
             health: Some(health_to_proto(spec.spec.health)),
+            upgrade_policy: Some(v1::UpgradePolicy {
+                step_retries: spec.spec.upgrade_policy.step_retries,
+                step_timeout_seconds: spec.spec.upgrade_policy.step_timeout_seconds,
+            }),
             maintenance: Some(v1::MaintenanceWindow {
                 window: spec.spec.maintenance.window,
                 timezone: spec.spec.maintenance.timezone,

@@ -15,7 +15,7 @@ pub use drover_machine::ClusterState;
 pub use record::{
     Autoscaling, ClusterRecord, HealthPolicy, LastOperation, MaintenanceWindow, NodeRemediation,
     NodeStatus, OperationSlot, RemediationStatus, Spec, SpecRecord, StateRecord, StatusRecord,
-    TaskSuspension, SCHEMA_VERSION,
+    TaskSuspension, UpgradePolicy, SCHEMA_VERSION,
 };
 pub use registry::{
     from_json, now_rfc3339, to_json, ClusterFilter, ClusterPage, FirstOperation, Registry,

@@ -50,6 +50,24 @@ pub struct Spec {
     /// When Drover may start work of its own; empty: at any time.
     #[serde(default, skip_serializing_if = "MaintenanceWindow::is_empty")]
     pub maintenance: MaintenanceWindow,
+    /// How an upgrade's node calls are retried; unset: no retry.
+    #[serde(default, skip_serializing_if = "UpgradePolicy::is_default")]
+    pub upgrade_policy: UpgradePolicy,
+}
+
+/// `spec.upgrade_policy`, as given (`None`: the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradePolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_timeout_seconds: Option<u32>,
+}
+
+impl UpgradePolicy {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// `spec.health`, as given (`None`: the default, see `crate::health`).

@@ -239,15 +239,14 @@ impl Holding<'_> {
         }
         let span =
             tracing::info_span!("step", otel.name = %step.name(), step = index + 1, of = total);
-        let call = self.call(step, deadline).instrument(span);
-        let failure = match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(())) => return Ok(()),
-            // Not the provider's answer: this replica stopped holding the
-            // cluster (a lapse whose lease may yet live, or a lost claim).
-            // Stop without writing; the holder next resumes or recovers.
-            Ok(Err(_)) if !self.holds_claim() => return Err(StepEnd::Interrupted),
-            Ok(Err(status)) => error(status.code(), format!("{at} failed: {}", status.message())),
-            Err(_) => error(Code::DeadlineExceeded, format!("timed out during {at}")),
+        let failure = match self
+            .call_retrying(step, &at, deadline)
+            .instrument(span)
+            .await
+        {
+            Attempts::Done => return Ok(()),
+            Attempts::Interrupted => return Err(StepEnd::Interrupted),
+            Attempts::Failed(failure) => failure,
         };
         if step.is_mutating() {
             self.look_after_failure(deadline).await;
@@ -260,6 +259,56 @@ impl Holding<'_> {
             OperationState::Failed
         };
         Err(StepEnd::Ended(state, step.failure_event(), failure))
+    }
+
+    /// Runs `step` by `deadline`, sent again as the cluster's upgrade
+    /// policy allows (node calls only: each attempt within the step
+    /// timeout, a failure that fencing did not cause retried after a wait
+    /// doubling from 1 s to 30 s); how the attempts ended.
+    async fn call_retrying(
+        &mut self,
+        step: &Step,
+        at: &str,
+        deadline: tokio::time::Instant,
+    ) -> Attempts {
+        let policy = StepPolicy::of(&self.cluster.spec.spec.upgrade_policy, step);
+        let mut waits = retry_waits();
+        let mut attempt = 0;
+        loop {
+            let attempt_deadline = policy
+                .timeout
+                .map_or(deadline, |t| deadline.min(tokio::time::Instant::now() + t));
+            let call = self.call(step, attempt_deadline);
+            let (failure, retryable) = match tokio::time::timeout_at(attempt_deadline, call).await {
+                Ok(Ok(())) => return Attempts::Done,
+                // Not the provider's answer: this replica stopped holding
+                // the cluster (a lapse whose lease may yet live, or a lost
+                // claim). Stop without writing; the holder next resumes or
+                // recovers.
+                Ok(Err(_)) if !self.holds_claim() => return Attempts::Interrupted,
+                Ok(Err(status)) => {
+                    let message = format!("{at} failed: {}", status.message());
+                    (error(status.code(), message), retryable(&status))
+                }
+                Err(_) => (
+                    error(Code::DeadlineExceeded, format!("timed out during {at}")),
+                    true,
+                ),
+            };
+            let wait = waits.next().unwrap_or(RETRY_MAX_WAIT);
+            let in_time = tokio::time::Instant::now() + wait < deadline;
+            if !retryable || attempt >= policy.retries || !in_time || self.cancel_seen().await {
+                return Attempts::Failed(failure);
+            }
+            attempt += 1;
+            let why = failure
+                .as_ref()
+                .map(|f| f.message.as_str())
+                .unwrap_or_default();
+            tracing::warn!(cluster = %self.cluster.spec.name, step = %step.name(), attempt, error = why, retry_in = ?wait, "a node call failed; sending it again (upgrade_policy.step_retries)");
+            self.executor.count_retry(step.provider_call());
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// Success only as the provider shows it: an upgrade ends with every
@@ -285,4 +334,65 @@ impl Holding<'_> {
         );
         Err(error(Code::FailedPrecondition, message))
     }
+}
+
+/// How a step's attempts ended.
+enum Attempts {
+    Done,
+    /// This replica stopped holding the cluster.
+    Interrupted,
+    /// The last attempt's failure.
+    Failed(Option<OperationError>),
+}
+
+/// How a step is retried: by the cluster's upgrade policy for node calls,
+/// not at all for the others.
+struct StepPolicy {
+    retries: u32,
+    timeout: Option<std::time::Duration>,
+}
+
+impl StepPolicy {
+    fn of(policy: &crate::cluster::UpgradePolicy, step: &Step) -> Self {
+        if !matches!(step, Step::UpgradeNode { .. }) {
+            return Self {
+                retries: 0,
+                timeout: None,
+            };
+        }
+        Self {
+            retries: policy.step_retries.unwrap_or(0),
+            timeout: policy
+                .step_timeout_seconds
+                .map(|s| std::time::Duration::from_secs(u64::from(s))),
+        }
+    }
+}
+
+const RETRY_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn retry_waits() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_secs(1))
+        .with_max_delay(RETRY_MAX_WAIT)
+        .without_max_times()
+        .build()
+}
+
+/// A failure worth sending the call again for: not a fencing refusal (a
+/// newer epoch owns the cluster), nor a request the provider will always
+/// refuse, nor a cancel.
+fn retryable(status: &tonic::Status) -> bool {
+    !matches!(
+        status.code(),
+        Code::FailedPrecondition
+            | Code::Aborted
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::Cancelled
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+    )
 }

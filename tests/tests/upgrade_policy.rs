@@ -1,0 +1,57 @@
+//! `spec.upgrade_policy`: an upgrade's node calls are sent again after a
+//! failure or a hang (step_retries, step_timeout_seconds), so a flaky node
+//! call does not fail the upgrade; without a policy the first failure does.
+
+use drover_client::v1;
+use drover_tests::fixture::Fixture;
+use drover_tests::{create_running, scrape, start_upgrade};
+
+async fn set_policy(f: &mut Fixture, cluster: &str, policy: v1::UpgradePolicy) {
+    let request = v1::UpdateClusterRequest {
+        name: cluster.into(),
+        upgrade_policy: Some(policy),
+        update_upgrade_policy: true,
+        ..Default::default()
+    };
+    let updated = f.client.clusters().update_cluster(request).await;
+    let spec = updated.expect("policy set").into_inner().spec.unwrap();
+    assert_eq!(spec.upgrade_policy.unwrap().step_retries, Some(2));
+}
+
+#[tokio::test]
+async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
+    let mut f = Fixture::builder().start().await;
+    create_running(&mut f.client, "flaky", 2).await;
+    let policy = v1::UpgradePolicy {
+        step_retries: Some(2),
+        step_timeout_seconds: Some(1),
+    };
+    set_policy(&mut f, "flaky", policy).await;
+    // The first node call fails, the next one hangs: two retries.
+    f.sim.fault("UpgradeNode", 1, false).await;
+    f.sim.fault("UpgradeNode", 1, true).await;
+    let op = start_upgrade(&mut f.client, "flaky", "1.30.0").await;
+    let done = f.finish(op).await;
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    let cluster = f.client.get_cluster("flaky").await.unwrap();
+    let nodes = cluster.status.unwrap().nodes;
+    assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
+    let samples = scrape::metrics(&f.replicas[0].admin_endpoint()).await;
+    let retries = scrape::sum(
+        &samples,
+        "drover_provider_request_retries_total",
+        "UpgradeNode",
+    );
+    assert_eq!(
+        retries, 2.0,
+        "one retry after the failure, one after the hang"
+    );
+
+    // Without a policy the first failure fails the upgrade, as before.
+    create_running(&mut f.client, "strict", 1).await;
+    f.sim.fault("UpgradeNode", 1, false).await;
+    let op = start_upgrade(&mut f.client, "strict", "1.30.0").await;
+    let done = f.finish(op).await;
+    assert_eq!(done.state, v1::OperationState::Failed as i32, "{done:?}");
+    f.check_history().await;
+}

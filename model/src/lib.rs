@@ -199,10 +199,22 @@
 //! target writes, and a target written PENDING after a lost answer (what
 //! Drover's reconcile does today; see that module's Caveats). Its checks
 //! are in `tests/rollout.rs`.
+//!
+//! # Automatic remediation
+//!
+//! [`remediation`] is another, with its own [`Model`]
+//! ([`remediation::Remediation`]): the owner's remediation controller
+//! recording a node's attempts and then asking for a Recover naming it,
+//! interleaved with a user's operation, nodes going down and owner crashes.
+//! It checks one operation at a time, the quorum guard, the in-flight limit
+//! and `max_retry` across crashes, and seeded flaws
+//! ([`remediation::RemediationFlaw`]) show each can fail. Its checks are in
+//! `tests/remediation.rs`.
 
 pub mod properties;
 pub mod protocol;
 pub mod provider;
+pub mod remediation;
 pub mod rollout;
 pub mod store;
 

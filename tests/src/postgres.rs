@@ -291,3 +291,91 @@ pub fn writable(nodes: &[v1::Node]) -> Vec<String> {
         .map(|n| n.id.clone())
         .collect()
 }
+
+/// The one node in the control role (the primary); panics unless there is
+/// exactly one.
+pub fn primary(nodes: &[v1::Node]) -> v1::Node {
+    let controls: Vec<_> = nodes.iter().filter(|n| n.role == "control").collect();
+    assert_eq!(controls.len(), 1, "one primary: {nodes:#?}");
+    controls[0].clone()
+}
+
+/// `SELECT count(*) FROM items` on the node.
+pub fn count_rows(node: &v1::Node) -> Result<String, String> {
+    psql(&address(node), "SELECT count(*) FROM items")
+}
+
+/// Polls until every node serves `rows` rows of `items`.
+pub async fn rows_everywhere(nodes: &[v1::Node], rows: u32) {
+    for node in nodes {
+        let what = format!("{rows} rows on {}", node.id);
+        wait_until(Duration::from_secs(30), &what, || {
+            let counted = count_rows(node);
+            std::future::ready(counted == Ok(rows.to_string()))
+        })
+        .await;
+    }
+}
+
+/// Kills the node's postmaster (kill -9, by the pid in its
+/// postmaster.pid); its children end by themselves.
+pub fn kill_postmaster(node: &v1::Node) {
+    let pid = postmaster_pid(node).expect("its postmaster");
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success(), "kill -9 {pid}");
+}
+
+/// Asks every node every 100 ms, on a thread of its own, which accept
+/// writes, and keeps the largest set seen at once.
+pub struct WritableSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    most: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    samples: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: tokio::task::JoinHandle<()>,
+}
+
+impl WritableSampler {
+    /// Starts sampling `nodes` (by their addresses: a node rebuilt in
+    /// place keeps its own).
+    pub fn start(nodes: &[v1::Node]) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let most = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let samples = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread = {
+            let (stop, most, samples) = (stop.clone(), most.clone(), samples.clone());
+            let nodes = nodes.to_vec();
+            tokio::task::spawn_blocking(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let now = writable(&nodes);
+                    samples.fetch_add(1, Ordering::SeqCst);
+                    let mut most = most.lock().unwrap_or_else(|p| p.into_inner());
+                    if now.len() > most.len() {
+                        *most = now;
+                    }
+                    drop(most);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Self {
+            stop,
+            most,
+            samples,
+            thread,
+        }
+    }
+
+    /// Stops sampling; the most nodes seen writable at once, and how many
+    /// samples were taken.
+    pub async fn finish(self) -> (Vec<String>, u64) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.await.expect("the sampler");
+        let most = self.most.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (most, self.samples.load(Ordering::SeqCst))
+    }
+}

@@ -180,6 +180,34 @@ async fn an_operator_pauses_suspends_and_cancels_from_the_console() {
     // starts the Recover from its page.
     backends.sim.set_health(&web.uid, false).await;
     wait_for_state(&client, "web", v1::ClusterState::Alert, WAIT).await;
+    // Past a short health timeout its node shows unhealthy, and the page
+    // says why remediation holds back.
+    let health = v1::UpdateClusterRequest {
+        name: "web".into(),
+        health: Some(v1::HealthPolicy {
+            unhealthy_timeout_seconds: Some(1),
+            ..Default::default()
+        }),
+        update_health: true,
+        ..Default::default()
+    };
+    client
+        .clusters()
+        .update_cluster(health)
+        .await
+        .expect("health");
+    let held = "(document.getElementById('remediation-message') || {}).textContent || ''";
+    until(&mut browser, held, WAIT, &mut seen, |v| {
+        v.as_str()
+            .is_some_and(|t| t.starts_with("paused: unhealthy nodes"))
+    })
+    .await;
+    let health = "[...document.querySelectorAll('.node-health')].map(e => e.textContent).join()";
+    until(&mut browser, health, WAIT, &mut seen, |v| {
+        v.as_str()
+            .is_some_and(|t| t.starts_with("unhealthy: not ready for"))
+    })
+    .await;
     backends.sim.set_health(&web.uid, true).await;
     let named = "Recover cluster web:";
     confirm(&mut browser, "action-recover", named, "Recover: done.").await;
@@ -262,10 +290,11 @@ fn assert_audited(log: &std::path::Path, cancelled: &str, bulk: [&str; 2]) {
         1,
         "{text}"
     );
-    // Its labels (through the API), then the pause and the suspension.
+    // Its labels and health policy (through the API), then the pause and
+    // the suspension.
     assert_eq!(
         line("Clusters/UpdateCluster", "web", "ci", "accepted"),
-        3,
+        4,
         "{text}"
     );
     let cancels: Vec<&str> = lines

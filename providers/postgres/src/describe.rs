@@ -1,7 +1,11 @@
 //! Describes a cluster as its processes show it, never as the record
 //! says it should be: a node is on when its postmaster runs, and healthy
 //! when it answers a query in its role (the primary not in recovery, a
-//! standby in recovery and streaming from the current primary).
+//! standby in recovery and streaming from the current primary). While the
+//! primary does not answer, a standby that answers in recovery is healthy
+//! (its `replication` fact says it waits for the primary): the fault is
+//! the primary's, which alone is reported unhealthy, so Drover's
+//! remediation names it instead of short-circuiting on every node.
 
 use crate::pg;
 use crate::store::{ClusterRecord, NodeRecord, Role};
@@ -22,8 +26,8 @@ pub async fn nodes(
 ) -> Result<Vec<pb::ProviderNode>, Status> {
     let primary = cluster.primary();
     let replicas = match primary {
-        Some(p) => replicas(inner, p).await,
-        None => HashMap::new(),
+        Some(p) => replicas(inner, cluster, p).await,
+        None => None,
     };
     let mut out = Vec::new();
     for node in &cluster.nodes {
@@ -32,14 +36,22 @@ pub async fn nodes(
     Ok(out)
 }
 
-async fn replicas(inner: &Inner, primary: &NodeRecord) -> HashMap<String, Replica> {
+/// What the primary says of its standbys; `None` when it does not run or
+/// does not answer.
+async fn replicas(
+    inner: &Inner,
+    cluster: &ClusterRecord,
+    primary: &NodeRecord,
+) -> Option<HashMap<String, Replica>> {
+    if !primary.built || !pg::running(&inner.node_dir(&cluster.uid, &primary.id)) {
+        return None;
+    }
     let sql = "SELECT application_name, state, \
                COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), 0)::bigint \
                FROM pg_stat_replication WHERE NOT pg_is_in_recovery()";
-    let Ok(out) = query(inner, primary, sql).await else {
-        return HashMap::new();
-    };
-    out.lines()
+    let out = query(inner, primary, sql).await.ok()?;
+    let replicas = out
+        .lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split('|').collect();
             let replica = Replica {
@@ -48,7 +60,8 @@ async fn replicas(inner: &Inner, primary: &NodeRecord) -> HashMap<String, Replic
             };
             Some((f.first()?.to_string(), replica))
         })
-        .collect()
+        .collect();
+    Some(replicas)
 }
 
 async fn query(inner: &Inner, node: &NodeRecord, sql: &str) -> Result<String, Status> {
@@ -69,7 +82,7 @@ async fn node_of(
     cluster: &ClusterRecord,
     node: &NodeRecord,
     primary: Option<&NodeRecord>,
-    replicas: &HashMap<String, Replica>,
+    replicas: &Option<HashMap<String, Replica>>,
 ) -> pb::ProviderNode {
     let dir = inner.node_dir(&cluster.uid, &node.id);
     let on = node.built && pg::running(&dir);
@@ -80,17 +93,24 @@ async fn node_of(
     let (healthy, replication) = match (node.role, in_recovery.as_deref()) {
         (_, None) => (false, "down".to_string()),
         (Role::Primary, Some("f")) => {
-            let mut names: Vec<&String> = replicas.keys().collect();
+            let mut names: Vec<&String> = replicas.iter().flat_map(|r| r.keys()).collect();
             names.sort();
             (true, format!("primary; standbys connected: {names:?}"))
         }
-        (Role::Standby, Some("t")) => match replicas.get(&node.id) {
-            Some(r) => {
+        (Role::Standby, Some("t")) => match replicas.as_ref().map(|r| r.get(&node.id)) {
+            None => {
+                let from = primary.map(|p| p.id.as_str()).unwrap_or("?");
+                (
+                    true,
+                    format!("waiting for the primary {from}, which does not answer"),
+                )
+            }
+            Some(Some(r)) => {
                 let from = primary.map(|p| p.id.as_str()).unwrap_or("?");
                 let text = format!("{} from {from}, lag {} bytes", r.state, r.lag);
                 (r.state == "streaming", text)
             }
-            None => (false, "not connected to the primary".to_string()),
+            Some(None) => (false, "not connected to the primary".to_string()),
         },
         (_, Some(other)) => (false, format!("wrong role: in recovery = {other}")),
     };

@@ -234,10 +234,34 @@ async fn switchover(ctx: &mut Ctx<'_>, version: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// Restarts what is down; when the primary is down and a standby runs,
-/// promotes the most caught-up standby and rebuilds the old primary as a
-/// standby (it may hold WAL the others never got, so it cannot follow).
-pub async fn repair(ctx: &mut Ctx<'_>) -> Result<(), Status> {
+/// Repairs the nodes `ids` names (RepairNodes' `node_ids`; empty: every
+/// node that needs it). A repair of the primary, or one made while the
+/// primary is down (a standby cannot stream without it), is the whole
+/// cluster's: what is down restarts; when the primary is down and a
+/// standby runs, the most caught-up standby is promoted and the old
+/// primary rebuilt as a standby (it may hold WAL the others never got, so
+/// it cannot follow). With the primary up and only standbys named, each
+/// of those is brought back to streaming (restarted, or rebuilt when it
+/// cannot restart or its data directory is gone) and the other nodes are
+/// left as they are. Names of nodes no longer in the cluster are skipped.
+pub async fn repair(ctx: &mut Ctx<'_>, ids: &[String]) -> Result<(), Status> {
+    let primary = ctx.primary()?;
+    let primary_up = primary.built && pg::running(&ctx.dir(&primary));
+    let named: Vec<String> = ids
+        .iter()
+        .filter(|id| ctx.node(id).is_some())
+        .cloned()
+        .collect();
+    if primary_up && !ids.is_empty() && !named.contains(&primary.id) {
+        for id in &named {
+            ctx.ensure_standby(id).await?;
+        }
+        return ctx.settle_only(Some(&named)).await;
+    }
+    repair_all(ctx).await
+}
+
+async fn repair_all(ctx: &mut Ctx<'_>) -> Result<(), Status> {
     let primary = ctx.primary()?;
     let primary_down = primary.built && !pg::running(&ctx.dir(&primary));
     if primary_down {

@@ -259,6 +259,11 @@ impl Ctx<'_> {
     /// Waits (bounded) until every standby streams; rebuilds, once, those
     /// that do not (e.g. a node whose history left the primary's).
     pub async fn settle(&mut self) -> Result<(), Status> {
+        self.settle_only(None).await
+    }
+
+    /// As [`Self::settle`], for the standbys in `only` alone when given.
+    pub async fn settle_only(&mut self, only: Option<&[String]>) -> Result<(), Status> {
         for rebuild in [true, false] {
             let until = Instant::now() + STREAM_WAIT;
             let mut lagging: Vec<String>;
@@ -266,6 +271,7 @@ impl Ctx<'_> {
                 let streaming = self.streaming().await?;
                 lagging = self.standbys().into_iter().map(|n| n.id).collect();
                 lagging.retain(|id| !streaming.contains(id));
+                lagging.retain(|id| only.is_none_or(|only| only.contains(id)));
                 if lagging.is_empty() {
                     return Ok(());
                 }

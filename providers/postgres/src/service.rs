@@ -50,7 +50,8 @@ enum Op {
     Delete(Vec<String>),
     Resize(Option<u32>, Option<String>),
     Upgrade(String, String),
-    Repair,
+    /// The nodes named (empty: every node that needs it).
+    Repair(Vec<String>),
     Describe,
 }
 
@@ -192,7 +193,7 @@ async fn apply(ctx: &mut Ctx<'_>, exists: bool, op: Op) -> Result<(), Status> {
             lifecycle::converge(ctx).await
         }
         Op::Start => lifecycle::converge(ctx).await,
-        Op::Repair => lifecycle::repair(ctx).await,
+        Op::Repair(ids) => lifecycle::repair(ctx, &ids).await,
         Op::Stop => lifecycle::stop_all(ctx).await,
         Op::Delete(ids) if ids.is_empty() => match exists {
             true => lifecycle::destroy(ctx).await,
@@ -443,7 +444,8 @@ impl Provider for PostgresProvider {
 
     async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let due = deadline(&request);
-        self.fenced("RepairNodes", request.into_inner().token, due, Op::Repair)
+        let r = request.into_inner();
+        self.fenced("RepairNodes", r.token, due, Op::Repair(r.node_ids))
             .await
     }
 

@@ -241,17 +241,34 @@ function fleetView(params) {
   };
 }
 
+// A node's health as the API judged it at the read, with why.
+function nodeHealth(n) {
+  switch (n.health) {
+    case "NODE_HEALTH_UNHEALTHY":
+      return h("span", { class: "error node-health" }, `unhealthy: ${n.health_reason}`);
+    case "NODE_HEALTH_NOT_READY":
+      return h("span", { class: "node-health" }, `not ready: ${n.health_reason}`);
+    default:
+      return h("span", { class: "node-health" }, n.ready ? "healthy" : "not ready");
+  }
+}
+
 function clusterView(name) {
   let result = ""; // what the last action here answered
   const report = (message) => { result = message; schedule(); };
   return {
+    // Node health is judged at each read (a timeout passes without a
+    // write), and a status write sends no event: read again every 5 s.
+    pollMs: 5000,
     async refresh() {
       const d = await api("clusters/" + enc(name));
       const c = d.cluster, s = c.spec, st = c.status || {};
       const current = d.operations.find((o) => o.id === st.current_operation);
       const nodes = (st.nodes || []).map((n) => [n.id, n.role, n.power_state, n.version,
-        n.ready ? "ready" : h("span", { class: "error" }, "not ready"),
-        Object.entries(n.facts || {}).map(([k, v]) => `${k}=${v}`).join(", ")]);
+        nodeHealth(n), Object.entries(n.facts || {}).map(([k, v]) => `${k}=${v}`).join(", ")]);
+      const rem = st.remediation || {};
+      const remediated = (rem.nodes || []).map((r) => [r.node_id, String(r.attempts || 0),
+        String(r.retries_left || 0), time(r.last_started_at)]);
       const tasks = d.tasks.map((t) => {
         const run = (t.status || {}).last_run;
         return [t.spec.name, short(t.spec.type),
@@ -282,6 +299,10 @@ function clusterView(name) {
             ? `suspended${s.tasks_suspended.until ? " until " + time(s.tasks_suspended.until) : " until resumed"}` : "scheduled"),
           h("dt", {}, "Message"), h("dd", {}, st.message || "—")),
         h("h2", {}, "Nodes"), table(["Node", "Role", "Power", "Version", "Health", "Facts"], nodes),
+        h("h2", {}, "Remediation"),
+        h("p", { id: "remediation-message", class: rem.short_circuited ? "error" : "muted" },
+          rem.message || "nothing held back"),
+        remediated.length ? table(["Node", "Attempts", "Retries left", "Last"], remediated) : "",
         h("h2", {}, "Tasks"), table(["Task", "Type", "Last run", "Next activation", "Error"], tasks),
         h("h2", {}, "Operations"), table(["Id", "Kind", "State", "Progress", "Created", "Finished", "Error"], ops));
     },

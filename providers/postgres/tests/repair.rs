@@ -1,0 +1,123 @@
+//! RepairNodes by name, as Drover's remediation calls it: the nodes named
+//! are repaired and the others left as they are; a standby whose data
+//! directory is gone is rebuilt; a primary that does not answer is the
+//! only node describe reports unhealthy, and naming it fails the cluster
+//! over.
+
+mod common;
+
+use common::*;
+use drover_proto::provider::v1 as pb;
+use std::time::Duration;
+
+fn repair(uid: &str, ids: &[&str]) -> pb::PowerRequest {
+    pb::PowerRequest {
+        node_ids: ids.iter().map(|id| id.to_string()).collect(),
+        token: token(uid, 1),
+    }
+}
+
+fn node<'a>(nodes: &'a [pb::ProviderNode], id: &str) -> &'a pb::ProviderNode {
+    nodes.iter().find(|n| n.id == id).expect("the node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_by_name_repairs_the_named_standby_alone() {
+    let mut env = Env::new("repair-named").await;
+    let uid = "c-named";
+    let nodes = create(&mut env, uid, 1, 2).await;
+    write_rows(&nodes, 50).await;
+    let (a, b) = ("pg-1", "pg-2");
+    kill9(node(&nodes, a));
+    kill9(node(&nodes, b));
+    // The second also loses its data directory.
+    let dir = node(&nodes, b).facts["data_dir"].clone();
+    std::fs::remove_dir_all(&dir).unwrap();
+    describe_until(&mut env, uid, "both standbys down", |ns| {
+        ns.iter()
+            .filter(|n| n.role == "worker")
+            .all(|n| n.power_state == "off")
+    })
+    .await;
+    let primary_pid = postmaster_pid(&primary(&nodes).facts["data_dir"]);
+
+    // Named: pg-1 comes back; pg-2 is left down.
+    let nodes = env
+        .client
+        .repair_nodes(repair(uid, &[a]))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(node(&nodes, a).healthy, "{nodes:#?}");
+    assert_eq!(node(&nodes, b).power_state, "off", "{nodes:#?}");
+    assert_eq!(count_rows(node(&nodes, a)), "50");
+    // A name no longer in the cluster changes nothing.
+    let nodes = env
+        .client
+        .repair_nodes(repair(uid, &["pg-9"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(node(&nodes, b).power_state, "off", "{nodes:#?}");
+
+    // Named: pg-2 is rebuilt (its data directory was gone).
+    let nodes = env
+        .client
+        .repair_nodes(repair(uid, &[b]))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(all_healthy(&nodes), "{nodes:#?}");
+    assert!(std::path::Path::new(&dir).join("PG_VERSION").exists());
+    for n in &nodes {
+        assert_eq!(count_rows(n), "50", "rows on {}", n.id);
+    }
+    // The primary ran through both repairs untouched.
+    let after = postmaster_pid(&primary(&nodes).facts["data_dir"]);
+    assert_eq!(after, primary_pid, "the primary was restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_down_is_the_only_unhealthy_node_and_its_repair_fails_over() {
+    let mut env = Env::new("repair-primary").await;
+    let uid = "c-primary";
+    let nodes = create(&mut env, uid, 1, 2).await;
+    write_rows(&nodes, 50).await;
+    let old = primary(&nodes).clone();
+    kill9(&old);
+    let seen = describe_until(&mut env, uid, "the primary down", |ns| {
+        ns.iter().any(|n| n.id == old.id && n.power_state == "off")
+    })
+    .await;
+    // The standbys answer in recovery: the fault is the primary's alone
+    // (so Drover's remediation names it instead of short-circuiting).
+    for n in seen.iter().filter(|n| n.id != old.id) {
+        assert!(n.healthy, "{n:#?}");
+        assert!(n.facts["replication"].contains("waiting for the primary"));
+    }
+    assert!(!node(&seen, &old.id).healthy);
+
+    let nodes = env
+        .client
+        .repair_nodes(repair(uid, &[&old.id]))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(all_healthy(&nodes), "{nodes:#?}");
+    let new = primary(&nodes);
+    assert_ne!(new.id, old.id, "a standby was promoted");
+    assert_eq!(node(&nodes, &old.id).role, "worker", "{nodes:#?}");
+    let sql = "INSERT INTO items VALUES (51, 'after')";
+    psql(&address(new), sql).unwrap();
+    for n in &nodes {
+        let addr = address(n);
+        eventually(Duration::from_secs(20), "the new row everywhere", || {
+            (psql(&addr, "SELECT count(*) FROM items").ok()? == "51").then_some(())
+        })
+        .await;
+    }
+}

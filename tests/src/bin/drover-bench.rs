@@ -11,8 +11,16 @@
 //! rollout over many clusters at a concurrency limit, its owner killed part
 //! way (`drover_tests::rollout_bench`). The throughput phase runs again
 //! with every replica exporting OpenTelemetry traces at `--trace-sample`
-//! (1 % by default), so tracing's cost shows beside its absence. Prints a
-//! table and writes JSON.
+//! (1 % by default), so tracing's cost shows beside its absence.
+//!
+//! `--phases` runs only some of them (throughput, tracing, failover,
+//! handoff, crash, bulk, rollout). Each prints its figures under a heading
+//! `== <phase> ==` as it ends; the JSON is written at the end. The bench
+//! fails (non-zero exit) on a panic, and when a phase it ran produced no
+//! figure where one is expected (no samples, NaN, zero): a missing figure is
+//! an error, a slow number is not. Every process it starts (etcd, the
+//! provider, the replicas) is killed by pid when it ends, also on a panic
+//! and on SIGINT, SIGTERM or SIGHUP.
 
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
@@ -32,6 +40,10 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(name = "drover-bench", about = "Drover vs raw etcd, side by side")]
 struct Args {
+    /// The phases to run, comma-separated (default: all); they run in the
+    /// order listed here whatever the order given.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Phase::ALL)]
+    phases: Vec<Phase>,
     /// Concurrent clients in the throughput phases.
     #[arg(long, default_value_t = 32)]
     clients: usize,
@@ -64,6 +76,10 @@ struct Args {
     /// Clusters in the bulk-recovery phase.
     #[arg(long, default_value_t = 10_000)]
     bulk_clusters: usize,
+    /// Create the bulk clusters through the API, one call each (slow at
+    /// 100,000), rather than copies of the first written straight into etcd.
+    #[arg(long)]
+    bulk_through_api: bool,
     /// Clusters in the rollout phase (0: no rollout phase).
     #[arg(long, default_value_t = 10_000)]
     rollout_clusters: usize,
@@ -807,6 +823,10 @@ impl CpuTimes {
 }
 
 struct Bulk {
+    /// Creating the clusters (through the API, `--clients` at a time).
+    create: Duration,
+    /// From the first create until every cluster had an owner.
+    owned: Duration,
     recovery: Duration,
     slowest_request: Duration,
     rss_mib: Vec<f64>,
@@ -824,31 +844,28 @@ async fn bulk(
     bench: &mut Bench,
     clusters: usize,
     clients: usize,
+    through_api: bool,
     profiles: Option<&std::path::Path>,
 ) -> Bulk {
     let store = Arc::new(bench.etcd.store().await);
-    let per_client = clusters.div_ceil(clients);
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let mut client = bench.replicas[c % bench.replicas.len()].1.client().await;
-        tasks.push(tokio::spawn(async move {
-            for i in (c * per_client)..((c + 1) * per_client).min(clusters) {
-                create(&mut client, &format!("bulk-{i:05}"), false).await;
-            }
-        }));
+    let creating = Instant::now();
+    if through_api {
+        create_bulk(bench, clusters, clients).await;
+    } else {
+        seed_bulk(bench, &store, clusters, clients).await;
     }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    wait_until(
-        Duration::from_secs(300),
+    let create = creating.elapsed();
+    eprintln!("bulk: {clusters} clusters created in {create:?}; waiting for owners...");
+    let bound = Duration::from_secs(300);
+    wait_owned(
+        &store,
+        clusters,
+        None,
+        bound,
         "every bulk cluster to be owned",
-        || {
-            let store = Arc::clone(&store);
-            async move { owned_bulk_clusters(&store, None).await == clusters }
-        },
     )
     .await;
+    let owned = creating.elapsed();
     let rss_mib = bench
         .replicas
         .iter()
@@ -873,23 +890,127 @@ async fn bulk(
     });
     let killed = Instant::now();
     replica.kill9();
-    wait_until(
-        Duration::from_secs(300),
-        "the dead replica's clusters to be owned again",
-        || {
-            let (store, victim) = (Arc::clone(&store), victim.clone());
-            async move { owned_bulk_clusters(&store, Some(&victim)).await == clusters }
-        },
-    )
-    .await;
+    let what = "the dead replica's clusters to be owned again";
+    wait_owned(&store, clusters, Some(&victim), bound, what).await;
     let recovery = killed.elapsed();
     probing.store(false, std::sync::atomic::Ordering::SeqCst);
     let slowest_request = probe.await.unwrap();
     Bulk {
+        create,
+        owned,
         recovery,
         slowest_request,
         rss_mib,
         rest_cpu,
+    }
+}
+
+/// The name of bulk cluster `i`.
+fn bulk_name(i: usize) -> String {
+    format!("bulk-{i:05}")
+}
+
+/// Creates (create-only) the bulk clusters through the API, `clients` at a
+/// time. Creates slow down as the replicas hold more clusters: on two
+/// cores, 57,851 of 100,000 took 4 min 50 s, the last at 75 a second.
+async fn create_bulk(bench: &Bench, clusters: usize, clients: usize) {
+    let per_client = clusters.div_ceil(clients);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client = bench.replicas[c % bench.replicas.len()].1.client().await;
+        tasks.push(tokio::spawn(async move {
+            for i in (c * per_client)..((c + 1) * per_client).min(clusters) {
+                create(&mut client, &bulk_name(i), false).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// Bulk clusters written per etcd transaction (two keys each: etcd takes
+/// at most 128 operations per transaction by default).
+const SEED_BATCH: usize = 50;
+
+/// Creates the bulk clusters quickly: the first (create-only) through the
+/// API, the rest written straight into etcd as copies of its records (every
+/// key holding its name but its owner key, with the name and uid replaced
+/// by fresh ones), [`SEED_BATCH`] clusters per transaction, `clients`
+/// transactions in flight. The replicas learn of them through their watch,
+/// as of any cluster another replica created. The records are copied, not
+/// built, so the bench follows whatever the server writes.
+async fn seed_bulk(bench: &Bench, store: &Arc<EtcdStore>, clusters: usize, clients: usize) {
+    if clusters == 0 {
+        return;
+    }
+    let template = bulk_name(0);
+    let mut client = bench.replicas[0].1.client().await;
+    create(&mut client, &template, false).await;
+    let uid = client
+        .get_cluster(&template)
+        .await
+        .expect("get cluster")
+        .uid;
+    let all = store
+        .range(RangeRequest::prefix("/drover/v1/"))
+        .await
+        .expect("read the template");
+    let records: Vec<(String, String)> = all
+        .kvs
+        .iter()
+        .filter(|kv| kv.key.contains(&format!("/{template}")))
+        .filter(|kv| !kv.key.starts_with("/drover/v1/owners/"))
+        .map(|kv| {
+            let value = String::from_utf8(kv.value.clone()).expect("a UTF-8 record");
+            (kv.key.clone(), value)
+        })
+        .collect();
+    assert!(
+        records.iter().any(|(_, value)| value.contains(&uid)),
+        "no record of {template} holds its uid {uid}: {records:?}"
+    );
+    let records = Arc::new(records);
+    let batch = (SEED_BATCH * 2 / records.len().max(1)).max(1);
+    let batches: Vec<std::ops::Range<usize>> = (1..clusters)
+        .step_by(batch)
+        .map(|first| first..(first + batch).min(clusters))
+        .collect();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let batches = Arc::new(batches);
+    let mut tasks = Vec::new();
+    for _ in 0..clients.max(1) {
+        let (store, records, batches, next) = (
+            Arc::clone(store),
+            Arc::clone(&records),
+            Arc::clone(&batches),
+            Arc::clone(&next),
+        );
+        let (template, uid) = (template.clone(), uid.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(range) = batches.get(n) else {
+                    return;
+                };
+                let mut puts = Vec::new();
+                for i in range.clone() {
+                    let (name, new_uid) = (bulk_name(i), uuid::Uuid::new_v4().to_string());
+                    for (key, value) in records.iter() {
+                        let key = key.replace(&template, &name);
+                        let value = value.replace(&template, &name).replace(&uid, &new_uid);
+                        puts.push(Op::put(key, value));
+                    }
+                }
+                store
+                    .txn(Txn::new().and_then(puts))
+                    .await
+                    .expect("seed bulk clusters");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
     }
 }
 
@@ -918,6 +1039,45 @@ async fn rest_cpu(bench: &Bench, profiles: Option<&std::path::Path>) -> (f64, f6
     (share(after.0 - before.0), share(after.1 - before.1))
 }
 
+/// Waits (for at most `bound`) until `clusters` bulk clusters are owned, by
+/// a replica other than `dead`. etcd counts the owner keys (no values sent)
+/// every 50 ms; they are read (every value: megabytes at 100,000) only once
+/// the count is complete and who owns them matters, and then no more often
+/// than every four times a read takes: a bench that read them all every
+/// 50 ms would keep etcd busy enough to starve the replicas' lease renewals.
+async fn wait_owned(
+    store: &EtcdStore,
+    clusters: usize,
+    dead: Option<&str>,
+    bound: Duration,
+    what: &str,
+) {
+    let started = Instant::now();
+    let mut next_read = started;
+    loop {
+        let count = store
+            .range(RangeRequest::prefix("/drover/v1/owners/bulk-").limit(1))
+            .await
+            .expect("count owners")
+            .count;
+        if count >= clusters && Instant::now() >= next_read {
+            let Some(dead) = dead else {
+                return;
+            };
+            let read = Instant::now();
+            if owned_bulk_clusters(store, Some(dead)).await == clusters {
+                return;
+            }
+            next_read = Instant::now() + read.elapsed() * 4;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "timed out after {bound:?} waiting for {what} ({count} of {clusters} have an owner key)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Bulk clusters with an owner key, not counting those owned by `dead`.
 async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
     let owners = store
@@ -933,14 +1093,81 @@ async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
 }
 
 #[tokio::main]
-async fn main() {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let (mut bench, pinned) = start(&args).await;
-    let report = measure(&mut bench, &args, pinned).await;
-    let json = serde_json::to_string_pretty(&report.json(&args)).unwrap();
+    match run(&args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("drover-bench: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts the processes, runs the phases asked for, stops the processes
+/// (by pid, when `Bench` drops: also on a panic, which unwinds through here,
+/// and on SIGINT, SIGTERM or SIGHUP), then writes the JSON and checks that
+/// every phase run produced its figures.
+async fn run(args: &Args) -> Result<(), String> {
+    let mut signals = Signals::new();
+    let (mut bench, pinned) = tokio::select! {
+        started = start(args) => started,
+        signal = signals.next() => return Err(format!("{signal} while starting; stopped")),
+    };
+    let mut report = Report::new(pinned, args);
+    tokio::select! {
+        () = measure(&mut bench, args, &mut report) => {}
+        signal = signals.next() => {
+            drop(bench);
+            return Err(format!(
+                "{signal} during the phases; every process it started is stopped"
+            ));
+        }
+    }
+    // etcd, the provider and every replica, killed by pid and reaped.
+    drop(bench);
+    let json = serde_json::to_string_pretty(&report.json(args)).unwrap();
     std::fs::write(&args.json, json).expect("write the JSON report");
-    report.print_table(&args);
     println!("JSON: {}", args.json.display());
+    let missing = report.missing(args);
+    if missing.is_empty() {
+        let ran: Vec<&str> = report.phases.iter().map(|p| p.name()).collect();
+        println!("every figure present ({})", ran.join(", "));
+        Ok(())
+    } else {
+        Err(format!(
+            "{} figure(s) missing: {}",
+            missing.len(),
+            missing.join("; ")
+        ))
+    }
+}
+
+/// The signals that end the bench early (its processes stopped first).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).expect("listen for signals");
+        Self {
+            term: listen(SignalKind::terminate()),
+            int: listen(SignalKind::interrupt()),
+            hup: listen(SignalKind::hangup()),
+        }
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
 }
 
 /// etcd (pinned to `--etcd-cpu` when asked: the CPUs of etcd and of
@@ -971,39 +1198,58 @@ async fn start(args: &Args) -> (Bench, Option<(String, String)>) {
     (bench, pinned)
 }
 
-/// Every phase, in order.
-async fn measure(bench: &mut Bench, args: &Args, pinned: Option<(String, String)>) -> Report {
+/// The phases asked for, in the bench's order (whatever order `--phases`
+/// named them in), each printed under its heading as it ends.
+async fn measure(bench: &mut Bench, args: &Args, report: &mut Report) {
     let length = Duration::from_secs(args.seconds);
-    let drover = throughput(
-        &bench.etcd,
-        &bench.replicas,
-        args.clients,
-        length,
-        args.rounds.max(1),
-        &bench.processes(),
-        args.etcd_profiles.as_deref(),
-        "bench",
-    )
-    .await;
-    let traced = traced(bench, args).await;
-    eprintln!("failover x{}...", args.failovers);
-    let failovers = failover(bench, args.failovers).await;
-    eprintln!("SIGTERM hand-off...");
-    let handoff = handoff(bench).await;
-    let crash = crash_phase(bench, args).await;
-    eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
-    let profiles = args.etcd_profiles.as_deref();
-    let bulk = bulk(bench, args.bulk_clusters, args.clients, profiles).await;
-    let rollout = rollout(bench, args).await;
-    Report {
-        pinned,
-        drover,
-        traced,
-        failovers,
-        handoff,
-        crash,
-        bulk,
-        rollout,
+    for phase in report.phases.clone() {
+        // A phase before may have killed one (bulk does).
+        while bench.replicas.len() < 3 {
+            bench.add_replica().await;
+        }
+        eprintln!("== phase {} ==", phase.name());
+        let started = Instant::now();
+        match phase {
+            Phase::Throughput => {
+                let drover = throughput(
+                    &bench.etcd,
+                    &bench.replicas,
+                    args.clients,
+                    length,
+                    args.rounds.max(1),
+                    &bench.processes(),
+                    args.etcd_profiles.as_deref(),
+                    "bench",
+                )
+                .await;
+                report.drover = Some(drover);
+            }
+            Phase::Tracing => report.traced = traced(bench, args).await,
+            Phase::Failover => {
+                eprintln!("failover x{}...", args.failovers);
+                report.failovers = Some(failover(bench, args.failovers).await);
+            }
+            Phase::Handoff => {
+                eprintln!("SIGTERM hand-off...");
+                report.handoff = Some(handoff(bench).await);
+            }
+            Phase::Crash => report.crash = Some(crash_phase(bench, args).await),
+            Phase::Bulk => {
+                eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
+                let profiles = args.etcd_profiles.as_deref();
+                let figures = bulk(
+                    bench,
+                    args.bulk_clusters,
+                    args.clients,
+                    args.bulk_through_api,
+                    profiles,
+                )
+                .await;
+                report.bulk = Some(figures);
+            }
+            Phase::Rollout => report.rollout = rollout(bench, args).await,
+        }
+        report.print_section(phase, args, started.elapsed());
     }
 }
 
@@ -1073,138 +1319,155 @@ async fn rollout(bench: &mut Bench, args: &Args) -> Option<RolloutFigures> {
     )
 }
 
-/// What every phase measured: written as JSON and printed as a table.
-struct Report {
-    /// The CPUs of etcd and of everything else, with `--etcd-cpu`.
-    pinned: Option<(String, String)>,
-    drover: Throughput,
-    /// The throughput phase again with tracing on.
-    traced: Option<Traced>,
-    /// kill -9 failovers, sorted.
-    failovers: Vec<Duration>,
-    handoff: Duration,
-    crash: Vec<Crashes>,
-    bulk: Bulk,
-    rollout: Option<RolloutFigures>,
+/// The bench's phases, in the order they run.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, clap::ValueEnum)]
+enum Phase {
+    /// Raw etcd CAS and Drover stop/start in alternating rounds.
+    Throughput,
+    /// The throughput phase again with every replica exporting traces.
+    Tracing,
+    /// kill -9 of an owner with an operation in flight.
+    Failover,
+    /// SIGTERM of an owner until a peer owns its cluster.
+    Handoff,
+    /// Crashes at each `--crash-ttls`, fast detection on and off.
+    Crash,
+    /// Recovery of `--bulk-clusters` clusters when one replica dies.
+    Bulk,
+    /// A rollout over `--rollout-clusters` clusters, its owner killed.
+    Rollout,
 }
 
-impl Report {
+impl Phase {
+    const ALL: [Phase; 7] = [
+        Phase::Throughput,
+        Phase::Tracing,
+        Phase::Failover,
+        Phase::Handoff,
+        Phase::Crash,
+        Phase::Bulk,
+        Phase::Rollout,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Throughput => "throughput",
+            Phase::Tracing => "tracing",
+            Phase::Failover => "failover",
+            Phase::Handoff => "handoff",
+            Phase::Crash => "crash",
+            Phase::Bulk => "bulk",
+            Phase::Rollout => "rollout",
+        }
+    }
+}
+
+/// The figures a phase must have produced: each one absent (no samples,
+/// NaN, zero where only a positive number makes sense) is named.
+#[derive(Default)]
+struct Needed(Vec<String>);
+
+impl Needed {
+    fn need(&mut self, phase: &str, figure: &str, present: bool) {
+        if !present {
+            self.0.push(format!("{phase}: {figure}"));
+        }
+    }
+
+    /// A positive, finite number.
+    fn positive(&mut self, phase: &str, figure: &str, value: f64) {
+        self.need(phase, figure, value.is_finite() && value > 0.0);
+    }
+}
+
+/// One table row: measure, value, goal.
+type Row<'a> = &'a dyn Fn(&str, String, String);
+
+fn print_row(name: &str, value: String, goal: String) {
+    println!("{name:<44} {value:>24} {goal:>14}");
+}
+
+impl Throughput {
     /// The Drover operations/s goal for the raw etcd CAS rate measured.
     fn target(&self) -> f64 {
-        goal(self.drover.raw_per_second, self.drover.writes_per_op)
+        goal(self.raw_per_second, self.writes_per_op)
     }
 
     /// How many raw CAS worth of etcd CPU one Drover write costs (reads and
     /// watch deliveries included): 1 would mean no overhead at all.
     fn etcd_cost_per_write(&self) -> f64 {
-        let drover = &self.drover;
         hundredths(
-            drover.cpu_per_op.etcd.as_secs_f64()
-                / drover.writes_per_op
-                / drover.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9),
+            self.cpu_per_op.etcd.as_secs_f64()
+                / self.writes_per_op
+                / self.etcd_cpu_per_raw_txn.as_secs_f64().max(1e-9),
         )
     }
 
     /// Each round's ratio to its goal, to two decimals.
     fn round_ratios(&self) -> Vec<f64> {
-        self.drover
-            .round_ratios
-            .iter()
-            .map(|r| hundredths(*r))
-            .collect()
+        self.round_ratios.iter().map(|r| hundredths(*r)).collect()
     }
 
-    fn json(&self, args: &Args) -> Value {
-        let (drover, failovers, bulk) = (&self.drover, &self.failovers, &self.bulk);
+    fn json(&self) -> Value {
         let target = self.target();
         json!({
-            "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
-            "clients": args.clients,
-            "rounds": args.rounds,
-            "seconds_per_phase": args.seconds,
-            "cpus": self.pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
-            "lease_ttl_seconds": args.ttl,
-            "raw_etcd_cas_per_second": drover.raw_per_second.round(),
-            "drover": {
-                "operations_per_second": (drover.ops_per_second * 10.0).round() / 10.0,
-                "latency_p50_ms": ms(drover.p50),
-                "latency_p99_ms": ms(drover.p99),
-                "etcd_writes_per_operation": hundredths(drover.writes_per_op),
-                "goal_operations_per_second": target.round(),
-                "ratio_to_goal": hundredths(drover.ops_per_second / target),
-                "ratio_to_goal_per_round": self.round_ratios(),
-                "etcd_per_operation": drover.etcd_per_op.json(),
-                "etcd_wal": {"raw": drover.raw_wal.json(), "drover": drover.drover_wal.json()},
-                "replica_waits_ms": {
-                    "etcd_txn": hundredths(drover.waits.txn_ms()),
-                    "provider_call": hundredths(drover.waits.provider_ms()),
-                },
-                "cpu_us_per_operation": {
-                    "etcd": us(drover.cpu_per_op.etcd),
-                    "replicas": us(drover.cpu_per_op.replicas),
-                    "provider": us(drover.cpu_per_op.provider),
-                    "benchmark_clients": us(drover.cpu_per_op.clients),
-                },
-                "etcd_cpu_us_per_raw_cas": us(drover.etcd_cpu_per_raw_txn),
-                "etcd_cpu_per_write_in_raw_cas": self.etcd_cost_per_write(),
+            "operations_per_second": (self.ops_per_second * 10.0).round() / 10.0,
+            "latency_p50_ms": ms(self.p50),
+            "latency_p99_ms": ms(self.p99),
+            "etcd_writes_per_operation": hundredths(self.writes_per_op),
+            "goal_operations_per_second": target.round(),
+            "ratio_to_goal": hundredths(self.ops_per_second / target),
+            "ratio_to_goal_per_round": self.round_ratios(),
+            "etcd_per_operation": self.etcd_per_op.json(),
+            "etcd_wal": {"raw": self.raw_wal.json(), "drover": self.drover_wal.json()},
+            "replica_waits_ms": {
+                "etcd_txn": hundredths(self.waits.txn_ms()),
+                "provider_call": hundredths(self.waits.provider_ms()),
             },
-            "failover_ms": {
-                "p50": ms(percentile(failovers, 0.5)),
-                "p99": ms(percentile(failovers, 0.99)),
-                "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            "cpu_us_per_operation": {
+                "etcd": us(self.cpu_per_op.etcd),
+                "replicas": us(self.cpu_per_op.replicas),
+                "provider": us(self.cpu_per_op.provider),
+                "benchmark_clients": us(self.cpu_per_op.clients),
             },
-            "tracing": self.traced.as_ref().map(|traced| json!({
-                "sample": traced.sample,
-                "spans_received": traced.spans,
-                "ops_per_raw_off": hundredths(100.0 * drover.ops_per_second / drover.raw_per_second.max(1.0)) / 100.0,
-                "ops_per_raw_on": hundredths(100.0 * traced.throughput.ops_per_second / traced.throughput.raw_per_second.max(1.0)) / 100.0,
-                "operations_per_second_on": (traced.throughput.ops_per_second * 10.0).round() / 10.0,
-                "replica_cpu_us_per_operation_off": us(drover.cpu_per_op.replicas),
-                "replica_cpu_us_per_operation_on": us(traced.throughput.cpu_per_op.replicas),
-            })),
-            "sigterm_handoff_ms": ms(self.handoff),
-            "crash": self.crash.iter().map(Crashes::json).collect::<Vec<_>>(),
-            "bulk": {
-                "clusters": args.bulk_clusters,
-                "recovery_ms": ms(bulk.recovery),
-                "slowest_etcd_request_ms": ms(bulk.slowest_request),
-                "replica_rss_mib": bulk.rss_mib,
-                "cpu_at_rest": {"etcd": bulk.rest_cpu.0, "replicas": bulk.rest_cpu.1},
-            },
-            "rollout": self.rollout.as_ref().map(RolloutFigures::json),
+            "etcd_cpu_us_per_raw_cas": us(self.etcd_cpu_per_raw_txn),
+            "etcd_cpu_per_write_in_raw_cas": self.etcd_cost_per_write(),
         })
     }
 
-    fn print_table(&self, args: &Args) {
-        println!("{:<44} {:>24} {:>14}", "measure", "value", "goal");
-        let row =
-            |name: &str, value: String, goal: String| println!("{name:<44} {value:>24} {goal:>14}");
-        self.throughput_rows(&row);
-        self.traced_rows(&row);
-        self.etcd_rows(&row);
-        self.failover_rows(args, &row);
-        for figures in &self.crash {
-            crash_rows(figures, &row);
-        }
-        self.bulk_rows(args, &row);
-        for (name, value, goal) in self.rollout.iter().flat_map(RolloutFigures::rows) {
-            row(&name, value, goal);
-        }
+    /// The figures without which the phase said nothing.
+    fn check(&self, phase: &str, needed: &mut Needed) {
+        needed.positive(phase, "raw etcd CAS txn/s", self.raw_per_second);
+        needed.positive(phase, "drover operations/s", self.ops_per_second);
+        needed.positive(phase, "drover op latency (no samples)", ms(self.p50));
+        needed.positive(phase, "etcd writes per operation", self.writes_per_op);
+        needed.positive(phase, "etcd txn requests per op", self.etcd_per_op.txns);
+        needed.positive(phase, "etcd fsyncs (raw rounds)", self.raw_wal.fsyncs);
+        needed.positive(phase, "etcd fsyncs (drover rounds)", self.drover_wal.fsyncs);
+        needed.positive(phase, "replicas' etcd txn waits", self.waits.txns);
+        needed.positive(phase, "replicas' provider calls", self.waits.provider_calls);
+        let etcd_cpu = self.cpu_per_op.etcd.as_secs_f64();
+        needed.positive(phase, "etcd CPU per op", etcd_cpu);
+        let replica_cpu = self.cpu_per_op.replicas.as_secs_f64();
+        needed.positive(phase, "replica CPU per op", replica_cpu);
+        let raw_cpu = self.etcd_cpu_per_raw_txn.as_secs_f64();
+        needed.positive(phase, "etcd CPU per raw CAS", raw_cpu);
     }
 
-    /// The table rows of the throughput phases: rates, latency, the goal.
-    fn throughput_rows(&self, row: &dyn Fn(&str, String, String)) {
-        let (drover, target) = (&self.drover, self.target());
-        let raw = drover.raw_per_second;
+    /// The table rows: rates, latency, the goal; then what an operation
+    /// cost (etcd requests, fsyncs, waits and CPU).
+    fn rows(&self, row: Row) {
+        let target = self.target();
+        let raw = self.raw_per_second;
         row("raw etcd CAS txn/s", format!("{raw:.0}"), String::new());
         row(
             "drover operations/s",
-            format!("{:.1}", drover.ops_per_second),
+            format!("{:.1}", self.ops_per_second),
             format!(">= {target:.0}"),
         );
         row(
             "drover op latency p50 / p99 (ms)",
-            format!("{:.1} / {:.1}", ms(drover.p50), ms(drover.p99)),
+            format!("{:.1} / {:.1}", ms(self.p50), ms(self.p99)),
             String::new(),
         );
         let ratios: Vec<String> = self
@@ -1214,56 +1477,22 @@ impl Report {
             .collect();
         row(
             "ratio to goal (pooled; per round)",
-            format!(
-                "{:.2}; {}",
-                drover.ops_per_second / target,
-                ratios.join(" ")
-            ),
+            format!("{:.2}; {}", self.ops_per_second / target, ratios.join(" ")),
             ">= 1".into(),
         );
         row(
             "etcd writes per operation",
-            format!("{:.2}", drover.writes_per_op),
+            format!("{:.2}", self.writes_per_op),
             "<= 3 (1 step)".into(),
         );
-    }
-
-    /// The table rows of the traced throughput phase beside the untraced.
-    fn traced_rows(&self, row: &dyn Fn(&str, String, String)) {
-        let Some(traced) = &self.traced else {
-            return;
-        };
-        let (off, on) = (&self.drover, &traced.throughput);
-        let ratio = |t: &Throughput| t.ops_per_second / t.raw_per_second.max(1.0);
-        row(
-            &format!("ops/raw: tracing off / on ({} sampled)", traced.sample),
-            format!("{:.3} / {:.3}", ratio(off), ratio(on)),
-            String::new(),
-        );
-        row(
-            "replica CPU us per op: tracing off / on",
-            format!(
-                "{:.0} / {:.0}",
-                us(off.cpu_per_op.replicas),
-                us(on.cpu_per_op.replicas)
-            ),
-            String::new(),
-        );
-        row("spans received", traced.spans.to_string(), String::new());
-    }
-
-    /// The table rows of what an operation cost: etcd requests, fsyncs,
-    /// waits and CPU.
-    fn etcd_rows(&self, row: &dyn Fn(&str, String, String)) {
-        let drover = &self.drover;
         row(
             "etcd per op: txn / range / watch events (responses)",
             format!(
                 "{:.2} / {:.2} / {:.2} ({:.2})",
-                drover.etcd_per_op.txns,
-                drover.etcd_per_op.ranges,
-                drover.etcd_per_op.watch_events,
-                drover.etcd_per_op.watch_responses
+                self.etcd_per_op.txns,
+                self.etcd_per_op.ranges,
+                self.etcd_per_op.watch_events,
+                self.etcd_per_op.watch_responses
             ),
             String::new(),
         );
@@ -1271,10 +1500,10 @@ impl Report {
             "etcd fsync ms; writes per fsync: raw / drover",
             format!(
                 "{:.2} / {:.2}; {:.1} / {:.1}",
-                drover.raw_wal.fsync_ms(),
-                drover.drover_wal.fsync_ms(),
-                drover.raw_wal.writes_per_fsync(),
-                drover.drover_wal.writes_per_fsync()
+                self.raw_wal.fsync_ms(),
+                self.drover_wal.fsync_ms(),
+                self.raw_wal.writes_per_fsync(),
+                self.drover_wal.writes_per_fsync()
             ),
             String::new(),
         );
@@ -1282,8 +1511,8 @@ impl Report {
             "replicas' mean wait ms: etcd txn / provider",
             format!(
                 "{:.2} / {:.2}",
-                drover.waits.txn_ms(),
-                drover.waits.provider_ms()
+                self.waits.txn_ms(),
+                self.waits.provider_ms()
             ),
             String::new(),
         );
@@ -1291,56 +1520,71 @@ impl Report {
             "CPU us per op: etcd / replicas / provider / clients",
             format!(
                 "{:.0} / {:.0} / {:.0} / {:.0}",
-                us(drover.cpu_per_op.etcd),
-                us(drover.cpu_per_op.replicas),
-                us(drover.cpu_per_op.provider),
-                us(drover.cpu_per_op.clients)
+                us(self.cpu_per_op.etcd),
+                us(self.cpu_per_op.replicas),
+                us(self.cpu_per_op.provider),
+                us(self.cpu_per_op.clients)
             ),
             String::new(),
         );
-        let etcd_cost_per_write = self.etcd_cost_per_write();
         row(
             "etcd CPU us per raw CAS; per write, in CAS",
             format!(
-                "{:.0}; {etcd_cost_per_write:.2}",
-                us(drover.etcd_cpu_per_raw_txn)
+                "{:.0}; {:.2}",
+                us(self.etcd_cpu_per_raw_txn),
+                self.etcd_cost_per_write()
             ),
             String::new(),
         );
     }
+}
 
-    /// The table rows of the failover and hand-off phases.
-    fn failover_rows(&self, args: &Args, row: &dyn Fn(&str, String, String)) {
-        row(
-            "kill -9 to orphan recovered p50 / p99 (ms)",
-            format!(
-                "{:.0} / {:.0}",
-                ms(percentile(&self.failovers, 0.5)),
-                ms(percentile(&self.failovers, 0.99))
-            ),
-            format!("<= {} (p99)", args.ttl * 1000 + 1000),
-        );
-        row(
-            "SIGTERM hand-off (ms)",
-            format!("{:.0}", ms(self.handoff)),
-            "<= 1000".into(),
-        );
+impl Bulk {
+    fn json(&self, args: &Args) -> Value {
+        json!({
+            "clusters": args.bulk_clusters,
+            "create_ms": ms(self.create),
+            "owned_ms": ms(self.owned),
+            "recovery_ms": ms(self.recovery),
+            "slowest_etcd_request_ms": ms(self.slowest_request),
+            "replica_rss_mib": self.rss_mib,
+            "cpu_at_rest": {"etcd": self.rest_cpu.0, "replicas": self.rest_cpu.1},
+        })
     }
 
-    /// The table rows of the bulk-recovery phase.
-    fn bulk_rows(&self, args: &Args, row: &dyn Fn(&str, String, String)) {
-        let bulk = &self.bulk;
+    fn check(&self, needed: &mut Needed) {
+        needed.positive("bulk", "recovery time", ms(self.recovery));
+        needed.positive("bulk", "slowest etcd request", ms(self.slowest_request));
+        let rss = self.rss_mib.len() == 3 && self.rss_mib.iter().all(|m| *m > 0.0);
+        needed.need("bulk", "RSS of each of three replicas", rss);
+        let cpu = self.rest_cpu.0.is_finite() && self.rest_cpu.1.is_finite();
+        needed.need("bulk", "CPU at rest", cpu);
+    }
+
+    fn rows(&self, args: &Args, row: Row) {
+        row(
+            &format!(
+                "bulk: create {} clusters; all owned (s)",
+                args.bulk_clusters
+            ),
+            format!(
+                "{:.1}; {:.1}",
+                self.create.as_secs_f64(),
+                self.owned.as_secs_f64()
+            ),
+            String::new(),
+        );
         row(
             &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
-            format!("{:.0}", ms(bulk.recovery)),
+            format!("{:.0}", ms(self.recovery)),
             format!("<= {}", args.ttl * 1000 + 5000),
         );
         row(
             "slowest etcd request meanwhile (ms)",
-            format!("{:.1}", ms(bulk.slowest_request)),
+            format!("{:.1}", ms(self.slowest_request)),
             String::new(),
         );
-        let rss: Vec<String> = bulk.rss_mib.iter().map(|m| format!("{m:.0}")).collect();
+        let rss: Vec<String> = self.rss_mib.iter().map(|m| format!("{m:.0}")).collect();
         row(
             "replica RSS at bulk size (MiB)",
             rss.join(" / "),
@@ -1348,8 +1592,239 @@ impl Report {
         );
         row(
             "CPU at rest, bulk size (cores): etcd / replicas",
-            format!("{:.2} / {:.2}", bulk.rest_cpu.0, bulk.rest_cpu.1),
+            format!("{:.2} / {:.2}", self.rest_cpu.0, self.rest_cpu.1),
             String::new(),
+        );
+    }
+}
+
+/// What every phase run measured (`None`: not run, or skipped by its
+/// settings): written as JSON, and printed phase by phase as each ends.
+struct Report {
+    /// The phases asked for, in the order they run.
+    phases: Vec<Phase>,
+    /// The CPUs of etcd and of everything else, with `--etcd-cpu`.
+    pinned: Option<(String, String)>,
+    drover: Option<Throughput>,
+    /// The throughput phase again with tracing on.
+    traced: Option<Traced>,
+    /// kill -9 failovers, sorted.
+    failovers: Option<Vec<Duration>>,
+    handoff: Option<Duration>,
+    crash: Option<Vec<Crashes>>,
+    bulk: Option<Bulk>,
+    rollout: Option<RolloutFigures>,
+}
+
+impl Report {
+    fn new(pinned: Option<(String, String)>, args: &Args) -> Self {
+        let mut phases = args.phases.clone();
+        phases.sort();
+        phases.dedup();
+        Self {
+            phases,
+            pinned,
+            drover: None,
+            traced: None,
+            failovers: None,
+            handoff: None,
+            crash: None,
+            bulk: None,
+            rollout: None,
+        }
+    }
+
+    /// Why a phase asked for may rightly have no figures: its settings
+    /// turn it off.
+    fn skipped(phase: Phase, args: &Args) -> Option<&'static str> {
+        match phase {
+            Phase::Tracing if args.trace_sample <= 0.0 => Some("--trace-sample 0"),
+            Phase::Rollout if args.rollout_clusters == 0 => Some("--rollout-clusters 0"),
+            _ => None,
+        }
+    }
+
+    /// Every figure a phase that ran should have produced and did not.
+    fn missing(&self, args: &Args) -> Vec<String> {
+        let mut needed = Needed::default();
+        for &phase in &self.phases {
+            if Self::skipped(phase, args).is_some() {
+                continue;
+            }
+            let name = phase.name();
+            match phase {
+                Phase::Throughput => match &self.drover {
+                    Some(drover) => drover.check(name, &mut needed),
+                    None => needed.need(name, "every figure", false),
+                },
+                Phase::Tracing => match &self.traced {
+                    Some(traced) => {
+                        traced.throughput.check(name, &mut needed);
+                        // Ten sampled operations expected: none arriving
+                        // is not chance.
+                        let expected = traced.sample
+                            * traced.throughput.ops_per_second
+                            * (args.seconds * args.rounds.max(1) as u64) as f64;
+                        let spans = traced.spans > 0 || expected < 10.0;
+                        needed.need(name, "spans received", spans);
+                    }
+                    None => needed.need(name, "every figure", false),
+                },
+                Phase::Failover => {
+                    let failovers = self.failovers.as_deref().unwrap_or_default();
+                    let all = failovers.len() == args.failovers && !failovers.is_empty();
+                    needed.need(name, "a time for each kill -9 (--failovers)", all);
+                    let positive = failovers.iter().all(|d| !d.is_zero());
+                    needed.need(name, "kill -9 to taken up (a zero sample)", positive);
+                }
+                Phase::Handoff => {
+                    let handoff = self.handoff.map_or(0.0, ms);
+                    needed.positive(name, "SIGTERM hand-off time", handoff);
+                }
+                Phase::Crash => {
+                    let crash = self.crash.as_deref().unwrap_or_default();
+                    needed.need(name, "a variant (--crash-ttls)", !crash.is_empty());
+                    for figures in crash {
+                        figures.check(args, &mut needed);
+                    }
+                }
+                Phase::Bulk => match &self.bulk {
+                    Some(bulk) => bulk.check(&mut needed),
+                    None => needed.need(name, "every figure", false),
+                },
+                Phase::Rollout => match &self.rollout {
+                    Some(rollout) => {
+                        needed.positive(name, "wall time", ms(rollout.wall));
+                        needed.positive(name, "one upgrade alone", ms(rollout.one_upgrade));
+                        needed.need(name, "peak concurrency at provider", rollout.peak > 0);
+                        needed.positive(name, "upgrades' durations", ms(rollout.busy));
+                        needed.positive(name, "reconciles", rollout.reconciles.0);
+                        let next = rollout.kill_to_next_start.is_some();
+                        needed.need(name, "owner kill -9 to next start", next);
+                    }
+                    None => needed.need(name, "every figure", false),
+                },
+            }
+        }
+        needed.0
+    }
+
+    fn json(&self, args: &Args) -> Value {
+        let drover = self.drover.as_ref();
+        let failovers = self.failovers.as_deref();
+        json!({
+            "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
+            "phases": self.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "seconds_per_phase": args.seconds,
+            "cpus": self.pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
+            "lease_ttl_seconds": args.ttl,
+            "raw_etcd_cas_per_second": drover.map(|d| d.raw_per_second.round()),
+            "drover": drover.map(Throughput::json),
+            "failover_ms": failovers.map(|failovers| json!({
+                "p50": ms(percentile(failovers, 0.5)),
+                "p99": ms(percentile(failovers, 0.99)),
+                "samples": failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            })),
+            "tracing": self.traced.as_ref().map(|traced| {
+                let ratio = |t: &Throughput| {
+                    hundredths(100.0 * t.ops_per_second / t.raw_per_second.max(1.0)) / 100.0
+                };
+                json!({
+                    "sample": traced.sample,
+                    "spans_received": traced.spans,
+                    "ops_per_raw_off": drover.map(ratio),
+                    "ops_per_raw_on": ratio(&traced.throughput),
+                    "operations_per_second_on": (traced.throughput.ops_per_second * 10.0).round() / 10.0,
+                    "replica_cpu_us_per_operation_off": drover.map(|d| us(d.cpu_per_op.replicas)),
+                    "replica_cpu_us_per_operation_on": us(traced.throughput.cpu_per_op.replicas),
+                })
+            }),
+            "sigterm_handoff_ms": self.handoff.map(ms),
+            "crash": self.crash.as_ref().map(|crash| crash.iter().map(Crashes::json).collect::<Vec<_>>()),
+            "bulk": self.bulk.as_ref().map(|bulk| bulk.json(args)),
+            "rollout": self.rollout.as_ref().map(RolloutFigures::json),
+        })
+    }
+
+    /// The figures of `phase`, under a heading `== <phase> ==`.
+    fn print_section(&self, phase: Phase, args: &Args, took: Duration) {
+        println!();
+        println!("== {} == ({:.1} s)", phase.name(), took.as_secs_f64());
+        if let Some(why) = Self::skipped(phase, args) {
+            println!("(skipped: {why})");
+            return;
+        }
+        println!("{:<44} {:>24} {:>14}", "measure", "value", "goal");
+        let row: Row = &print_row;
+        match phase {
+            Phase::Throughput => self.drover.iter().for_each(|d| d.rows(row)),
+            Phase::Tracing => self.traced_rows(row),
+            Phase::Failover => self.failover_rows(args, row),
+            Phase::Handoff => {
+                if let Some(handoff) = self.handoff {
+                    row(
+                        "SIGTERM hand-off (ms)",
+                        format!("{:.0}", ms(handoff)),
+                        "<= 1000".into(),
+                    );
+                }
+            }
+            Phase::Crash => {
+                for figures in self.crash.iter().flatten() {
+                    crash_rows(figures, row);
+                }
+            }
+            Phase::Bulk => self.bulk.iter().for_each(|b| b.rows(args, row)),
+            Phase::Rollout => {
+                for (name, value, goal) in self.rollout.iter().flat_map(RolloutFigures::rows) {
+                    row(&name, value, goal);
+                }
+            }
+        }
+    }
+
+    /// The table rows of the traced throughput phase beside the untraced
+    /// (when that ran too).
+    fn traced_rows(&self, row: Row) {
+        let Some(traced) = &self.traced else {
+            return;
+        };
+        let on = &traced.throughput;
+        let ratio = |t: &Throughput| t.ops_per_second / t.raw_per_second.max(1.0);
+        let cpu = |t: &Throughput| us(t.cpu_per_op.replicas);
+        let (ratio_off, cpu_off) = match &self.drover {
+            Some(off) => (format!("{:.3}", ratio(off)), format!("{:.0}", cpu(off))),
+            None => ("-".into(), "-".into()),
+        };
+        row(
+            &format!("ops/raw: tracing off / on ({} sampled)", traced.sample),
+            format!("{ratio_off} / {:.3}", ratio(on)),
+            String::new(),
+        );
+        row(
+            "replica CPU us per op: tracing off / on",
+            format!("{cpu_off} / {:.0}", cpu(on)),
+            String::new(),
+        );
+        row("spans received", traced.spans.to_string(), String::new());
+        on.rows(&|name, value, goal| row(&format!("traced: {name}"), value, goal));
+    }
+
+    /// The table rows of the failover phase.
+    fn failover_rows(&self, args: &Args, row: Row) {
+        let Some(failovers) = &self.failovers else {
+            return;
+        };
+        row(
+            "kill -9 to orphan recovered p50 / p99 (ms)",
+            format!(
+                "{:.0} / {:.0}",
+                ms(percentile(failovers, 0.5)),
+                ms(percentile(failovers, 0.99))
+            ),
+            format!("<= {} (p99)", args.ttl * 1000 + 1000),
         );
     }
 }
@@ -1391,7 +1866,7 @@ struct Crashes {
 
 /// One kill -9 in the middle of an upgrade.
 struct Kill {
-    first_call: Duration,
+    first_call: Option<Duration>,
     taken_up: Duration,
     succeeded: bool,
 }
@@ -1540,9 +2015,9 @@ async fn kill_mid_upgrade(bench: &mut Bench, name: &str) -> Kill {
     bench.sim.set_latency(Duration::ZERO).await;
     bench.add_replica().await;
     Kill {
-        // No call under a newer epoch: the old owner's calls did it all
-        // (counted as a failure if they did not).
-        first_call: Duration::from_millis(first_ms.map_or(0, |at| at.saturating_sub(killed_ms))),
+        // None: no call under a newer epoch, the old owner's calls did it
+        // all (counted as a failure if they did not).
+        first_call: first_ms.map(|at| Duration::from_millis(at.saturating_sub(killed_ms))),
         taken_up,
         succeeded,
     }
@@ -1598,7 +2073,7 @@ async fn crashes(bench: &mut Bench, variant: Variant, kills: usize, restarts: us
     };
     for round in 0..kills {
         let kill = kill_mid_upgrade(bench, &format!("crash-{tag}-{round}")).await;
-        figures.first_call.push(kill.first_call);
+        figures.first_call.extend(kill.first_call);
         figures.taken_up.push(kill.taken_up);
         figures.failed += usize::from(!kill.succeeded);
     }
@@ -1625,11 +2100,26 @@ fn spread(sorted: &[Duration]) -> Value {
 }
 
 impl Crashes {
+    /// The figures without which this variant said nothing. Failed
+    /// upgrades are a figure (printed against its goal of 0), not an
+    /// absence.
+    fn check(&self, args: &Args, needed: &mut Needed) {
+        let phase = format!("crash ({})", self.variant.label());
+        let kills = self.taken_up.len();
+        needed.need(&phase, "a kill -9 mid-upgrade", kills > 0);
+        let first = !self.first_call.is_empty();
+        needed.need(&phase, "kill -9 to the new epoch's first call", first);
+        let restarts = self.restart.len() == args.crash_restarts;
+        needed.need(&phase, "kill -9 then restart to owned", restarts);
+        needed.positive(&phase, "SIGSTOP to peer owner", ms(self.pause));
+    }
+
     fn json(&self) -> Value {
         json!({
             "lease_ttl_seconds": self.variant.ttl,
             "peer_liveness": self.variant.liveness,
-            "kills": self.first_call.len(),
+            "kills": self.taken_up.len(),
+            "kills_without_a_call_of_the_new_epoch": self.taken_up.len() - self.first_call.len(),
             "kill9_to_first_call_of_new_epoch_ms": spread(&self.first_call),
             "kill9_to_taken_up_ms": spread(&self.taken_up),
             "upgrades_failed": self.failed,
@@ -1693,7 +2183,7 @@ fn crash_rows(figures: &Crashes, row: &dyn Fn(&str, String, String)) {
         String::new(),
     );
     row(
-        &format!("{label}: upgrades failed of {}", figures.first_call.len()),
+        &format!("{label}: upgrades failed of {}", figures.taken_up.len()),
         figures.failed.to_string(),
         "0".into(),
     );

@@ -23,6 +23,7 @@ async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
     let mut f = Fixture::builder().start().await;
     create_running(&mut f.client, "flaky", 2).await;
     let policy = v1::UpgradePolicy {
+        max_unavailable: None,
         step_retries: Some(2),
         step_timeout_seconds: Some(1),
     };
@@ -46,6 +47,26 @@ async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
         retries, 2.0,
         "one retry after the failure, one after the hang"
     );
+
+    // Two workers side by side: one step for them, a failure of either
+    // retried as the step.
+    create_running(&mut f.client, "wide", 3).await;
+    let policy = v1::UpgradePolicy {
+        max_unavailable: Some(2),
+        step_retries: Some(2),
+        step_timeout_seconds: None,
+    };
+    set_policy(&mut f, "wide", policy).await;
+    f.sim.fault("UpgradeNode", 2, false).await;
+    let op = start_upgrade(&mut f.client, "wide", "1.30.0").await;
+    let done = f.finish(op).await;
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    let progress = done.progress.expect("progress");
+    // control-0, then worker-0 and worker-1 together, then worker-2.
+    assert_eq!(progress.total_steps, 3, "{progress:?}");
+    let cluster = f.client.get_cluster("wide").await.unwrap();
+    let nodes = cluster.status.unwrap().nodes;
+    assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
 
     // Without a policy the first failure fails the upgrade, as before.
     create_running(&mut f.client, "strict", 1).await;

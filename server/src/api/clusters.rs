@@ -18,6 +18,7 @@ use crate::provider::Providers;
 use crate::store::{EventKind, WatchStream};
 use crate::task::TaskError;
 use drover_proto::v1::{self, clusters_server::Clusters};
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -210,29 +211,6 @@ impl ClustersService {
 impl ClustersService {
     async fn update(&self, request: v1::UpdateClusterRequest) -> ApiResult<v1::Cluster> {
         validate::cluster_name("name", &request.name)?;
-        let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
-        let policies =
-            request.update_health || request.update_maintenance || request.update_upgrade_policy;
-        if !request.update_labels
-            && !request.update_tasks
-            && request.paused.is_none()
-            && !suspends
-            && !policies
-        {
-            return Err(FieldError::new(
-                "update_labels",
-                "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health, update_maintenance and/or update_upgrade_policy",
-            )
-            .into());
-        }
-        if request.suspend_tasks.is_some() && request.resume_tasks {
-            let message = "cannot resume and suspend the tasks at once";
-            return Err(FieldError::new("resume_tasks", message).into());
-        }
-        let suspension = request
-            .suspend_tasks
-            .map(|s| suspension_from_proto("suspend_tasks", s, chrono::Utc::now()))
-            .transpose()?;
         if request.expected_generation < 0 {
             return Err(FieldError::new(
                 "expected_generation",
@@ -240,69 +218,26 @@ impl ClustersService {
             )
             .into());
         }
-        let labels = request
-            .update_labels
-            .then(|| request.labels.into_iter().collect());
-        if let Some(labels) = &labels {
-            validate::labels("labels", labels)?;
-        }
-        let tasks = if request.update_tasks {
-            Some(tasks_from_proto("tasks", request.tasks)?)
-        } else {
-            None
-        };
-        // Checked here, as the spec checks them, so a bad one writes nothing.
-        let health = request
-            .update_health
-            .then(|| health_from_proto(request.health.unwrap_or_default()));
-        if let Some(health) = &health {
-            crate::health::policy::validate("health", health)?;
-        }
-        let maintenance = request
-            .update_maintenance
-            .then(|| maintenance_from_proto(request.maintenance.unwrap_or_default()));
-        if let Some(maintenance) = &maintenance {
-            crate::cluster::window::validate("maintenance", maintenance)?;
-        }
-        let current = self.registry.get(&request.name).await?;
+        let (name, expected_generation) = (request.name.clone(), request.expected_generation);
+        let edit = SpecEdit::checked(request)?;
+        let current = self.registry.get(&name).await?;
         self.operations.check_schema(&current)?;
         let gone = matches!(
             current.state.state,
             ClusterState::Destroying | ClusterState::Destroyed
         );
-        if tasks.is_some() && gone {
+        if edit.tasks.is_some() && gone {
             // As PutTask refuses: tasks of a cluster that is going away.
             return Err(TaskError::ClusterGone {
-                cluster: request.name,
+                cluster: name,
                 state: current.state.state,
             }
             .into());
         }
         let cluster = self
             .registry
-            .update_spec(&request.name, request.expected_generation, |spec| {
-                if let Some(labels) = labels {
-                    spec.labels = labels;
-                }
-                if let Some(tasks) = tasks {
-                    spec.tasks = tasks;
-                }
-                if let Some(paused) = request.paused {
-                    spec.paused = paused;
-                }
-                if suspension.is_some() || request.resume_tasks {
-                    spec.tasks_suspended = suspension;
-                }
-                if let Some(health) = health {
-                    spec.health = health;
-                }
-                if let Some(maintenance) = maintenance {
-                    spec.maintenance = maintenance;
-                }
-                if request.update_upgrade_policy {
-                    let policy = request.upgrade_policy.unwrap_or_default();
-                    spec.upgrade_policy = upgrade_policy_from_proto(policy);
-                }
+            .update_spec(&name, expected_generation, |spec| {
+                edit.apply(spec);
                 Ok::<_, ApiError>(())
             })
             .await?;
@@ -544,6 +479,103 @@ impl Clusters for ClustersService {
         request: Request<v1::RecoverClusterRequest>,
     ) -> Result<Response<v1::Operation>, Status> {
         self.lifecycle(request).await
+    }
+}
+
+/// What an UpdateCluster changes in a spec, each part checked (naming its
+/// field) before anything is read or written.
+struct SpecEdit {
+    labels: Option<BTreeMap<String, String>>,
+    tasks: Option<Vec<crate::task::TaskSpec>>,
+    paused: Option<bool>,
+    /// `Some(None)`: resumed.
+    suspension: Option<Option<crate::cluster::TaskSuspension>>,
+    health: Option<crate::cluster::HealthPolicy>,
+    maintenance: Option<crate::cluster::MaintenanceWindow>,
+    upgrade_policy: Option<crate::cluster::UpgradePolicy>,
+}
+
+impl SpecEdit {
+    fn checked(request: v1::UpdateClusterRequest) -> Result<Self, ApiError> {
+        let policies =
+            request.update_health || request.update_maintenance || request.update_upgrade_policy;
+        let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
+        if !(request.update_labels || request.update_tasks || request.paused.is_some())
+            && !suspends
+            && !policies
+        {
+            let message = "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health, update_maintenance and/or update_upgrade_policy";
+            return Err(FieldError::new("update_labels", message).into());
+        }
+        if request.suspend_tasks.is_some() && request.resume_tasks {
+            let message = "cannot resume and suspend the tasks at once";
+            return Err(FieldError::new("resume_tasks", message).into());
+        }
+        let suspension = request
+            .suspend_tasks
+            .map(|s| suspension_from_proto("suspend_tasks", s, chrono::Utc::now()))
+            .transpose()?;
+        let labels = request
+            .update_labels
+            .then(|| request.labels.into_iter().collect());
+        if let Some(labels) = &labels {
+            validate::labels("labels", labels)?;
+        }
+        let tasks = match request.update_tasks {
+            true => Some(tasks_from_proto("tasks", request.tasks)?),
+            false => None,
+        };
+        let health = request
+            .update_health
+            .then(|| health_from_proto(request.health.unwrap_or_default()));
+        if let Some(health) = &health {
+            crate::health::policy::validate("health", health)?;
+        }
+        let maintenance = request
+            .update_maintenance
+            .then(|| maintenance_from_proto(request.maintenance.unwrap_or_default()));
+        if let Some(maintenance) = &maintenance {
+            crate::cluster::window::validate("maintenance", maintenance)?;
+        }
+        let upgrade_policy = request
+            .update_upgrade_policy
+            .then(|| upgrade_policy_from_proto(request.upgrade_policy.unwrap_or_default()));
+        if let Some(policy) = &upgrade_policy {
+            validate::upgrade_policy("upgrade_policy", policy)?;
+        }
+        Ok(Self {
+            labels,
+            tasks,
+            paused: request.paused,
+            suspension: suspends.then_some(suspension),
+            health,
+            maintenance,
+            upgrade_policy,
+        })
+    }
+
+    fn apply(self, spec: &mut crate::cluster::Spec) {
+        if let Some(labels) = self.labels {
+            spec.labels = labels;
+        }
+        if let Some(tasks) = self.tasks {
+            spec.tasks = tasks;
+        }
+        if let Some(paused) = self.paused {
+            spec.paused = paused;
+        }
+        if let Some(suspension) = self.suspension {
+            spec.tasks_suspended = suspension;
+        }
+        if let Some(health) = self.health {
+            spec.health = health;
+        }
+        if let Some(maintenance) = self.maintenance {
+            spec.maintenance = maintenance;
+        }
+        if let Some(policy) = self.upgrade_policy {
+            spec.upgrade_policy = policy;
+        }
     }
 }
 

@@ -135,9 +135,10 @@ fn health_to_proto(policy: cluster::HealthPolicy) -> v1::HealthPolicy {
 }
 
 /// Maintenance windows from the API (checked with the spec).
-/// An upgrade policy from the API (any values are valid).
+/// An upgrade policy from the API (checked with the spec).
 pub fn upgrade_policy_from_proto(policy: v1::UpgradePolicy) -> cluster::UpgradePolicy {
     cluster::UpgradePolicy {
+        max_unavailable: policy.max_unavailable,
         step_retries: policy.step_retries,
         step_timeout_seconds: policy.step_timeout_seconds,
     }
@@ -242,6 +243,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
             }),
             health: Some(health_to_proto(spec.spec.health)),
             upgrade_policy: Some(v1::UpgradePolicy {
+                max_unavailable: spec.spec.upgrade_policy.max_unavailable,
                 step_retries: spec.spec.upgrade_policy.step_retries,
                 step_timeout_seconds: spec.spec.upgrade_policy.step_timeout_seconds,
             }),

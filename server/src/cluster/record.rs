@@ -58,6 +58,9 @@ pub struct Spec {
 /// `spec.upgrade_policy`, as given (`None`: the default).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpgradePolicy {
+    /// Workers upgraded side by side; `None`: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_retries: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -126,6 +126,7 @@ pub fn spec(field: &str, spec: &Spec) -> Validation {
     }
     node_offering(&format!("{field}.node_offering"), &spec.node_offering)?;
     crate::health::policy::validate(&format!("{field}.health"), &spec.health)?;
+    upgrade_policy(&format!("{field}.upgrade_policy"), &spec.upgrade_policy)?;
     super::window::validate(&format!("{field}.maintenance"), &spec.maintenance)?;
     if !spec.provider.is_empty() {
         provider_name(&format!("{field}.provider"), &spec.provider)?;
@@ -169,6 +170,15 @@ fn is_token(s: &str) -> bool {
     (1..=63).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// An upgrade policy: `max_unavailable`, when given, at least 1.
+pub fn upgrade_policy(field: &str, policy: &super::UpgradePolicy) -> Validation {
+    if policy.max_unavailable == Some(0) {
+        let reason = "must be at least 1 (workers upgraded side by side)";
+        return Err(FieldError::new(format!("{field}.max_unavailable"), reason));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

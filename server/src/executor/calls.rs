@@ -12,6 +12,37 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use tracing::Instrument;
 
+/// One UpgradeNode call per node, sent together under one token: the
+/// first failure in node order (the step fails, or is retried, as one), or
+/// else the last node's answer (every answer lists all the nodes).
+async fn upgrade_side_by_side(
+    provider: crate::provider::Provider,
+    token: Option<pb::FencingToken>,
+    node_ids: &[String],
+    version: &str,
+    deadline: Instant,
+) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
+    let mut calls = tokio::task::JoinSet::new();
+    for (index, node_id) in node_ids.iter().enumerate() {
+        let mut provider = provider.clone();
+        let request = pb::UpgradeNodeRequest {
+            token: token.clone(),
+            node_id: node_id.clone(),
+            version: version.to_string(),
+        };
+        let request = due_by(deadline, request);
+        let call = async move { (index, provider.upgrade_node(request).await) };
+        calls.spawn(call.instrument(tracing::Span::current()));
+    }
+    let mut answers: Vec<_> = calls.join_all().await;
+    answers.sort_by_key(|(index, _)| *index);
+    let mut last = None;
+    for (_, answer) in answers {
+        last = Some(answer?);
+    }
+    last.ok_or_else(|| tonic::Status::internal("an upgrade step with no nodes"))
+}
+
 /// How far the provider's clock may be ahead of this replica's for its
 /// DEADLINE_EXCEEDED to be read as the end of the claim (see
 /// [`cut_at_claim_end`]).
@@ -174,6 +205,9 @@ impl Holding<'_> {
                         },
                     ))
                     .await
+            }
+            Step::UpgradeNodes { node_ids, version } => {
+                upgrade_side_by_side(provider, token, node_ids, version, deadline).await
             }
             Step::DeleteNodes(ids) => {
                 provider

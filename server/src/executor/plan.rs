@@ -194,6 +194,33 @@ mod tests {
         assert_eq!(upgraded(&steps), ["control-0", "worker-0", "worker-1"]);
     }
 
+    /// `max_unavailable` workers in one step, control nodes one by one,
+    /// in the provider's order.
+    #[test]
+    fn workers_are_upgraded_max_unavailable_at_a_time() {
+        let nodes = [
+            node("control-0", "control", "1.29.0"),
+            node("worker-0", "worker", "1.29.0"),
+            node("worker-1", "worker", "1.29.0"),
+            node("worker-2", "worker", "1.29.0"),
+        ];
+        let mut spec = Spec::default();
+        spec.upgrade_policy.max_unavailable = Some(2);
+        let op = upgrade_to("1.30.0");
+        let names: Vec<String> = plan(&op, &spec, &nodes, UpgradeOrder::WorkersFirst)
+            .iter()
+            .map(Step::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "upgrade nodes worker-0,worker-1 to 1.30.0",
+                "upgrade node worker-2 to 1.30.0",
+                "upgrade node control-0 to 1.30.0",
+            ]
+        );
+    }
+
     #[test]
     fn recover_repairs_then_checks_health() {
         let op = OperationRecord::pending(

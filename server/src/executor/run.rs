@@ -354,7 +354,7 @@ struct StepPolicy {
 
 impl StepPolicy {
     fn of(policy: &crate::cluster::UpgradePolicy, step: &Step) -> Self {
-        if !matches!(step, Step::UpgradeNode { .. }) {
+        if !matches!(step, Step::UpgradeNode { .. } | Step::UpgradeNodes { .. }) {
             return Self {
                 retries: 0,
                 timeout: None,

@@ -18,6 +18,12 @@ pub enum Step {
         node_id: String,
         version: String,
     },
+    /// Upgrades these workers side by side (the upgrade policy's
+    /// `max_unavailable`), one UpgradeNode call each.
+    UpgradeNodes {
+        node_ids: Vec<String>,
+        version: String,
+    },
     /// Deletes these nodes, or every node when empty.
     DeleteNodes(Vec<String>),
     /// Restarts or rebuilds the nodes that are down (a provider without
@@ -42,6 +48,9 @@ impl Step {
             Step::UpgradeNode { node_id, version } => {
                 format!("upgrade node {node_id} to {version}")
             }
+            Step::UpgradeNodes { node_ids, version } => {
+                format!("upgrade nodes {} to {version}", node_ids.join(","))
+            }
             Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
             Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
             Step::RepairNodes => "repair nodes".into(),
@@ -56,7 +65,7 @@ impl Step {
             Step::StartNodes => "StartNodes",
             Step::StopNodes => "StopNodes",
             Step::Resize { .. } => "ResizeNodes",
-            Step::UpgradeNode { .. } => "UpgradeNode",
+            Step::UpgradeNode { .. } | Step::UpgradeNodes { .. } => "UpgradeNode",
             Step::DeleteNodes(_) => "DeleteNodes",
             Step::RepairNodes => "RepairNodes",
             Step::HealthCheck => "DescribeCluster",

@@ -121,11 +121,32 @@ impl KindRules for Upgrade {
             nodes.iter().filter(|n| n.version != target).collect();
         let control_last = order == UpgradeOrder::WorkersFirst;
         pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
-        pending
+        let side_by_side = spec.upgrade_policy.max_unavailable.unwrap_or(1).max(1) as usize;
+        let (control, workers): (Vec<&ProviderNode>, Vec<&ProviderNode>) =
+            pending.into_iter().partition(|n| n.role == "control");
+        // Control nodes one at a time (a quorum never loses two members to
+        // an upgrade); workers `max_unavailable` at a time.
+        let control = control.into_iter().map(|n| vec![n.id.clone()]);
+        let workers = workers.chunks(side_by_side).map(|chunk| {
+            let ids = chunk.iter().map(|n| n.id.clone());
+            ids.collect::<Vec<String>>()
+        });
+        let batches: Vec<Vec<String>> = if control_last {
+            workers.chain(control).collect()
+        } else {
+            control.chain(workers).collect()
+        };
+        batches
             .into_iter()
-            .map(|n| Step::UpgradeNode {
-                node_id: n.id.clone(),
-                version: target.clone(),
+            .map(|mut ids| match ids.len() {
+                1 => Step::UpgradeNode {
+                    node_id: ids.remove(0),
+                    version: target.clone(),
+                },
+                _ => Step::UpgradeNodes {
+                    node_ids: ids,
+                    version: target.clone(),
+                },
             })
             .collect()
     }

@@ -500,10 +500,8 @@ impl SpecEdit {
         let policies =
             request.update_health || request.update_maintenance || request.update_upgrade_policy;
         let suspends = request.suspend_tasks.is_some() || request.resume_tasks;
-        if !(request.update_labels || request.update_tasks || request.paused.is_some())
-            && !suspends
-            && !policies
-        {
+        let edits = request.update_labels || request.update_tasks || request.paused.is_some();
+        if !(edits || suspends || policies) {
             let message = "nothing to update: set update_labels, update_tasks, paused, suspend_tasks, resume_tasks, update_health, update_maintenance and/or update_upgrade_policy";
             return Err(FieldError::new("update_labels", message).into());
         }

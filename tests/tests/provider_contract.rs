@@ -201,6 +201,13 @@ impl Provider for Flawed {
         self.inner.stop_task(self.pass_on(r, token.as_ref())).await
     }
 
+    async fn get_task_progress(
+        &self,
+        r: Request<pb::GetTaskProgressRequest>,
+    ) -> Reply<pb::TaskProgress> {
+        self.inner.get_task_progress(r).await
+    }
+
     async fn repair_nodes(&self, r: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let token = r.get_ref().token.clone();
         self.inner

@@ -12,7 +12,9 @@ use drover_tests::fixture::Backends;
 use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
-use drover_tests::{create_running, owner, scrape, wait_for_state, wait_running, wait_until};
+use drover_tests::{
+    create_running, owner, scrape, wait_for_state, wait_running, wait_until, TempDir,
+};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -1424,13 +1426,22 @@ async fn a_restarted_replica_resumes_its_operation_without_waiting_for_the_ttl()
 
     replica.kill9();
     let killed = Instant::now();
-    let restarted = ReplicaProcess::serve_with(&etcd.endpoint(), "solo", &args).await;
+    // Its log says why, should it not resume in time.
+    let dir = TempDir::new("restarted-solo");
+    let log = dir.path().join("solo.log");
+    let env = [("RUST_LOG", "info")];
+    let restarted = ReplicaProcess::serve_logged(&etcd.endpoint(), "solo", &args, &env, &log).await;
     let mut client = restarted.client().await;
     let done = client
         .wait_operation(&op, Duration::from_secs(15))
         .await
         .unwrap();
-    assert_eq!(done.state, O::Succeeded as i32, "resumed: {done:?}");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        done.state,
+        O::Succeeded as i32,
+        "resumed: {done:?}\nthe restarted replica's log:\n{log}"
+    );
     eprintln!(
         "kill -9 to SUCCEEDED after a restart: {:?}",
         killed.elapsed()

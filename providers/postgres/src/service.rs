@@ -442,6 +442,17 @@ impl Provider for PostgresProvider {
         }
     }
 
+    /// pg_basebackup, VACUUM and amcheck are run to their end without
+    /// reporting as they go: no progress to tell, so Drover shows none.
+    async fn get_task_progress(
+        &self,
+        _request: Request<pb::GetTaskProgressRequest>,
+    ) -> Reply<pb::TaskProgress> {
+        Err(Status::unimplemented(
+            "the postgres provider does not report task progress",
+        ))
+    }
+
     async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
         let due = deadline(&request);
         let r = request.into_inner();

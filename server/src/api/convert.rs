@@ -488,6 +488,11 @@ pub fn task_run_to_proto(run: TaskRun) -> v1::TaskRun {
         error: run.error,
         attempt: run.attempt,
         report: run.report,
+        progress: run.progress.map(|progress| v1::TaskRunProgress {
+            percent: progress.percent,
+            message: progress.message,
+            updated_at: timestamp(&progress.at),
+        }),
     }
 }
 

@@ -98,6 +98,11 @@ struct SimRun {
     token: pb::FencingToken,
     outcome: Option<pb::RunTaskResponse>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// What GetTaskProgress reports: the type, and the time gone by since
+    /// the first call over the task latency then.
+    task_type: String,
+    started: tokio::time::Instant,
+    latency: Duration,
 }
 
 impl SimRun {
@@ -107,6 +112,29 @@ impl SimRun {
             self.outcome = Some(run_outcome("STOPPED", String::new()));
         }
         self.stop.send_replace(true);
+    }
+
+    /// How far the run has got at `now`: the time it has been going over
+    /// its latency, below 100 until it ends DONE (a run stopped or hung
+    /// never gets there).
+    fn progress(&self, now: tokio::time::Instant) -> pb::TaskProgress {
+        let percent = match &self.outcome {
+            Some(outcome) if outcome.status == "DONE" => 100,
+            _ => {
+                let going = now.saturating_duration_since(self.started).as_millis();
+                let latency = self.latency.as_millis().max(1);
+                (going * 100 / latency).min(99) as u32
+            }
+        };
+        let doing = match self.task_type.as_str() {
+            "repair" => "repairing".to_string(),
+            "backup" => "backing up".to_string(),
+            other => format!("running {other}"),
+        };
+        pb::TaskProgress {
+            percent: Some(percent),
+            message: format!("{doing}: {percent}%"),
+        }
     }
 }
 
@@ -801,6 +829,7 @@ impl Provider for SimProvider {
             let mut state = self.lock();
             Self::fence(&mut state, &token)?;
             let repeat = state.runs.contains_key(&r.run_id);
+            let latency = state.task_latency;
             let run = state
                 .runs
                 .entry(r.run_id.clone())
@@ -808,6 +837,9 @@ impl Provider for SimProvider {
                     token: token.clone(),
                     outcome: None,
                     stop: tokio::sync::watch::channel(false).0,
+                    task_type: r.task_type.clone(),
+                    started: tokio::time::Instant::now(),
+                    latency,
                 });
             let watch = (run.stop.subscribe(), run.outcome.clone());
             let detail = format!(
@@ -864,6 +896,22 @@ impl Provider for SimProvider {
             .ok_or_else(|| Status::not_found(format!("run {} is unknown", r.run_id)))?
             .stop();
         Ok(Response::new(pb::StopTaskResponse {}))
+    }
+
+    /// Not fenced, not audited (Drover asks every few seconds), no faults:
+    /// seeded fault plans draw the same faults as before it existed.
+    async fn get_task_progress(
+        &self,
+        request: Request<pb::GetTaskProgressRequest>,
+    ) -> Reply<pb::TaskProgress> {
+        let r = request.into_inner();
+        let state = self.lock();
+        let run = state
+            .runs
+            .get(&r.run_id)
+            .filter(|run| run.token.cluster_uid == r.cluster_uid)
+            .ok_or_else(|| Status::not_found(format!("run {} is unknown", r.run_id)))?;
+        Ok(Response::new(run.progress(tokio::time::Instant::now())))
     }
 
     async fn repair_nodes(&self, request: Request<pb::PowerRequest>) -> Reply<pb::NodesResponse> {
@@ -1647,6 +1695,53 @@ mod tests {
         let going = tokio::time::timeout(Duration::from_millis(100), &mut current).await;
         assert!(going.is_err(), "{going:?}");
         current.abort();
+    }
+
+    /// Progress is the time gone by over the task latency, below 100 until
+    /// the run ends DONE; an unknown run, or one of another cluster, is
+    /// NOT_FOUND.
+    #[tokio::test]
+    async fn a_run_reports_progress_from_its_latency() {
+        let started = tokio::time::Instant::now();
+        let mut run = SimRun {
+            token: token(1).unwrap(),
+            outcome: None,
+            stop: tokio::sync::watch::channel(false).0,
+            task_type: "repair".into(),
+            started,
+            latency: Duration::from_secs(10),
+        };
+        let at = |secs| started + Duration::from_secs(secs);
+        let progress = run.progress(at(4));
+        assert_eq!(progress.percent, Some(40));
+        assert_eq!(progress.message, "repairing: 40%");
+        assert_eq!(run.progress(at(30)).percent, Some(99));
+        run.stop();
+        assert_eq!(run.progress(at(30)).percent, Some(99));
+        run.outcome = Some(run_outcome("DONE", String::new()));
+        assert_eq!(run.progress(at(5)).message, "repairing: 100%");
+
+        let sim = SimProvider::new();
+        let request = pb::RunTaskRequest {
+            token: token(1),
+            task_type: "backup".into(),
+            task_name: "nightly".into(),
+            run_id: "r1".into(),
+            spec: None,
+        };
+        sim.run_task(Request::new(request)).await.unwrap();
+        let ask = |cluster_uid: &str, run_id: &str| {
+            sim.get_task_progress(Request::new(pb::GetTaskProgressRequest {
+                cluster_uid: cluster_uid.into(),
+                run_id: run_id.into(),
+            }))
+        };
+        let done = ask("u1", "r1").await.unwrap().into_inner();
+        assert_eq!(done.message, "backing up: 100%");
+        for (uid, run_id) in [("u1", "r2"), ("u2", "r1")] {
+            let unknown = ask(uid, run_id).await.unwrap_err();
+            assert_eq!(unknown.code(), tonic::Code::NotFound, "{uid} {run_id}");
+        }
     }
 
     #[tokio::test]

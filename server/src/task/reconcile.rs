@@ -355,6 +355,7 @@ mod tests {
             finished_at: None,
             error: None,
             report: None,
+            progress: None,
         }
     }
 

@@ -51,6 +51,31 @@ pub struct TaskRun {
     /// What the run found or produced, in the provider's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<String>,
+    /// How far the run has got, as the provider last reported it while the
+    /// run was going; kept as last seen once it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<RunProgress>,
+}
+
+/// A run's progress in its provider's words (GetTaskProgress).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunProgress {
+    /// 0 to 100; absent when the provider cannot tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u32>,
+    #[serde(default)]
+    pub message: String,
+    /// When Drover first saw this progress (RFC 3339).
+    #[serde(default)]
+    pub at: String,
+}
+
+impl RunProgress {
+    /// Whether `other` says the same (its time aside): then nothing is
+    /// written.
+    pub fn same_as(&self, other: &RunProgress) -> bool {
+        self.percent == other.percent && self.message == other.message
+    }
 }
 
 /// `clusters/<cluster>/tasks/<type>/<name>`: what exists of one task. The

@@ -20,12 +20,16 @@
 //! - A run left RUNNING under another owner epoch is first fenced at the
 //!   provider (StopTask with this owner's newer token), then recorded as
 //!   ABORTED and retried per the task's policy; it is never resumed.
+//! - While a run's RunTask call is in flight, the provider's word on its
+//!   progress is written into the run when it changed (see [`progress`]).
 //!
 //! # Caveats
 //! - A run in progress keeps its cluster on this replica through membership
 //!   changes, but not through this replica's end: after a crash or a
 //!   SIGTERM, the new owner aborts the run and retries it (as scylla-manager
 //!   does with runs left RUNNING by a restart).
+
+mod progress;
 
 use super::reconcile::{finished, plan, Change, Plan};
 use super::record::{run_id, RunStatus, TaskRecord, TaskRun, TaskSetRecord};
@@ -330,6 +334,7 @@ impl TaskScheduler {
             finished_at: None,
             error: None,
             report: None,
+            progress: None,
         };
         let mut started = record.clone();
         started.last_run = Some(run.clone());
@@ -401,7 +406,8 @@ impl TaskScheduler {
         Ok(())
     }
 
-    /// Waits for the provider to run `run`, then records how it ended.
+    /// Waits for the provider to run `run`, following its progress
+    /// meanwhile, then records how it ended.
     fn dispatch(
         self: &Arc<Self>,
         read: &ClusterTasks,
@@ -426,10 +432,18 @@ impl TaskScheduler {
         };
         tokio::spawn(async move {
             let _hold = hold;
-            let ended = if this.work.holds(&cluster, claim) {
-                this.run_on_provider(&spec, request, claim, &run).await
+            let (ended, progress) = if this.work.holds(&cluster, claim) {
+                let call = this.run_on_provider(&spec, request, claim, &run);
+                let following = progress::Following {
+                    spec: &spec,
+                    task_key: &task_key,
+                    run: &run,
+                    claim,
+                };
+                this.with_progress(following, call).await
             } else {
-                Err(tonic::Status::aborted("no longer the owner"))
+                let ended = Err(tonic::Status::aborted("no longer the owner"));
+                (ended, run.progress.clone())
             };
             let outcome = match ended {
                 Ok(response) => Some(run_outcome(response.into_inner())),
@@ -441,7 +455,12 @@ impl TaskScheduler {
                 Err(status) => Some(failed_call_outcome(&status)),
             };
             if let Some((status, error, report)) = outcome {
-                let run = TaskRun { report, ..run };
+                // The progress last seen stays with the ended run.
+                let run = TaskRun {
+                    report,
+                    progress,
+                    ..run
+                };
                 if let Err(error) = this
                     .finish_run(&cluster, &task_key, &run, status, error, claim)
                     .await

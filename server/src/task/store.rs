@@ -187,6 +187,7 @@ mod tests {
                 finished_at: None,
                 error: None,
                 report: None,
+                progress: None,
             };
             let key = keys.task_run("c", "t1", slot);
             store

@@ -309,7 +309,7 @@ pub fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
         tasks.iter().for_each(|t| outln!("{}", type_and_name(t)));
         return;
     }
-    let mut header = vec!["TASK", "LAST RUN", "NEXT", "OK", "ERR"];
+    let mut header = vec!["TASK", "LAST RUN", "PROGRESS", "NEXT", "OK", "ERR"];
     if output.is_wide() {
         header.extend(["SCHEDULE", "ID"]);
     }
@@ -326,6 +326,7 @@ pub fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
                 .as_ref()
                 .map(|r| run_status(r.status))
                 .unwrap_or_default(),
+            progress(status.last_run.as_ref()),
             time(&status.next_activation).unwrap_or_default(),
             count(status.success_count),
             count(status.error_count),
@@ -345,6 +346,30 @@ pub fn print_tasks(output: Output, tasks: &[v1::Task], list: bool) {
         table.row(row);
     }
     table.print();
+}
+
+/// A running run's progress as its provider last reported it ("40%
+/// repairing: 40%"); "-" otherwise.
+fn progress(run: Option<&v1::TaskRun>) -> String {
+    let running = v1::TaskRunStatus::Running as i32;
+    let Some(progress) = run
+        .filter(|run| run.status == running)
+        .and_then(|run| run.progress.as_ref())
+    else {
+        return "-".into();
+    };
+    let percent = progress.percent.map(|p| format!("{p}%"));
+    let words = [percent.as_deref(), Some(progress.message.as_str())];
+    let shown: Vec<&str> = words
+        .into_iter()
+        .flatten()
+        .filter(|w| !w.is_empty())
+        .collect();
+    if shown.is_empty() {
+        "-".into()
+    } else {
+        shown.join(" ")
+    }
 }
 
 fn print_runs(output: Output, runs: &[v1::TaskRun]) {

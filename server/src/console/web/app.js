@@ -271,8 +271,12 @@ function clusterView(name) {
         String(r.retries_left || 0), time(r.last_started_at)]);
       const tasks = d.tasks.map((t) => {
         const run = (t.status || {}).last_run;
+        const state = run ? (run.status || "").replace(/^TASK_RUN_STATUS_/, "") : "";
+        // A run going shows how far it has got, as its provider last said.
+        const p = state === "RUNNING" && run.progress;
+        const going = p ? [p.percent != null ? `${p.percent}%` : "", p.message].filter(Boolean).join(" ") : "";
         return [t.spec.name, short(t.spec.type),
-          run ? `${time(run.started_at)} ${short(run.state || "")} ${run.message || ""}` : "never",
+          run ? [time(run.started_at), state, run.error || "", going].filter(Boolean).join(" ") : "never",
           time((t.status || {}).next_activation), (t.status || {}).error || ""];
       });
       const ops = d.operations.map((o) => [

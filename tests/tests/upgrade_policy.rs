@@ -23,9 +23,9 @@ async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
     let mut f = Fixture::builder().start().await;
     create_running(&mut f.client, "flaky", 2).await;
     let policy = v1::UpgradePolicy {
-        max_unavailable: None,
         step_retries: Some(2),
         step_timeout_seconds: Some(1),
+        ..Default::default()
     };
     set_policy(&mut f, "flaky", policy).await;
     // The first node call fails, the next one hangs: two retries.
@@ -54,7 +54,7 @@ async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
     let policy = v1::UpgradePolicy {
         max_unavailable: Some(2),
         step_retries: Some(2),
-        step_timeout_seconds: None,
+        ..Default::default()
     };
     set_policy(&mut f, "wide", policy).await;
     f.sim.fault("UpgradeNode", 2, false).await;
@@ -66,6 +66,50 @@ async fn a_node_call_that_fails_or_hangs_is_sent_again_within_the_policy() {
     assert_eq!(progress.total_steps, 3, "{progress:?}");
     let cluster = f.client.get_cluster("wide").await.unwrap();
     let nodes = cluster.status.unwrap().nodes;
+    assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
+
+    // A surge worker is added and upgraded first, and removed at the end.
+    let surged = create_running(&mut f.client, "surged", 2).await;
+    let policy = v1::UpgradePolicy {
+        max_surge: Some(1),
+        step_retries: Some(2),
+        ..Default::default()
+    };
+    set_policy(&mut f, "surged", policy).await;
+    let op = start_upgrade(&mut f.client, "surged", "1.30.0").await;
+    let done = f.finish(op).await;
+    assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
+    // The surge, control-0, worker-0, worker-1, the resize back.
+    assert_eq!(done.progress.expect("progress").total_steps, 5);
+    let calls: Vec<(String, String)> = f
+        .sim
+        .audit(&surged.uid)
+        .await
+        .into_iter()
+        .filter(|e| e.method == "ResizeNodes" || e.method == "UpgradeNode")
+        .map(|e| (e.method, e.detail))
+        .collect();
+    let methods: Vec<&str> = calls.iter().map(|(m, _)| m.as_str()).collect();
+    let upgrade = "UpgradeNode";
+    assert_eq!(
+        methods,
+        [
+            "ResizeNodes",
+            upgrade,
+            upgrade,
+            upgrade,
+            upgrade,
+            "ResizeNodes"
+        ],
+        "{calls:?}"
+    );
+    assert!(
+        calls[1].1.contains("worker-2"),
+        "the surge worker first: {calls:?}"
+    );
+    let cluster = f.client.get_cluster("surged").await.unwrap();
+    let nodes = cluster.status.unwrap().nodes;
+    assert_eq!(nodes.len(), 3, "back to the spec's count: {nodes:?}");
     assert!(nodes.iter().all(|n| n.version == "1.30.0"), "{nodes:?}");
 
     // Without a policy the first failure fails the upgrade, as before.

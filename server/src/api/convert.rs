@@ -139,6 +139,7 @@ fn health_to_proto(policy: cluster::HealthPolicy) -> v1::HealthPolicy {
 pub fn upgrade_policy_from_proto(policy: v1::UpgradePolicy) -> cluster::UpgradePolicy {
     cluster::UpgradePolicy {
         max_unavailable: policy.max_unavailable,
+        max_surge: policy.max_surge,
         step_retries: policy.step_retries,
         step_timeout_seconds: policy.step_timeout_seconds,
     }
@@ -244,6 +245,7 @@ pub fn cluster_to_proto(record: ClusterRecord) -> v1::Cluster {
             health: Some(health_to_proto(spec.spec.health)),
             upgrade_policy: Some(v1::UpgradePolicy {
                 max_unavailable: spec.spec.upgrade_policy.max_unavailable,
+                max_surge: spec.spec.upgrade_policy.max_surge,
                 step_retries: spec.spec.upgrade_policy.step_retries,
                 step_timeout_seconds: spec.spec.upgrade_policy.step_timeout_seconds,
             }),

@@ -61,6 +61,9 @@ pub struct UpgradePolicy {
     /// Workers upgraded side by side; `None`: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<u32>,
+    /// Surge workers added (and upgraded) first; `None`: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_retries: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,6 +12,36 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use tracing::Instrument;
 
+/// Resizes to `workers`, then upgrades the new workers (not among `known`)
+/// not yet at `version`: sent again after a crash, it adds nothing more
+/// and upgrades what is left.
+async fn surge(
+    mut provider: crate::provider::Provider,
+    token: Option<pb::FencingToken>,
+    workers: u32,
+    known: &[String],
+    version: &str,
+    deadline: Instant,
+) -> Result<tonic::Response<pb::NodesResponse>, tonic::Status> {
+    let resize = pb::ResizeNodesRequest {
+        token: token.clone(),
+        worker_nodes: Some(workers),
+        offering: None,
+    };
+    let resized = provider.resize_nodes(due_by(deadline, resize)).await?;
+    let new: Vec<String> = resized
+        .get_ref()
+        .nodes
+        .iter()
+        .filter(|n| n.role == "worker" && !known.contains(&n.id) && n.version != version)
+        .map(|n| n.id.clone())
+        .collect();
+    if new.is_empty() {
+        return Ok(resized);
+    }
+    upgrade_side_by_side(provider, token, &new, version, deadline).await
+}
+
 /// One UpgradeNode call per node, sent together under one token: the
 /// first failure in node order (the step fails, or is retried, as one), or
 /// else the last node's answer (every answer lists all the nodes).
@@ -209,6 +239,11 @@ impl Holding<'_> {
             Step::UpgradeNodes { node_ids, version } => {
                 upgrade_side_by_side(provider, token, node_ids, version, deadline).await
             }
+            Step::Surge {
+                workers,
+                known,
+                version,
+            } => surge(provider, token, *workers, known, version, deadline).await,
             Step::DeleteNodes(ids) => {
                 provider
                     .delete_nodes(due_by(

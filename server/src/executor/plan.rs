@@ -221,6 +221,46 @@ mod tests {
         );
     }
 
+    /// A surge: workers added and upgraded first, the count restored
+    /// last, also when only the restore is left (a crash after the last
+    /// node's upgrade).
+    #[test]
+    fn a_surge_adds_workers_first_and_removes_them_last() {
+        let mut spec = Spec {
+            worker_nodes: 1,
+            ..Spec::default()
+        };
+        spec.upgrade_policy.max_surge = Some(1);
+        let op = upgrade_to("1.30.0");
+        let nodes = [
+            node("control-0", "control", "1.29.0"),
+            node("worker-0", "worker", "1.29.0"),
+        ];
+        let names: Vec<String> = plan(&op, &spec, &nodes, CONTROL_FIRST)
+            .iter()
+            .map(Step::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "surge to 2 workers, the new ones at 1.30.0",
+                "upgrade node control-0 to 1.30.0",
+                "upgrade node worker-0 to 1.30.0",
+                "resize to 1 workers",
+            ]
+        );
+        let after_crash = [
+            node("control-0", "control", "1.30.0"),
+            node("worker-0", "worker", "1.30.0"),
+            node("worker-1", "worker", "1.30.0"),
+        ];
+        let steps = plan(&op, &spec, &after_crash, CONTROL_FIRST);
+        assert_eq!(
+            steps.iter().map(Step::name).collect::<Vec<_>>(),
+            ["resize to 1 workers"]
+        );
+    }
+
     #[test]
     fn recover_repairs_then_checks_health() {
         let op = OperationRecord::pending(

@@ -354,7 +354,11 @@ struct StepPolicy {
 
 impl StepPolicy {
     fn of(policy: &crate::cluster::UpgradePolicy, step: &Step) -> Self {
-        if !matches!(step, Step::UpgradeNode { .. } | Step::UpgradeNodes { .. }) {
+        let node_calls = matches!(
+            step,
+            Step::UpgradeNode { .. } | Step::UpgradeNodes { .. } | Step::Surge { .. }
+        );
+        if !node_calls {
             return Self {
                 retries: 0,
                 timeout: None,

@@ -18,6 +18,13 @@ pub enum Step {
         node_id: String,
         version: String,
     },
+    /// Adds surge workers (a resize to `workers`) and upgrades the workers
+    /// not among `known` (the nodes when it was planned) to `version`.
+    Surge {
+        workers: u32,
+        known: Vec<String>,
+        version: String,
+    },
     /// Upgrades these workers side by side (the upgrade policy's
     /// `max_unavailable`), one UpgradeNode call each.
     UpgradeNodes {
@@ -51,6 +58,9 @@ impl Step {
             Step::UpgradeNodes { node_ids, version } => {
                 format!("upgrade nodes {} to {version}", node_ids.join(","))
             }
+            Step::Surge {
+                workers, version, ..
+            } => format!("surge to {workers} workers, the new ones at {version}"),
             Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
             Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
             Step::RepairNodes => "repair nodes".into(),
@@ -64,7 +74,7 @@ impl Step {
             Step::CreateNodes => "CreateNodes",
             Step::StartNodes => "StartNodes",
             Step::StopNodes => "StopNodes",
-            Step::Resize { .. } => "ResizeNodes",
+            Step::Resize { .. } | Step::Surge { .. } => "ResizeNodes",
             Step::UpgradeNode { .. } | Step::UpgradeNodes { .. } => "UpgradeNode",
             Step::DeleteNodes(_) => "DeleteNodes",
             Step::RepairNodes => "RepairNodes",

@@ -108,7 +108,9 @@ impl KindRules for Upgrade {
     /// By role in the provider's order (control nodes first unless it says
     /// workers first: a database switches its primary over to an upgraded
     /// replica last); nodes already at the target are skipped, so an
-    /// interrupted upgrade can simply be run again.
+    /// interrupted upgrade can simply be run again. With a surge
+    /// (`upgrade_policy.max_surge`), surge workers are added and upgraded
+    /// first, and the workers brought back to the spec's count last.
     fn plan(
         &self,
         operation: &OperationRecord,
@@ -117,38 +119,27 @@ impl KindRules for Upgrade {
         order: UpgradeOrder,
     ) -> Vec<Step> {
         let target = self.target_version(operation, spec).unwrap_or_default();
-        let mut pending: Vec<&ProviderNode> =
-            nodes.iter().filter(|n| n.version != target).collect();
-        let control_last = order == UpgradeOrder::WorkersFirst;
-        pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
-        let side_by_side = spec.upgrade_policy.max_unavailable.unwrap_or(1).max(1) as usize;
-        let (control, workers): (Vec<&ProviderNode>, Vec<&ProviderNode>) =
-            pending.into_iter().partition(|n| n.role == "control");
-        // Control nodes one at a time (a quorum never loses two members to
-        // an upgrade); workers `max_unavailable` at a time.
-        let control = control.into_iter().map(|n| vec![n.id.clone()]);
-        let workers = workers.chunks(side_by_side).map(|chunk| {
-            let ids = chunk.iter().map(|n| n.id.clone());
-            ids.collect::<Vec<String>>()
-        });
-        let batches: Vec<Vec<String>> = if control_last {
-            workers.chain(control).collect()
-        } else {
-            control.chain(workers).collect()
-        };
-        batches
-            .into_iter()
-            .map(|mut ids| match ids.len() {
-                1 => Step::UpgradeNode {
-                    node_id: ids.remove(0),
-                    version: target.clone(),
-                },
-                _ => Step::UpgradeNodes {
-                    node_ids: ids,
-                    version: target.clone(),
-                },
-            })
-            .collect()
+        let pending: Vec<&ProviderNode> = nodes.iter().filter(|n| n.version != target).collect();
+        let surge = spec.upgrade_policy.max_surge.unwrap_or(0);
+        let workers = nodes.iter().filter(|n| n.role == "worker").count() as u32;
+        let mut steps = Vec::new();
+        if surge > 0 && !pending.is_empty() {
+            steps.push(Step::Surge {
+                workers: spec.worker_nodes + surge,
+                known: nodes.iter().map(|n| n.id.clone()).collect(),
+                version: target.clone(),
+            });
+        }
+        steps.extend(node_steps(pending, &target, spec, order));
+        // A surge added workers (now, or before a crash): back to the
+        // spec's count.
+        if surge > 0 && (!steps.is_empty() || workers > spec.worker_nodes) {
+            steps.push(Step::Resize {
+                workers: Some(spec.worker_nodes),
+                offering: None,
+            });
+        }
+        steps
     }
 
     fn target_version(&self, operation: &OperationRecord, spec: &Spec) -> Option<String> {
@@ -160,4 +151,43 @@ impl KindRules for Upgrade {
                 .unwrap_or_else(|| spec.version.clone()),
         )
     }
+}
+
+/// The UpgradeNode steps of `pending` in the provider's `order`: control
+/// nodes one at a time (a quorum never loses two members to an upgrade),
+/// workers `max_unavailable` at a time.
+fn node_steps(
+    mut pending: Vec<&ProviderNode>,
+    target: &str,
+    spec: &Spec,
+    order: UpgradeOrder,
+) -> Vec<Step> {
+    let control_last = order == UpgradeOrder::WorkersFirst;
+    pending.sort_by_key(|n| ((n.role == "control") == control_last, n.id.clone()));
+    let side_by_side = spec.upgrade_policy.max_unavailable.unwrap_or(1).max(1) as usize;
+    let (control, workers): (Vec<&ProviderNode>, Vec<&ProviderNode>) =
+        pending.into_iter().partition(|n| n.role == "control");
+    let control = control.into_iter().map(|n| vec![n.id.clone()]);
+    let workers = workers
+        .chunks(side_by_side)
+        .map(|chunk| chunk.iter().map(|n| n.id.clone()).collect::<Vec<String>>());
+    let batches: Vec<Vec<String>> = if control_last {
+        workers.chain(control).collect()
+    } else {
+        control.chain(workers).collect()
+    };
+    let version = target.to_string();
+    batches
+        .into_iter()
+        .map(|mut ids| match ids.len() {
+            1 => Step::UpgradeNode {
+                node_id: ids.remove(0),
+                version: version.clone(),
+            },
+            _ => Step::UpgradeNodes {
+                node_ids: ids,
+                version: version.clone(),
+            },
+        })
+        .collect()
 }

@@ -14,7 +14,7 @@
 //!   the nodes it shows differ (id, role, power, version, readiness), so a
 //!   status left stale — a describe that failed after a failed step —
 //!   heals without a new operation. The write is fenced and compares the
-//!   state and status keys as scanned.
+//!   cluster's keys as scanned.
 //!
 //! A paused cluster (`spec.paused`) is observed (its status refreshed, a
 //! Running one with faulty nodes moved to Alert) but nothing is started
@@ -29,8 +29,8 @@
 use crate::audit::AuditLog;
 use crate::cluster::machine::Event;
 use crate::cluster::{
-    from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus,
-    StateRecord, SCHEMA_VERSION,
+    now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateRecord,
+    SCHEMA_VERSION,
 };
 use crate::executor::Executor;
 use crate::health::merge_nodes;
@@ -40,7 +40,7 @@ use crate::operation::{
 use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::provider::{due_by, node_ready, node_status, Providers, DESCRIBE_TIMEOUT};
 use crate::replication::Claim;
-use crate::store::{CmpOp, Compare, Op, Txn};
+use crate::store::{Op, Txn};
 use drover_proto::provider::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,13 +100,8 @@ impl Scanner {
             params: OperationParams::default(),
             request_id: String::new(),
         };
-        let submitted = self.executor.submit(name, request).await;
-        let accepted = submitted.as_ref().map(|op| op.id.as_str());
-        let accepted = accepted.map_err(ToString::to_string);
-        let method = kind.rules().rpc();
-        self.audit
-            .started_by_drover(method, name, None, "", accepted);
-        submitted.map(drop)
+        let submitted = self.executor.submit_own(&self.audit, name, None, request);
+        submitted.await.map(drop)
     }
 
     async fn check(&self, cluster: &ClusterRecord) -> Result<(), LifecycleError> {
@@ -215,7 +210,7 @@ impl Scanner {
 
     /// Writes the provider's `nodes` into the status when they differ from
     /// it in what a node is (facts alone changing write nothing): fenced by
-    /// `claim`, and only while the state and status keys are as scanned.
+    /// `claim`, and only while the cluster's keys are as scanned.
     async fn refresh_nodes(
         &self,
         cluster: &ClusterRecord,
@@ -239,22 +234,12 @@ impl Scanner {
         }
         let name = &cluster.spec.name;
         let keys = self.operations.keys();
-        let status_key = keys.cluster_status(name);
-        let status_unchanged = match cluster.status_revision {
-            0 => Compare::absent(&status_key),
-            revision => Compare::mod_revision(&status_key, CmpOp::Equal, revision),
-        };
-        let state_unchanged = Compare::mod_revision(
-            keys.cluster_state(name),
-            CmpOp::Equal,
-            cluster.state_revision,
-        );
         status.schema = SCHEMA_VERSION;
         status.nodes = shown;
         let txn = Txn::new()
             .when(claim.fence(keys, name))
-            .when([state_unchanged, status_unchanged])
-            .and_then([Op::put(&status_key, to_json(&status))]);
+            .when(cluster.unchanged(keys))
+            .and_then([Op::put(keys.cluster_status(name), to_json(&status))]);
         if self.operations.store().txn(txn).await?.succeeded {
             tracing::info!(cluster = %name, nodes = nodes.len(), "status nodes refreshed from the provider");
         }
@@ -286,20 +271,9 @@ impl Reconciler for Scanner {
     /// operation (every owned one while the cache is not ready): a fleet
     /// at rest is mostly clusters it would only look at and leave.
     fn candidates(&self) -> Vec<String> {
-        let mut owned = Vec::new();
-        let ready = self.cache.visit_states(|cluster, kv| {
-            if self.work.claim(cluster).is_some() {
-                owned.push((cluster.to_string(), kv.clone()));
-            }
-        });
-        if !ready {
-            return self.work.replication().owned_clusters();
-        }
-        let scanned = owned.into_iter().filter(|(_, kv)| {
-            from_json::<StateRecord>(kv)
-                .is_ok_and(|state| state.operation.is_none() && SCANNED.contains(&state.state))
-        });
-        scanned.map(|(cluster, _)| cluster).collect()
+        let scanned =
+            |state: &StateRecord| state.operation.is_none() && SCANNED.contains(&state.state);
+        self.work.owned_where(&self.cache, scanned)
     }
 
     async fn reconcile(

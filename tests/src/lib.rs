@@ -227,6 +227,60 @@ pub fn repair_now(name: &str) -> drover_client::v1::TaskSpec {
     }
 }
 
+/// The status of `cluster`'s repair task `name` (see [`repair_now`]).
+pub async fn repair_status(
+    client: &drover_client::Client,
+    cluster: &str,
+    name: &str,
+) -> drover_client::v1::TaskStatus {
+    use drover_client::v1;
+    let request = v1::GetTaskRequest {
+        cluster: cluster.into(),
+        r#type: v1::TaskType::Repair as i32,
+        name: name.into(),
+    };
+    let task = client.clone().tasks().get_task(request).await;
+    let task = task.expect("the task").into_inner();
+    task.status.unwrap_or_default()
+}
+
+/// Whether a task has had a run that ended done.
+pub fn has_run(status: &drover_client::v1::TaskStatus) -> bool {
+    status.success_count.unwrap_or(0) > 0
+}
+
+/// Creates rollout `name`: `cluster` alone upgraded to `version`, in one
+/// stage.
+pub async fn roll_one(client: &drover_client::Client, name: &str, cluster: &str, version: &str) {
+    use drover_client::v1;
+    let spec = v1::RolloutSpec {
+        clusters: vec![cluster.into()],
+        version: version.into(),
+        stages: vec![v1::RolloutStage {
+            name: "all".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let request = v1::CreateRolloutRequest {
+        name: name.into(),
+        spec: Some(spec),
+    };
+    let created = client.clone().rollouts().create_rollout(request).await;
+    created.expect("the rollout is created");
+}
+
+/// Rollout `name`'s status as it is now.
+pub async fn rollout_status(
+    client: &drover_client::Client,
+    name: &str,
+) -> drover_client::v1::RolloutStatus {
+    let request = drover_client::v1::GetRolloutRequest { name: name.into() };
+    let rollout = client.clone().rollouts().get_rollout(request).await;
+    let rollout = rollout.expect("the rollout").into_inner();
+    rollout.status.unwrap_or_default()
+}
+
 /// Creates a cluster (version 1.29.0, one control node, `workers` workers)
 /// with its first start, waits for the start to succeed, and returns it.
 pub async fn create_running(

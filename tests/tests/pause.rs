@@ -3,10 +3,13 @@
 //! run, no rollout step — until it is unpaused; an operator's own requests
 //! still run.
 
-use drover_client::v1::{self, ClusterState as S, TaskType as T};
+use drover_client::v1::{self, ClusterState as S};
 use drover_client::Client;
 use drover_tests::fixture::Fixture;
-use drover_tests::{create_running, repair_now, wait_for_state, wait_until};
+use drover_tests::{
+    create_running, has_run, repair_now, repair_status, roll_one, rollout_status, wait_for_state,
+    wait_until,
+};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -23,19 +26,6 @@ async fn set_paused(client: &mut Client, name: &str, paused: bool) -> v1::Cluste
     updated.expect("paused or unpaused").into_inner()
 }
 
-async fn task_status(client: &Client, cluster: &str) -> v1::TaskStatus {
-    let request = v1::GetTaskRequest {
-        cluster: cluster.into(),
-        r#type: T::Repair as i32,
-        name: "now".into(),
-    };
-    let task = client.clone().tasks().get_task(request).await;
-    task.expect("the task")
-        .into_inner()
-        .status
-        .unwrap_or_default()
-}
-
 async fn state_of(client: &Client, cluster: &str) -> (S, Option<String>) {
     let got = client
         .clone()
@@ -45,10 +35,6 @@ async fn state_of(client: &Client, cluster: &str) -> (S, Option<String>) {
     let status = got.status.unwrap_or_default();
     let state = S::try_from(status.state.unwrap_or_default()).unwrap();
     (state, status.current_operation)
-}
-
-fn ran(status: &v1::TaskStatus) -> bool {
-    status.success_count.unwrap_or(0) > 0
 }
 
 #[tokio::test]
@@ -77,7 +63,7 @@ async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaus
     wait_until(WAIT, "the task to say it waits for the pause", || {
         let client = client.clone();
         async move {
-            let status = task_status(&client, "held").await;
+            let status = repair_status(&client, "held", "now").await;
             status.error.is_some_and(|e| e.contains("paused"))
         }
     })
@@ -91,7 +77,10 @@ async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaus
     while Instant::now() < quiet_until {
         let (state, operation) = state_of(&f.client, "held").await;
         assert_eq!((state, &operation), (S::Alert, &None), "nothing starts");
-        assert!(!ran(&task_status(&f.client, "held").await), "no task run");
+        assert!(
+            !has_run(&repair_status(&f.client, "held", "now").await),
+            "no task run"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let audit = f.sim.audit(&cluster.uid).await;
@@ -106,7 +95,7 @@ async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaus
     let client = f.client.clone();
     wait_until(WAIT, "the task to run once unpaused", || {
         let client = client.clone();
-        async move { ran(&task_status(&client, "held").await) }
+        async move { has_run(&repair_status(&client, "held", "now").await) }
     })
     .await;
     f.check_history().await;
@@ -131,29 +120,12 @@ async fn a_rollout_waits_for_a_paused_cluster_and_an_operator_request_does_not()
     let op = f.client.clusters().start_cluster(start).await.unwrap();
     f.finish(op.into_inner()).await;
 
-    let spec = v1::RolloutSpec {
-        clusters: vec!["rolled".into()],
-        version: "1.30.0".into(),
-        stages: vec![v1::RolloutStage {
-            name: "all".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let request = v1::CreateRolloutRequest {
-        name: "past-pause".into(),
-        spec: Some(spec),
-    };
-    f.client.rollouts().create_rollout(request).await.unwrap();
-    let get = || v1::GetRolloutRequest {
-        name: "past-pause".into(),
-    };
+    roll_one(&f.client, "past-pause", "rolled", "1.30.0").await;
     let client = f.client.clone();
     wait_until(WAIT, "the rollout's cluster to wait for the pause", || {
-        let mut client = client.clone();
+        let client = client.clone();
         async move {
-            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
-            let status = rollout.into_inner().status.unwrap_or_default();
+            let status = rollout_status(&client, "past-pause").await;
             status.clusters.iter().any(|c| {
                 c.state == v1::TargetState::TargetPending as i32 && c.message.contains("paused")
             })
@@ -166,10 +138,9 @@ async fn a_rollout_waits_for_a_paused_cluster_and_an_operator_request_does_not()
     set_paused(&mut f.client, "rolled", false).await;
     let client = f.client.clone();
     wait_until(WAIT, "the rollout to succeed once unpaused", || {
-        let mut client = client.clone();
+        let client = client.clone();
         async move {
-            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
-            let status = rollout.into_inner().status.unwrap_or_default();
+            let status = rollout_status(&client, "past-pause").await;
             status.state == v1::RolloutState::RolloutSucceeded as i32
         }
     })
@@ -190,7 +161,7 @@ async fn wait_task(client: &Client, cluster: &str, what: &str, done: fn(&v1::Tas
     let cluster = cluster.to_string();
     wait_until(WAIT, what, || {
         let (client, cluster) = (client.clone(), cluster.clone());
-        async move { done(&task_status(&client, &cluster).await) }
+        async move { done(&repair_status(&client, &cluster, "now").await) }
     })
     .await;
 }
@@ -251,7 +222,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
             .is_some_and(|e| e.contains("suspended until resumed"))
     })
     .await;
-    assert!(!ran(&task_status(&f.client, "quiet").await));
+    assert!(!has_run(&repair_status(&f.client, "quiet", "now").await));
     let ctl = |args: &[&str]| {
         let out = std::process::Command::new(drover_tests::workspace_binary("droverctl"))
             .args(["--endpoint", &f.replicas[0].endpoint()])
@@ -261,7 +232,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
         assert!(out.status.success(), "{out:?}");
     };
     ctl(&["task", "resume", "quiet"]);
-    wait_task(&f.client, "quiet", "the task to run once resumed", ran).await;
+    wait_task(&f.client, "quiet", "the task to run once resumed", has_run).await;
 
     // For a while: a new start date runs once the time is up, by itself.
     ctl(&["task", "suspend", "quiet", "--for", "2s"]);

@@ -119,6 +119,16 @@ async fn an_unhealthy_worker_is_remediated_by_a_recover_naming_it() {
         nodes.iter().all(|n| n.health == NodeHealth::Healthy as i32),
         "{nodes:?}"
     );
+    // The gauge counted the node while it was unhealthy, and no more.
+    let admin = f.replicas[0].admin_endpoint();
+    wait_until(WAIT, "no unhealthy node counted", || {
+        let admin = admin.clone();
+        async move {
+            let samples = scrape::metrics(&admin).await;
+            scrape::sum(&samples, "drover_unhealthy_nodes", "") == 0.0
+        }
+    })
+    .await;
     f.check_history().await;
 }
 

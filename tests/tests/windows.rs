@@ -4,10 +4,13 @@
 //! opens; an operator's own requests still run. Bad windows are refused
 //! naming the field, and write nothing.
 
-use drover_client::v1::{self, TaskType as T};
+use drover_client::v1;
 use drover_client::Client;
 use drover_tests::fixture::Fixture;
-use drover_tests::{create_only, create_running, repair_now, wait_until};
+use drover_tests::{
+    create_only, create_running, has_run, repair_now, repair_status, roll_one, rollout_status,
+    wait_until,
+};
 use std::process::Output;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -55,23 +58,6 @@ async fn update(
 ) -> Result<v1::Cluster, tonic::Status> {
     let updated = client.clone().clusters().update_cluster(request).await;
     updated.map(tonic::Response::into_inner)
-}
-
-async fn task_status(client: &Client, cluster: &str) -> v1::TaskStatus {
-    let request = v1::GetTaskRequest {
-        cluster: cluster.into(),
-        r#type: T::Repair as i32,
-        name: "now".into(),
-    };
-    let task = client.clone().tasks().get_task(request).await;
-    task.expect("the task")
-        .into_inner()
-        .status
-        .unwrap_or_default()
-}
-
-fn ran(status: &v1::TaskStatus) -> bool {
-    status.success_count.unwrap_or(0) > 0
 }
 
 fn droverctl(f: &Fixture, args: &[&str]) -> Output {
@@ -127,14 +113,17 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     wait_until(WAIT, "the task to say it waits for the window", || {
         let client = client.clone();
         async move {
-            let status = task_status(&client, "windowed").await;
+            let status = repair_status(&client, "windowed", "now").await;
             status
                 .error
                 .is_some_and(|e| e.contains("outside the maintenance window"))
         }
     })
     .await;
-    let error = task_status(&f.client, "windowed").await.error.unwrap();
+    let error = repair_status(&f.client, "windowed", "now")
+        .await
+        .error
+        .unwrap();
     assert!(
         error.contains(&format!("({start}..{end} Asia/Kolkata)")),
         "{error}"
@@ -170,7 +159,7 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     let quiet_until = Instant::now() + QUIET;
     while Instant::now() < quiet_until {
         assert!(
-            !ran(&task_status(&f.client, "windowed").await),
+            !has_run(&repair_status(&f.client, "windowed", "now").await),
             "no task run"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -188,7 +177,7 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     let client = f.client.clone();
     wait_until(WAIT, "the task to run once the window is open", || {
         let client = client.clone();
-        async move { ran(&task_status(&client, "windowed").await) }
+        async move { has_run(&repair_status(&client, "windowed", "now").await) }
     })
     .await;
     f.check_history().await;
@@ -316,29 +305,12 @@ async fn a_rollout_waits_for_the_window_and_goes_on_when_it_opens() {
     update(&f.client, set_window("rolled", window_from_now(120, 180)))
         .await
         .expect("window set");
-    let spec = v1::RolloutSpec {
-        clusters: vec!["rolled".into()],
-        version: "1.30.0".into(),
-        stages: vec![v1::RolloutStage {
-            name: "all".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let request = v1::CreateRolloutRequest {
-        name: "past-window".into(),
-        spec: Some(spec),
-    };
-    f.client.rollouts().create_rollout(request).await.unwrap();
-    let get = || v1::GetRolloutRequest {
-        name: "past-window".into(),
-    };
+    roll_one(&f.client, "past-window", "rolled", "1.30.0").await;
     let client = f.client.clone();
     wait_until(WAIT, "the rollout's cluster to wait for the window", || {
-        let mut client = client.clone();
+        let client = client.clone();
         async move {
-            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
-            let status = rollout.into_inner().status.unwrap_or_default();
+            let status = rollout_status(&client, "past-window").await;
             status.clusters.iter().any(|c| {
                 c.state == v1::TargetState::TargetPending as i32
                     && c.message
@@ -360,10 +332,9 @@ async fn a_rollout_waits_for_the_window_and_goes_on_when_it_opens() {
         .expect("window set");
     let client = f.client.clone();
     wait_until(WAIT, "the rollout to succeed once the window opens", || {
-        let mut client = client.clone();
+        let client = client.clone();
         async move {
-            let rollout = client.rollouts().get_rollout(get()).await.unwrap();
-            let status = rollout.into_inner().status.unwrap_or_default();
+            let status = rollout_status(&client, "past-window").await;
             status.state == v1::RolloutState::RolloutSucceeded as i32
         }
     })

@@ -116,21 +116,10 @@ impl Reconciler for Executor {
     /// while the cache is not ready); forgets the history counts of the
     /// clusters no longer owned.
     fn candidates(&self) -> Vec<String> {
-        let mut owned = Vec::new();
-        let ready = self.cache.visit_states(|cluster, kv| {
-            if self.work.claim(cluster).is_some() {
-                owned.push((cluster.to_string(), kv.clone()));
-            }
-        });
         self.history()
             .retain(|cluster, _| self.work.claim(cluster).is_some());
-        if !ready {
-            return self.work.replication().owned_clusters();
-        }
-        let with_slot = owned.into_iter().filter(|(_, kv)| {
-            from_json::<StateRecord>(kv).is_ok_and(|state| state.operation.is_some())
-        });
-        with_slot.map(|(cluster, _)| cluster).collect()
+        let with_slot = |state: &StateRecord| state.operation.is_some();
+        self.work.owned_where(&self.cache, with_slot)
     }
 
     /// Other owners may have added to its history meanwhile.

@@ -22,6 +22,25 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 impl Executor {
+    /// Asks for `request` on `cluster` as Drover's own work (a
+    /// remediation, a rollout's step, the scanner's recovery): through the
+    /// same accept as any request, and written to the audit log as started
+    /// by Drover (for `rollout`, when a rollout's).
+    pub async fn submit_own(
+        self: &Arc<Self>,
+        audit: &crate::audit::AuditLog,
+        cluster: &str,
+        rollout: Option<&str>,
+        request: LifecycleRequest,
+    ) -> Result<OperationRecord, LifecycleError> {
+        let (method, request_id) = (request.kind.rules().rpc(), request.request_id.clone());
+        let submitted = self.submit(cluster, request).await;
+        let accepted = submitted.as_ref().map(|op| op.id.as_str());
+        let accepted = accepted.map_err(ToString::to_string);
+        audit.started_by_drover(method, cluster, rollout, &request_id, accepted);
+        submitted
+    }
+
     /// Accepts `request` on `cluster` in one transaction, or refuses it
     /// having written nothing; an operation accepted on a cluster this
     /// replica owns starts here at once.

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::operation::{LifecycleRequest, OperationKind, OperationParams, Operations};
 use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::replication::Claim;
-use crate::store::{CmpOp, Compare, KeyValue, Op, Txn};
+use crate::store::{KeyValue, Op, Txn};
 use chrono::Utc;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -160,24 +160,15 @@ impl Remediator {
             },
             request_id: format!("remediation-{}-{asked}", cluster.spec.uid),
         };
-        let submitted = self.executor.submit(name, request).await;
-        let accepted = submitted.as_ref().map(|op| op.id.as_str());
-        let accepted = accepted.map_err(ToString::to_string);
-        self.audit.started_by_drover(
-            OperationKind::Recover.rules().rpc(),
-            name,
-            None,
-            "",
-            accepted,
-        );
-        let operation = submitted?;
+        let submitted = self.executor.submit_own(&self.audit, name, None, request);
+        let operation = submitted.await?;
         tracing::info!(cluster = %name, nodes = ?nodes, operation = %operation.id, "remediating unhealthy nodes");
         self.metrics.remediation("started");
         Ok(Next::Idle)
     }
 
     /// Writes `remediation` into the cluster's status, fenced by `claim`,
-    /// while the state and status keys are as read; whether it was written.
+    /// while the cluster's keys are as read; whether it was written.
     async fn write(
         &self,
         cluster: &ClusterRecord,
@@ -186,23 +177,13 @@ impl Remediator {
     ) -> Result<bool, ReconcileError> {
         let name = &cluster.spec.name;
         let keys = self.operations.keys();
-        let status_key = keys.cluster_status(name);
-        let status_unchanged = match cluster.status_revision {
-            0 => Compare::absent(&status_key),
-            revision => Compare::mod_revision(&status_key, CmpOp::Equal, revision),
-        };
-        let state_unchanged = Compare::mod_revision(
-            keys.cluster_state(name),
-            CmpOp::Equal,
-            cluster.state_revision,
-        );
         let mut status = cluster.status.clone().unwrap_or_default();
         status.schema = SCHEMA_VERSION;
         status.remediation = remediation;
         let txn = Txn::new()
             .when(claim.fence(keys, name))
-            .when([state_unchanged, status_unchanged])
-            .and_then([Op::put(&status_key, to_json(&status))]);
+            .when(cluster.unchanged(keys))
+            .and_then([Op::put(keys.cluster_status(name), to_json(&status))]);
         Ok(self.operations.store().txn(txn).await?.succeeded)
     }
 
@@ -230,7 +211,12 @@ impl Remediator {
             .filter(|n| super::judge(n, &policy, now).health == super::NodeHealth::Unhealthy)
             .count();
         let mut seen = crate::sync::lock(&self.unhealthy);
-        seen.insert(cluster.spec.name.clone(), (unhealthy, short_circuited));
+        // Only clusters with something to count are kept (see `wants`).
+        if unhealthy > 0 || short_circuited {
+            seen.insert(cluster.spec.name.clone(), (unhealthy, short_circuited));
+        } else {
+            seen.remove(&cluster.spec.name);
+        }
         seen.retain(|name, _| self.work.claim(name).is_some());
         let nodes: usize = seen.values().map(|(n, _)| n).sum();
         let short = seen.values().filter(|(_, s)| *s).count();
@@ -263,23 +249,16 @@ impl Reconciler for Remediator {
     /// The owned clusters in Alert with no operation (every owned one while
     /// the cache is not ready).
     fn candidates(&self) -> Vec<String> {
-        let mut alert = Vec::new();
-        let ready = self.cache.visit_states(|cluster, kv| {
-            if self.work.claim(cluster).is_some() && in_alert(kv) {
-                alert.push(cluster.to_string());
-            }
-        });
-        if !ready {
-            return self.work.replication().owned_clusters();
-        }
-        alert
+        self.work.owned_where(&self.cache, free_in_alert)
     }
 
-    /// A cluster that is now in Alert with no operation (a remediation
-    /// held back is cleared by the operation that ends the fault, see
-    /// `executor::finish`): the other changes, most of them, cost nothing.
-    fn wants(&self, _cluster: &str, state: Option<&KeyValue>) -> bool {
-        state.is_some_and(in_alert)
+    /// A cluster that is now in Alert with no operation, or one the gauges
+    /// count (it may have healed); a remediation held back is cleared by
+    /// the operation that ends the fault (see `executor::finish`). The
+    /// other changes, most of them, cost nothing.
+    fn wants(&self, cluster: &str, state: Option<&KeyValue>) -> bool {
+        let alert = |kv: &KeyValue| from_json::<StateRecord>(kv).is_ok_and(|s| free_in_alert(&s));
+        state.is_some_and(alert) || crate::sync::lock(&self.unhealthy).contains_key(cluster)
     }
 
     async fn reconcile(
@@ -308,7 +287,6 @@ impl Reconciler for Remediator {
     }
 }
 
-fn in_alert(kv: &KeyValue) -> bool {
-    from_json::<StateRecord>(kv)
-        .is_ok_and(|s| s.operation.is_none() && s.state == ClusterState::Alert)
+fn free_in_alert(state: &StateRecord) -> bool {
+    state.operation.is_none() && state.state == ClusterState::Alert
 }

@@ -120,6 +120,30 @@ impl OwnerWork {
         self.replication.claim(cluster)
     }
 
+    /// The owned clusters whose state, as `cache` shows it, `keep`
+    /// accepts: the candidates of a controller's resync. Every owned one
+    /// while the cache is not ready (its reconciles then read etcd).
+    pub fn owned_where(
+        &self,
+        cache: &crate::cluster::ClusterCache,
+        keep: impl Fn(&crate::cluster::StateRecord) -> bool,
+    ) -> Vec<String> {
+        let mut owned = Vec::new();
+        // Parsed after the visit, which holds the cache's lock.
+        let ready = cache.visit_states(|cluster, kv| {
+            if self.claim(cluster).is_some() {
+                owned.push((cluster.to_string(), kv.clone()));
+            }
+        });
+        if !ready {
+            return self.replication.owned_clusters();
+        }
+        let kept = owned.into_iter().filter(|(_, kv)| {
+            crate::cluster::from_json::<crate::cluster::StateRecord>(kv).is_ok_and(|s| keep(&s))
+        });
+        kept.map(|(cluster, _)| cluster).collect()
+    }
+
     /// Whether this replica still holds `cluster` under `claim` (not a
     /// newer claim of its own: work begun under an older one must stop).
     pub fn holds(&self, cluster: &str, claim: Claim) -> bool {

@@ -143,11 +143,8 @@ impl Starts {
             let executor = Arc::clone(&self.executor);
             let (audit, rollout) = (Arc::clone(&self.audit), rollout.to_string());
             submits.spawn(async move {
-                let (method, request_id) = (request.kind.rules().rpc(), request.request_id.clone());
-                let result = executor.submit(&cluster, request).await;
-                let accepted = result.as_ref().map(|op| op.id.as_str());
-                let accepted = accepted.map_err(ToString::to_string);
-                audit.started_by_drover(method, &cluster, Some(&rollout), &request_id, accepted);
+                let submitted = executor.submit_own(&audit, &cluster, Some(&rollout), request);
+                let result = submitted.await;
                 (i, cluster, result)
             });
         }

@@ -244,6 +244,20 @@ pub async fn repair_status(
     task.status.unwrap_or_default()
 }
 
+/// Waits (up to 20 s) until `done` holds for the status of `cluster`'s
+/// repair task "now" (see [`repair_now`]).
+pub async fn wait_for_repair(
+    client: &drover_client::Client,
+    cluster: &str,
+    what: &str,
+    done: fn(&drover_client::v1::TaskStatus) -> bool,
+) {
+    wait_until(Duration::from_secs(20), what, || async {
+        done(&repair_status(client, cluster, "now").await)
+    })
+    .await;
+}
+
 /// Whether a task has had a run that ended done.
 pub fn has_run(status: &drover_client::v1::TaskStatus) -> bool {
     status.success_count.unwrap_or(0) > 0

@@ -64,6 +64,25 @@ impl PgDeployment {
             etcd,
         }
     }
+
+    /// The nodes of cluster `pg` as its status shows them.
+    pub async fn nodes(&mut self) -> Vec<v1::Node> {
+        let cluster = self.client.get_cluster("pg").await.expect("get");
+        cluster.status.unwrap_or_default().nodes
+    }
+
+    /// Waits for `op` to end (an initdb or a pg_basebackup per node may
+    /// take a while here), asserts it succeeded, and returns it ended.
+    pub async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation {
+        let within = Duration::from_secs(180);
+        let done = self.client.wait_operation(&op, within).await.expect("wait");
+        assert_eq!(
+            done.state,
+            v1::OperationState::Succeeded as i32,
+            "{done:#?}"
+        );
+        done
+    }
 }
 
 /// The `n`th version label (`version(0)` is [`V1`]).

@@ -7,8 +7,8 @@ use drover_client::v1::{self, ClusterState as S};
 use drover_client::Client;
 use drover_tests::fixture::Fixture;
 use drover_tests::{
-    create_running, has_run, repair_now, repair_status, roll_one, rollout_status, wait_for_state,
-    wait_until,
+    create_running, has_run, repair_now, repair_status, roll_one, rollout_status, wait_for_repair,
+    wait_for_state, wait_until,
 };
 use std::time::{Duration, Instant};
 
@@ -92,12 +92,7 @@ async fn a_paused_cluster_is_observed_but_nothing_starts_on_its_own_until_unpaus
     // Unpaused: the scanner recovers it and the task runs.
     set_paused(&mut f.client, "held", false).await;
     wait_for_state(&f.client, "held", S::Running, WAIT).await;
-    let client = f.client.clone();
-    wait_until(WAIT, "the task to run once unpaused", || {
-        let client = client.clone();
-        async move { has_run(&repair_status(&client, "held", "now").await) }
-    })
-    .await;
+    wait_for_repair(&f.client, "held", "the task to run once unpaused", has_run).await;
     f.check_history().await;
 }
 
@@ -156,16 +151,6 @@ async fn update(
     client.clusters().update_cluster(request).await.map(drop)
 }
 
-async fn wait_task(client: &Client, cluster: &str, what: &str, done: fn(&v1::TaskStatus) -> bool) {
-    let client = client.clone();
-    let cluster = cluster.to_string();
-    wait_until(WAIT, what, || {
-        let (client, cluster) = (client.clone(), cluster.clone());
-        async move { done(&repair_status(&client, &cluster, "now").await) }
-    })
-    .await;
-}
-
 /// sctool's suspend and resume: a cluster's task runs suspended until
 /// resumed, or for a while (they start by themselves after it).
 #[tokio::test]
@@ -216,7 +201,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
         task: Some(repair_now("now")),
     };
     f.client.tasks().put_task(put).await.expect("task put");
-    wait_task(&f.client, "quiet", "the task to wait, suspended", |s| {
+    wait_for_repair(&f.client, "quiet", "the task to wait, suspended", |s| {
         s.error
             .as_deref()
             .is_some_and(|e| e.contains("suspended until resumed"))
@@ -232,7 +217,7 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
         assert!(out.status.success(), "{out:?}");
     };
     ctl(&["task", "resume", "quiet"]);
-    wait_task(&f.client, "quiet", "the task to run once resumed", has_run).await;
+    wait_for_repair(&f.client, "quiet", "the task to run once resumed", has_run).await;
 
     // For a while: a new start date runs once the time is up, by itself.
     ctl(&["task", "suspend", "quiet", "--for", "2s"]);
@@ -243,13 +228,13 @@ async fn task_runs_wait_while_suspended_and_start_when_resumed_or_the_time_is_up
         task: Some(again),
     };
     f.client.tasks().put_task(put).await.expect("task put");
-    wait_task(&f.client, "quiet", "the task to wait until a time", |s| {
+    wait_for_repair(&f.client, "quiet", "the task to wait until a time", |s| {
         s.error
             .as_deref()
             .is_some_and(|e| e.contains("suspended until 20"))
     })
     .await;
-    wait_task(
+    wait_for_repair(
         &f.client,
         "quiet",
         "the task to run after the suspension",

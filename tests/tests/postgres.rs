@@ -23,34 +23,6 @@ async fn deployment() -> PgDeployment {
     PgDeployment::start(&["pg-r1", "pg-r2", "pg-r3"]).await
 }
 
-/// What these tests read of the cluster `pg` and wait for.
-trait Steps {
-    async fn nodes(&mut self) -> Vec<v1::Node>;
-    async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation;
-}
-
-impl Steps for PgDeployment {
-    async fn nodes(&mut self) -> Vec<v1::Node> {
-        let cluster = self.client.get_cluster("pg").await.expect("get");
-        cluster.status.unwrap_or_default().nodes
-    }
-
-    /// Waits for `op` to end, asserts it succeeded, and returns it ended.
-    async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation {
-        let done = self
-            .client
-            .wait_operation(&op, OPERATION)
-            .await
-            .expect("wait");
-        assert_eq!(
-            done.state,
-            v1::OperationState::Succeeded as i32,
-            "{done:#?}"
-        );
-        done
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_cluster_lives_its_whole_life_through_drover() {
     let mut d = deployment().await;

@@ -47,17 +47,8 @@ async fn create(d: &mut PgDeployment) -> Vec<v1::Node> {
     };
     let created = d.client.clusters().create_cluster(request).await;
     let start = created.expect("create").into_inner().operation;
-    let done = d
-        .client
-        .wait_operation(&start.expect("a start"), HEAL)
-        .await
-        .expect("wait");
-    assert_eq!(
-        done.state,
-        v1::OperationState::Succeeded as i32,
-        "{done:#?}"
-    );
-    let nodes = nodes(d).await;
+    d.succeeds(start.expect("a start")).await;
+    let nodes = d.nodes().await;
     assert_eq!(nodes.len(), 3, "{nodes:#?}");
     assert!(nodes.iter().all(|n| n.ready), "{nodes:#?}");
     let sql = format!(
@@ -67,11 +58,6 @@ async fn create(d: &mut PgDeployment) -> Vec<v1::Node> {
     psql(&address(&primary(&nodes)), &sql).expect("write rows");
     rows_everywhere(&nodes, ROWS).await;
     nodes
-}
-
-async fn nodes(d: &mut PgDeployment) -> Vec<v1::Node> {
-    let cluster = d.client.get_cluster("pg").await.expect("get");
-    cluster.status.unwrap_or_default().nodes
 }
 
 /// Recover operations Drover's remediation started (its request ids).
@@ -133,7 +119,7 @@ async fn healed_by_drover(d: &mut PgDeployment, node: &str) -> (v1::Operation, V
         .filter(|op| op.kind == K::Recover as i32)
         .collect();
     assert_eq!(recovers.len(), 1, "{recovers:#?}");
-    (done, nodes(d).await)
+    (done, d.nodes().await)
 }
 
 /// A write on the primary reaches every node: the standbys stream from it.

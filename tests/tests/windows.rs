@@ -9,7 +9,7 @@ use drover_client::Client;
 use drover_tests::fixture::Fixture;
 use drover_tests::{
     create_only, create_running, has_run, repair_now, repair_status, roll_one, rollout_status,
-    wait_until,
+    wait_for_repair, wait_until,
 };
 use std::process::Output;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -174,12 +174,8 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     update(&f.client, set_window("windowed", window_from_now(-60, 120)))
         .await
         .expect("window set");
-    let client = f.client.clone();
-    wait_until(WAIT, "the task to run once the window is open", || {
-        let client = client.clone();
-        async move { has_run(&repair_status(&client, "windowed", "now").await) }
-    })
-    .await;
+    let what = "the task to run once the window is open";
+    wait_for_repair(&f.client, "windowed", what, has_run).await;
     f.check_history().await;
 }
 

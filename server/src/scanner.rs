@@ -1,9 +1,10 @@
 //! The status scanner: compares what the provider reports with each idle
 //! cluster's state and moves it by the table.
 //!
-//! - Running with faulty nodes → Alert (FaultsDetected), a CAS on the state
-//!   as read.
-//! - Alert with every node healthy → a Recover operation (Recovering →
+//! - Running with faulty nodes, or fewer nodes than the spec has (missing
+//!   ones) → Alert (FaultsDetected), a CAS on the state as read.
+//! - Alert with every node healthy and none missing → a Recover operation
+//!   (a missing node is the remediator's, within its budgets) (Recovering →
 //!   Running); Alert with every node stopped → a Stop operation (Stopping →
 //!   Stopped). Both go through the normal accept path, so each move is an
 //!   edge and holds the slot.
@@ -33,7 +34,7 @@ use crate::cluster::{
     SCHEMA_VERSION,
 };
 use crate::executor::Executor;
-use crate::health::merge_nodes;
+use crate::health::{self, merge_nodes};
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, Operations,
 };
@@ -116,10 +117,12 @@ impl Scanner {
         match cluster.state.state {
             ClusterState::Running => {
                 let nodes = self.look(cluster, claim).await?;
+                let missing = missing_nodes(cluster, &nodes);
                 let faulty: Vec<&str> = nodes
                     .iter()
                     .filter(|n| !node_ready(n))
                     .map(|n| n.id.as_str())
+                    .chain(missing.iter().map(|n| n.id.as_str()))
                     .collect();
                 if !faulty.is_empty() {
                     let message = format!("faults detected on nodes {}", faulty.join(", "));
@@ -135,7 +138,8 @@ impl Scanner {
                 if nodes.is_empty() || cluster.spec.spec.paused {
                     return Ok(());
                 }
-                if nodes.iter().all(node_ready) {
+                // A missing node is the remediator's (within its budgets).
+                if nodes.iter().all(node_ready) && missing_nodes(cluster, &nodes).is_empty() {
                     self.remediate(name, OperationKind::Recover).await?;
                 } else if nodes.iter().all(|n| n.power_state == "off") {
                     self.remediate(name, OperationKind::Stop).await?;
@@ -219,7 +223,7 @@ impl Scanner {
     ) -> Result<(), LifecycleError> {
         let mut status = cluster.status.clone().unwrap_or_default();
         let shown = nodes.iter().map(node_status).collect();
-        let shown = merge_nodes(&status.nodes, shown, &now_rfc3339());
+        let shown = merge_nodes(&status.nodes, shown, &cluster.spec.spec, &now_rfc3339());
         // What a node is, and since when it has not been ready (the clock
         // of its health check; a node from before health checks gets it).
         let same = |a: &NodeStatus, b: &NodeStatus| {
@@ -245,6 +249,11 @@ impl Scanner {
         }
         Ok(())
     }
+}
+
+/// The nodes `cluster`'s spec has and the provider's `nodes` lack.
+fn missing_nodes(cluster: &ClusterRecord, nodes: &[pb::ProviderNode]) -> Vec<NodeStatus> {
+    health::missing(&cluster.spec.spec, nodes.iter().map(|n| n.role.as_str()))
 }
 
 #[async_trait::async_trait]

@@ -173,12 +173,29 @@ impl SimProcess {
             cluster_uid: cluster_uid.into(),
             node_ids: node_ids.iter().map(|id| id.to_string()).collect(),
             healthy,
+            lost: false,
         };
         self.control()
             .await
             .set_node_health(request)
             .await
             .expect("set health");
+    }
+
+    /// The named nodes of a cluster vanish, as machines deleted out of
+    /// band.
+    pub async fn lose_nodes(&self, cluster_uid: &str, node_ids: &[&str]) {
+        let request = pb::NodeHealth {
+            cluster_uid: cluster_uid.into(),
+            node_ids: node_ids.iter().map(|id| id.to_string()).collect(),
+            healthy: false,
+            lost: true,
+        };
+        self.control()
+            .await
+            .set_node_health(request)
+            .await
+            .expect("lose nodes");
     }
 
     /// Every accepted mutating call for a cluster, oldest first.

@@ -1092,7 +1092,8 @@ async fn an_upgrade_whose_describe_fails_fails_and_leaves_the_status() {
 /// A failed first step has no provider answer: the status keeps the nodes
 /// it showed. It used to be emptied, and RemoveNodes then refused the
 /// cluster's real workers as "not a worker node". The failed add-nodes
-/// says that the spec asks for more workers than exist.
+/// says that the spec asks for more workers than exist, and shows the one
+/// it lacks as missing.
 #[tokio::test]
 async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     let mut f = fixture().scan_interval(3600).start().await;
@@ -1102,7 +1103,13 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     let op = f.add_nodes("w", 1).await;
     assert_eq!(f.finish(op).await.state, O::Failed as i32);
     let status = f.cluster("w").await.status.unwrap();
-    assert_eq!(status.nodes, before.nodes, "the nodes as they were");
+    let (missing, real): (Vec<_>, Vec<_>) = status
+        .nodes
+        .into_iter()
+        .partition(|n| n.power_state == "missing");
+    assert_eq!(real, before.nodes, "the nodes as they were");
+    let missing: Vec<&str> = missing.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(missing, ["missing-worker-1"], "the worker the spec lacks");
     let message = status.message.unwrap_or_default();
     assert!(
         message.contains("3 worker nodes") && message.contains("shows 2"),
@@ -1113,7 +1120,15 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
     let op = f.stop("w").await.unwrap();
     assert_eq!(f.finish(op).await.state, O::Failed as i32);
     let status = f.cluster("w").await.status.unwrap();
-    assert_eq!(status.nodes, before.nodes, "the nodes as they were");
+    let real = status
+        .nodes
+        .into_iter()
+        .filter(|n| n.power_state != "missing");
+    assert_eq!(
+        real.collect::<Vec<_>>(),
+        before.nodes,
+        "the nodes as they were"
+    );
 
     let worker = before.nodes.iter().find(|n| n.role == "worker").unwrap();
     let remove = v1::RemoveNodesRequest {

@@ -77,6 +77,7 @@ async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
             cluster_uid: cluster.uid.clone(),
             node_ids: vec!["worker-1".into()],
             healthy: false,
+            lost: false,
         })
         .await
         .unwrap();

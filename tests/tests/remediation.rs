@@ -2,7 +2,9 @@
 //! end: real etcd, replica processes and the simulator. A node not ready
 //! past its timeout is remediated by a Recover naming it, accepted like any
 //! request; too many unhealthy nodes short-circuit; retries are limited;
-//! a remediation whose owner is killed resumes on a peer and ends once.
+//! a remediation whose owner is killed resumes on a peer and ends once; a
+//! node the provider no longer shows is missing, and added back; under a
+//! policy of replacement a worker is replaced, not repaired.
 
 use drover_client::v1::{self, ClusterState as S, NodeHealth, OperationKind as K};
 use drover_client::Client;
@@ -250,5 +252,112 @@ async fn a_remediation_whose_owner_is_killed_resumes_on_a_peer_and_ends_once() {
     assert_eq!(recovers[0].state, v1::OperationState::Succeeded as i32);
     let cluster = client.clone().get_cluster("resume").await.unwrap();
     assert_eq!(remediation(&cluster).nodes[0].attempts, 1);
+    f.check_history().await;
+}
+
+/// The methods of the audit entries, in order, from the first `from` on.
+fn methods(audit: &[drover_proto::provider::v1::AuditEntry], from: &str) -> Vec<String> {
+    let start = audit.iter().position(|e| e.method == from).unwrap_or(0);
+    audit[start..].iter().map(|e| e.method.clone()).collect()
+}
+
+/// Waits for one Recover to have ended with the cluster Running, and
+/// returns it.
+async fn remediated(f: &Fixture, name: &str) -> v1::Operation {
+    let client = f.client.clone();
+    wait_until(WAIT, "a Recover", || {
+        let client = client.clone();
+        async move { !recovers(&operations_of(&client, name).await).is_empty() }
+    })
+    .await;
+    wait_for_state(&f.client, name, S::Running, WAIT).await;
+    let ops = operations_of(&f.client, name).await;
+    let recovers = recovers(&ops);
+    assert_eq!(recovers.len(), 1, "one remediation: {recovers:?}");
+    assert_eq!(recovers[0].state, v1::OperationState::Succeeded as i32);
+    recovers[0].clone()
+}
+
+#[tokio::test]
+async fn a_node_the_provider_no_longer_shows_is_missing_and_added_back() {
+    let mut f = Fixture::builder().scan_interval(1).start().await;
+    let health = v1::HealthPolicy {
+        unhealthy_timeout_seconds: Some(2),
+        ..Default::default()
+    };
+    let cluster = create(&mut f, "lost", 1, 3, health).await;
+    let workers = node_ids(&cluster, "worker");
+    f.sim.lose_nodes(&cluster.uid, &[&workers[1]]).await;
+    // Shown as a missing node (until it is added back).
+    let client = f.client.clone();
+    wait_until(WAIT, "a missing worker shown", || {
+        let mut client = client.clone();
+        async move {
+            let seen = client.get_cluster("lost").await.expect("the cluster");
+            let nodes = seen.status.unwrap_or_default().nodes;
+            nodes.iter().any(|n| {
+                n.id == "missing-worker-1"
+                    && n.power_state == "missing"
+                    && n.health_reason.starts_with("missing")
+            })
+        }
+    })
+    .await;
+    let recover = remediated(&f, "lost").await;
+    let params = recover.params.unwrap_or_default();
+    assert_eq!(params.node_ids, ["missing-worker-1"], "it names the node");
+    let audit = f.sim.audit(&cluster.uid).await;
+    assert_eq!(methods(&audit, "ResizeNodes"), ["ResizeNodes"], "{audit:?}");
+    let healed = f.client.get_cluster("lost").await.unwrap();
+    let now = node_ids(&healed, "worker");
+    assert_eq!(now.len(), 3, "the worker count is the spec's: {now:?}");
+    assert!(!now.contains(&workers[1]), "a new worker: {now:?}");
+    f.check_history().await;
+}
+
+#[tokio::test]
+async fn under_a_policy_of_replacement_a_worker_is_added_then_the_bad_one_deleted() {
+    let mut f = Fixture::builder().scan_interval(1).start().await;
+    let health = v1::HealthPolicy {
+        unhealthy_timeout_seconds: Some(2),
+        remediation: "replace".into(),
+        ..Default::default()
+    };
+    let cluster = create(&mut f, "swap", 1, 2, health).await;
+    let workers = node_ids(&cluster, "worker");
+    f.sim
+        .set_node_health(&cluster.uid, &[&workers[0]], false)
+        .await;
+    let recover = remediated(&f, "swap").await;
+    let params = recover.params.unwrap_or_default();
+    assert_eq!(params.node_ids, [workers[0].clone()], "it names the node");
+    let audit = f.sim.audit(&cluster.uid).await;
+    let calls = methods(&audit, "ResizeNodes");
+    assert_eq!(calls, ["ResizeNodes", "DeleteNodes"], "{audit:?}");
+    let healed = f.client.get_cluster("swap").await.unwrap();
+    let now = node_ids(&healed, "worker");
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(
+        !now.contains(&workers[0]),
+        "the bad worker is gone: {now:?}"
+    );
+    assert!(now.contains(&workers[1]), "the good one is kept: {now:?}");
+    // A control node is still repaired in place.
+    let control = node_ids(&healed, "control")[0].clone();
+    f.sim
+        .set_node_health(&cluster.uid, &[&control], false)
+        .await;
+    wait_until(WAIT, "the control node repaired", || {
+        let (sim, uid) = (&f.sim, cluster.uid.clone());
+        async move {
+            sim.audit(&uid)
+                .await
+                .iter()
+                .any(|e| e.method == "RepairNodes")
+        }
+    })
+    .await;
+    // Recovering since the repair was asked for: Running once it ends.
+    wait_for_state(&f.client, "swap", S::Running, WAIT).await;
     f.check_history().await;
 }

@@ -485,6 +485,9 @@ impl Provider for PostgresProvider {
             max_worker_nodes: cfg.max_workers,
             task_types: vec!["repair".into(), "backup".into()],
             upgrade_order: pb::UpgradeOrder::WorkersFirst as i32,
+            // A bad standby is rebuilt in place by RepairNodes (a fresh
+            // base backup): nothing a replacement would do better.
+            replace_workers: false,
         }))
     }
 }

@@ -188,5 +188,6 @@ fn capabilities_to_proto(c: pb::Capabilities) -> v1::ProviderCapabilities {
         max_worker_nodes: c.max_worker_nodes,
         task_types: c.task_types,
         upgrade_order: upgrade_order.to_string(),
+        replace_workers: c.replace_workers,
     }
 }

@@ -119,6 +119,7 @@ pub fn health_from_proto(policy: v1::HealthPolicy) -> cluster::HealthPolicy {
         max_retry: policy.max_retry,
         retry_period_seconds: policy.retry_period_seconds,
         min_healthy_period_seconds: policy.min_healthy_period_seconds,
+        remediation: policy.remediation,
     }
 }
 
@@ -131,6 +132,7 @@ fn health_to_proto(policy: cluster::HealthPolicy) -> v1::HealthPolicy {
         max_retry: policy.max_retry,
         retry_period_seconds: policy.retry_period_seconds,
         min_healthy_period_seconds: policy.min_healthy_period_seconds,
+        remediation: policy.remediation,
     }
 }
 

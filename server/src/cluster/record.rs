@@ -94,6 +94,9 @@ pub struct HealthPolicy {
     pub retry_period_seconds: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_healthy_period_seconds: Option<u32>,
+    /// "repair" or "replace"; empty: the default (repair).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub remediation: String,
 }
 
 impl HealthPolicy {
@@ -234,6 +237,8 @@ pub struct LastOperation {
 /// One node as last observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
+    /// The provider's id, or for a node the spec has and the provider no
+    /// longer shows, a placeholder (see [`NodeStatus::missing`]).
     pub id: String,
     pub role: String,
     pub power_state: String,
@@ -251,6 +256,40 @@ pub struct NodeStatus {
     /// Not ready since it first appeared: judged by the startup timeout.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub never_ready: bool,
+}
+
+impl NodeStatus {
+    /// The power state of a node the spec has and the provider no longer
+    /// shows.
+    pub const MISSING: &'static str = "missing";
+
+    /// The `n`th (from 1) missing node of `role`: a placeholder, so the
+    /// health check judges it and remediation counts its attempts like any
+    /// node's.
+    pub fn missing(role: &str, n: usize) -> Self {
+        Self {
+            id: format!("missing-{role}-{n}"),
+            role: role.to_string(),
+            power_state: Self::MISSING.to_string(),
+            version: String::new(),
+            ready: false,
+            facts: BTreeMap::new(),
+            not_ready_since: None,
+            never_ready: false,
+        }
+    }
+
+    pub fn is_missing(&self) -> bool {
+        self.power_state == Self::MISSING
+    }
+
+    /// The role of the missing node a placeholder id names (as a
+    /// remediation names it); `None` for a provider's node id.
+    pub fn missing_role(id: &str) -> Option<&str> {
+        let rest = id.strip_prefix("missing-")?;
+        let (role, n) = rest.rsplit_once('-')?;
+        n.parse::<usize>().ok().map(|_| role)
+    }
 }
 
 /// Every record of one cluster, read together.

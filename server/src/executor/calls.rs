@@ -158,7 +158,9 @@ impl Holding<'_> {
         let response = match response {
             // A provider older than RepairNodes cannot repair: nothing to do
             // here, and the health check that follows decides.
-            Err(status) if *step == Step::RepairNodes && status.code() == Code::Unimplemented => {
+            Err(status)
+                if matches!(step, Step::RepairNodes(_)) && status.code() == Code::Unimplemented =>
+            {
                 return Ok(());
             }
             other => other?,
@@ -255,8 +257,8 @@ impl Holding<'_> {
                     ))
                     .await
             }
-            Step::RepairNodes => {
-                let node_ids = self.operation.params.node_ids.clone();
+            Step::RepairNodes(node_ids) => {
+                let node_ids = node_ids.clone();
                 let request = due_by(deadline, pb::PowerRequest { token, node_ids });
                 provider.repair_nodes(request).await
             }
@@ -405,28 +407,29 @@ impl Holding<'_> {
 }
 
 impl Holding<'_> {
-    /// The order the provider upgrades roles in, by `deadline`: asked once
-    /// (then cached); a provider without GetCapabilities upgrades control
-    /// nodes first. A provider that cannot be asked fails the upgrade
-    /// rather than have it go in an order that may harm it (a primary
+    /// The provider's capabilities, by `deadline`, for a plan that depends
+    /// on them: asked once (then cached); a provider without
+    /// GetCapabilities has the defaults (control nodes upgraded first, no
+    /// replacement). A provider that cannot be asked fails the operation
+    /// rather than have it go in a way that may harm it (a primary upgraded
     /// before its replicas).
-    pub(super) async fn upgrade_order(
+    pub(super) async fn capabilities_by(
         &self,
         deadline: tokio::time::Instant,
-    ) -> Result<pb::UpgradeOrder, Option<OperationError>> {
+    ) -> Result<pb::Capabilities, Option<OperationError>> {
         let bound = deadline.min(tokio::time::Instant::now() + DESCRIBE_TIMEOUT);
         let provider = &self.cluster.spec.spec.provider;
         match tokio::time::timeout_at(bound, self.executor.capabilities(provider)).await {
-            Ok(Ok(capabilities)) => Ok(capabilities.upgrade_order()),
+            Ok(Ok(capabilities)) => Ok(capabilities),
             Ok(Err(status)) => {
                 let message = format!(
-                    "asking the provider's capabilities before the upgrade failed: {}",
+                    "asking the provider's capabilities before planning failed: {}",
                     status.message()
                 );
                 Err(error(status.code(), message))
             }
             Err(_) => {
-                let message = "timed out asking the provider's capabilities before the upgrade";
+                let message = "timed out asking the provider's capabilities before planning";
                 Err(error(Code::DeadlineExceeded, message))
             }
         }

@@ -147,7 +147,8 @@ impl Holding<'_> {
         status.schema = SCHEMA_VERSION;
         if self.nodes_fresh {
             let shown = self.nodes.iter().map(node_status).collect();
-            status.nodes = merge_nodes(&status.nodes, shown, &now_rfc3339());
+            let spec = &self.cluster.spec.spec;
+            status.nodes = merge_nodes(&status.nodes, shown, spec, &now_rfc3339());
         }
         if state == OperationState::Succeeded {
             // The health check passed: nothing holds remediation back any

@@ -3,7 +3,7 @@
 
 use crate::cluster::Spec;
 use crate::operation::OperationRecord;
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 
 pub use crate::kind::Step;
 
@@ -45,9 +45,9 @@ pub fn plan(
     operation: &OperationRecord,
     spec: &Spec,
     nodes: &[ProviderNode],
-    order: UpgradeOrder,
+    caps: &Capabilities,
 ) -> Vec<Step> {
-    operation.kind.rules().plan(operation, spec, nodes, order)
+    operation.kind.rules().plan(operation, spec, nodes, caps)
 }
 
 #[cfg(test)]
@@ -56,8 +56,33 @@ mod tests {
     use crate::cluster::machine::Event;
     use crate::cluster::ClusterState;
     use crate::operation::{OperationKind, OperationParams};
+    use drover_proto::provider::v1::UpgradeOrder;
 
-    const CONTROL_FIRST: UpgradeOrder = UpgradeOrder::ControlFirst;
+    /// The capabilities of a provider that says nothing (the defaults).
+    const CONTROL_FIRST: Capabilities = Capabilities {
+        kind: String::new(),
+        versions: Vec::new(),
+        offerings: Vec::new(),
+        min_control_nodes: 0,
+        max_control_nodes: 0,
+        min_worker_nodes: 0,
+        max_worker_nodes: 0,
+        task_types: Vec::new(),
+        upgrade_order: UpgradeOrder::ControlFirst as i32,
+        replace_workers: false,
+    };
+    const WORKERS_FIRST: Capabilities = Capabilities {
+        kind: String::new(),
+        versions: Vec::new(),
+        offerings: Vec::new(),
+        min_control_nodes: 0,
+        max_control_nodes: 0,
+        min_worker_nodes: 0,
+        max_worker_nodes: 0,
+        task_types: Vec::new(),
+        upgrade_order: UpgradeOrder::WorkersFirst as i32,
+        replace_workers: false,
+    };
 
     fn node(id: &str, role: &str, version: &str) -> ProviderNode {
         ProviderNode {
@@ -93,18 +118,21 @@ mod tests {
         let stopped = start_from(ClusterState::Stopped);
         assert!(!needs_nodes(&stopped));
         assert_eq!(
-            plan(&stopped, &Spec::default(), &[], CONTROL_FIRST),
+            plan(&stopped, &Spec::default(), &[], &CONTROL_FIRST),
             powered_on
         );
         let fresh = start_from(ClusterState::Created);
         assert!(!needs_nodes(&fresh));
-        assert_eq!(plan(&fresh, &Spec::default(), &[], CONTROL_FIRST), created);
+        assert_eq!(plan(&fresh, &Spec::default(), &[], &CONTROL_FIRST), created);
         let failed = start_from(ClusterState::Error);
         assert!(needs_nodes(&failed));
-        assert_eq!(plan(&failed, &Spec::default(), &[], CONTROL_FIRST), created);
+        assert_eq!(
+            plan(&failed, &Spec::default(), &[], &CONTROL_FIRST),
+            created
+        );
         let nodes = [node("control-0", "control", "1.29.0")];
         assert_eq!(
-            plan(&failed, &Spec::default(), &nodes, CONTROL_FIRST),
+            plan(&failed, &Spec::default(), &nodes, &CONTROL_FIRST),
             powered_on
         );
     }
@@ -131,14 +159,14 @@ mod tests {
             ClusterState::Created,
         );
         assert!(!needs_nodes(&stop), "not even a look at the nodes");
-        assert_eq!(plan(&stop, &Spec::default(), &[], CONTROL_FIRST), vec![]);
+        assert_eq!(plan(&stop, &Spec::default(), &[], &CONTROL_FIRST), vec![]);
         let delete = never_started(
             OperationKind::Destroy,
             Event::DestroyRequested,
             ClusterState::Destroying,
         );
         assert!(!needs_nodes(&delete));
-        assert_eq!(plan(&delete, &Spec::default(), &[], CONTROL_FIRST), vec![]);
+        assert_eq!(plan(&delete, &Spec::default(), &[], &CONTROL_FIRST), vec![]);
     }
 
     #[test]
@@ -163,7 +191,7 @@ mod tests {
             node("worker-1", "worker", "1.30.0"),
             node("control-0", "control", "1.29.0"),
         ];
-        let ids = upgraded(&plan(&op, &Spec::default(), &nodes, CONTROL_FIRST));
+        let ids = upgraded(&plan(&op, &Spec::default(), &nodes, &CONTROL_FIRST));
         assert_eq!(ids, ["control-0", "worker-0"]);
     }
 
@@ -188,9 +216,9 @@ mod tests {
             node("worker-2", "worker", "1.30.0"),
         ];
         let op = upgrade_to("1.30.0");
-        let steps = plan(&op, &Spec::default(), &nodes, UpgradeOrder::WorkersFirst);
+        let steps = plan(&op, &Spec::default(), &nodes, &WORKERS_FIRST);
         assert_eq!(upgraded(&steps), ["worker-0", "worker-1", "control-0"]);
-        let steps = plan(&op, &Spec::default(), &nodes, CONTROL_FIRST);
+        let steps = plan(&op, &Spec::default(), &nodes, &CONTROL_FIRST);
         assert_eq!(upgraded(&steps), ["control-0", "worker-0", "worker-1"]);
     }
 
@@ -207,7 +235,7 @@ mod tests {
         let mut spec = Spec::default();
         spec.upgrade_policy.max_unavailable = Some(2);
         let op = upgrade_to("1.30.0");
-        let names: Vec<String> = plan(&op, &spec, &nodes, UpgradeOrder::WorkersFirst)
+        let names: Vec<String> = plan(&op, &spec, &nodes, &WORKERS_FIRST)
             .iter()
             .map(Step::name)
             .collect();
@@ -236,7 +264,7 @@ mod tests {
             node("control-0", "control", "1.29.0"),
             node("worker-0", "worker", "1.29.0"),
         ];
-        let names: Vec<String> = plan(&op, &spec, &nodes, CONTROL_FIRST)
+        let names: Vec<String> = plan(&op, &spec, &nodes, &CONTROL_FIRST)
             .iter()
             .map(Step::name)
             .collect();
@@ -254,7 +282,7 @@ mod tests {
             node("worker-0", "worker", "1.30.0"),
             node("worker-1", "worker", "1.30.0"),
         ];
-        let steps = plan(&op, &spec, &after_crash, CONTROL_FIRST);
+        let steps = plan(&op, &spec, &after_crash, &CONTROL_FIRST);
         assert_eq!(
             steps.iter().map(Step::name).collect::<Vec<_>>(),
             ["resize to 1 workers"]
@@ -275,10 +303,123 @@ mod tests {
             "",
             String::new(),
         );
-        let steps = plan(&op, &Spec::default(), &[], CONTROL_FIRST);
-        assert_eq!(steps, [Step::RepairNodes, Step::HealthCheck]);
-        assert_eq!(Step::RepairNodes.name(), "repair nodes");
-        assert!(Step::RepairNodes.is_mutating());
+        let steps = plan(&op, &Spec::default(), &[], &CONTROL_FIRST);
+        let every = Step::RepairNodes(Vec::new());
+        assert_eq!(steps, [every.clone(), Step::HealthCheck]);
+        assert_eq!(every.name(), "repair nodes");
+        assert!(every.is_mutating());
+    }
+
+    fn recover_of(node_ids: &[&str]) -> OperationRecord {
+        OperationRecord::pending(
+            "op".into(),
+            "c",
+            "uid",
+            OperationKind::Recover,
+            Event::RecoveryRequested,
+            OperationParams {
+                node_ids: node_ids.iter().map(|id| id.to_string()).collect(),
+                ..OperationParams::default()
+            },
+            ClusterState::Alert,
+            ClusterState::Recovering,
+            "",
+            String::new(),
+        )
+    }
+
+    fn names(steps: &[Step]) -> Vec<String> {
+        steps.iter().map(Step::name).collect()
+    }
+
+    /// A remediation repairs the nodes it names; a missing worker is added
+    /// back by a resize to the spec's count, a missing control node is
+    /// the provider's to rebuild (every node repaired).
+    #[test]
+    fn a_recover_repairs_the_named_nodes_and_adds_back_missing_workers() {
+        let spec = Spec {
+            control_nodes: 1,
+            worker_nodes: 3,
+            ..Spec::default()
+        };
+        let nodes = vec![
+            node("control-0", "control", "1.30.0"),
+            node("worker-0", "worker", "1.30.0"),
+            node("worker-1", "worker", "1.30.0"),
+        ];
+        let steps = plan(&recover_of(&["worker-1"]), &spec, &nodes, &CONTROL_FIRST);
+        assert_eq!(
+            names(&steps),
+            [
+                "repair nodes worker-1",
+                "resize to 3 workers",
+                "health check"
+            ]
+        );
+        let steps = plan(
+            &recover_of(&["missing-worker-1"]),
+            &spec,
+            &nodes,
+            &CONTROL_FIRST,
+        );
+        assert_eq!(names(&steps), ["resize to 3 workers", "health check"]);
+        let steps = plan(
+            &recover_of(&["missing-control-1"]),
+            &spec,
+            &nodes[1..],
+            &CONTROL_FIRST,
+        );
+        assert_eq!(names(&steps)[0], "repair nodes");
+    }
+
+    /// Under a policy of replacement, with a provider that can: a worker
+    /// added, then the bad one deleted; re-planned after a crash at any
+    /// point, nothing is added twice. A control node is still repaired; a
+    /// provider that cannot replace repairs.
+    #[test]
+    fn a_recover_replaces_named_workers_once_through_a_crash() {
+        let mut spec = Spec {
+            control_nodes: 1,
+            worker_nodes: 2,
+            ..Spec::default()
+        };
+        spec.health.remediation = crate::health::policy::REPLACE.into();
+        let can = Capabilities {
+            replace_workers: true,
+            ..Capabilities::default()
+        };
+        let op = recover_of(&["worker-1"]);
+        let mut nodes = vec![
+            node("control-0", "control", "1.30.0"),
+            node("worker-0", "worker", "1.30.0"),
+            node("worker-1", "worker", "1.30.0"),
+        ];
+        assert_eq!(
+            names(&plan(&op, &spec, &nodes, &can)),
+            [
+                "resize to 3 workers",
+                "delete nodes worker-1",
+                "health check"
+            ]
+        );
+        assert_eq!(
+            names(&plan(&op, &spec, &nodes, &CONTROL_FIRST)),
+            ["repair nodes worker-1", "health check"],
+            "a provider that cannot replace repairs"
+        );
+        nodes.push(node("worker-2", "worker", "1.30.0"));
+        assert_eq!(
+            names(&plan(&op, &spec, &nodes, &can)),
+            ["delete nodes worker-1", "health check"],
+            "added before a crash: not added again"
+        );
+        nodes.retain(|n| n.id != "worker-1");
+        assert_eq!(names(&plan(&op, &spec, &nodes, &can)), ["health check"]);
+        let control = recover_of(&["control-0"]);
+        assert_eq!(
+            names(&plan(&control, &spec, &nodes, &can)),
+            ["repair nodes control-0", "health check"]
+        );
     }
 
     fn upgrade_to(version: &str) -> OperationRecord {
@@ -315,7 +456,7 @@ mod tests {
     #[test]
     fn a_resumed_operation_picks_up_at_its_persisted_step_of_the_same_plan() {
         let mut op = start_from(ClusterState::Created);
-        let steps = plan(&op, &Spec::default(), &[], CONTROL_FIRST);
+        let steps = plan(&op, &Spec::default(), &[], &CONTROL_FIRST);
         assert_eq!(resume_index(&op, &steps), 0, "never started");
         op.progress = Some(crate::operation::Progress {
             step: 2,
@@ -349,7 +490,7 @@ mod tests {
                 version: String::new(),
             },
             Step::DeleteNodes(Vec::new()),
-            Step::RepairNodes,
+            Step::RepairNodes(Vec::new()),
             Step::HealthCheck,
         ];
         for step in steps {

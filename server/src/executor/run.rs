@@ -8,7 +8,7 @@ use super::{check_plan_input, needs_nodes, plan, resume_index, Executor, Step};
 use crate::cluster::machine::Event;
 use crate::cluster::now_rfc3339;
 use crate::operation::{LifecycleError, OperationError, OperationState, Progress};
-use drover_proto::provider::v1::UpgradeOrder;
+use drover_proto::provider::v1::Capabilities;
 use tonic::Code;
 use tracing::Instrument;
 
@@ -190,22 +190,13 @@ impl Holding<'_> {
         check_plan_input(&self.operation, &nodes)
             .map_err(|message| error(Code::FailedPrecondition, message))?;
         let spec = &self.cluster.spec.spec;
-        let changes_versions = self
-            .operation
-            .kind
-            .rules()
-            .target_version(&self.operation, spec);
-        let order = if changes_versions.is_some() {
-            self.upgrade_order(deadline).await?
+        let rules = self.operation.kind.rules();
+        let caps = if rules.needs_capabilities(&self.operation, spec) {
+            self.capabilities_by(deadline).await?
         } else {
-            UpgradeOrder::ControlFirst
+            Capabilities::default()
         };
-        Ok(plan(
-            &self.operation,
-            &self.cluster.spec.spec,
-            &nodes,
-            order,
-        ))
+        Ok(plan(&self.operation, spec, &nodes, &caps))
     }
 
     /// Runs step `index` of `steps`, first persisting the progress when

@@ -192,10 +192,10 @@ impl Executor {
         if needs_nodes(operation) {
             return None;
         }
-        // An upgrade is never claimed here (it plans from the nodes), so the
-        // upgrade order does not matter.
-        let order = drover_proto::provider::v1::UpgradeOrder::ControlFirst;
-        let steps = plan(operation, spec, &[], order);
+        // An operation planned from the nodes (an upgrade, a recover) is
+        // never claimed here, so the capabilities do not matter.
+        let caps = drover_proto::provider::v1::Capabilities::default();
+        let steps = plan(operation, spec, &[], &caps);
         let first = steps.first()?;
         operation.state = OperationState::Running;
         operation.run_by(self.work.replication().replica_id(), claim.epoch);

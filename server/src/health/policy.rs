@@ -13,6 +13,10 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1;
 pub const DEFAULT_MAX_RETRY: u32 = 3;
 pub const DEFAULT_RETRY_PERIOD: u32 = 300;
 pub const DEFAULT_MIN_HEALTHY_PERIOD: u32 = 600;
+/// `remediation`: RepairNodes in place (the default).
+pub const REPAIR: &str = "repair";
+/// `remediation`: a new worker added, then the bad one deleted.
+pub const REPLACE: &str = "replace";
 
 /// A count or a share of the cluster's nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +61,9 @@ pub struct Policy {
     pub max_retry: u32,
     pub retry_period: Duration,
     pub min_healthy_period: Duration,
+    /// Unhealthy workers are replaced (where the provider can), not
+    /// repaired.
+    pub replace_workers: bool,
 }
 
 impl Policy {
@@ -81,6 +88,7 @@ impl Policy {
                 spec.min_healthy_period_seconds,
                 DEFAULT_MIN_HEALTHY_PERIOD,
             ),
+            replace_workers: spec.remediation == REPLACE,
         }
     }
 }
@@ -102,6 +110,13 @@ pub fn validate(field: &str, spec: &HealthPolicy) -> Validation {
                 "must be at least 1",
             ));
         }
+    }
+    if !["", REPAIR, REPLACE].contains(&spec.remediation.as_str()) {
+        let reason = format!(
+            "{:?} is neither {REPAIR:?} nor {REPLACE:?}",
+            spec.remediation
+        );
+        return Err(FieldError::new(format!("{field}.remediation"), reason));
     }
     if spec.max_in_flight == Some(0) {
         let reason = "must be at least 1 (max_retry 0 turns remediation off)";
@@ -141,6 +156,7 @@ pub fn judge(node: &NodeStatus, policy: &Policy, now: DateTime<Utc>) -> Judged {
         };
     }
     let what = match (node.never_ready, node.power_state.as_str()) {
+        (_, NodeStatus::MISSING) => "missing (the provider no longer shows it)",
         (true, _) => "never ready since it appeared",
         (false, "off") => "powered off",
         (false, _) => "not ready",
@@ -207,6 +223,12 @@ mod tests {
         spec.max_in_flight = Some(0);
         let error = validate("spec.health", &spec).unwrap_err();
         assert_eq!(error.field, "spec.health.max_in_flight");
+        spec.max_in_flight = None;
+        spec.remediation = "reboot".into();
+        let error = validate("spec.health", &spec).unwrap_err();
+        assert_eq!(error.field, "spec.health.remediation");
+        spec.remediation = REPLACE.into();
+        assert!(validate("spec.health", &spec).is_ok());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::validate::FieldError;
 use crate::cluster::Spec;
 use crate::operation::{OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 /// The most nodes one request adds.
@@ -62,7 +62,7 @@ impl KindRules for AddNodes {
         _operation: &OperationRecord,
         spec: &Spec,
         _nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         vec![Step::Resize {
             workers: Some(spec.worker_nodes),

@@ -7,7 +7,7 @@ use crate::auth::Role;
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterState, Spec};
 use crate::operation::{OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 pub struct Destroy;
@@ -38,7 +38,7 @@ impl KindRules for Destroy {
         operation: &OperationRecord,
         _spec: &Spec,
         _nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         if operation.from_state == ClusterState::Created {
             vec![]

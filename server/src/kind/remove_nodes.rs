@@ -5,7 +5,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::validate::FieldError;
 use crate::cluster::{ClusterRecord, Spec};
 use crate::operation::{LifecycleError, OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 use std::collections::HashSet;
 
@@ -113,7 +113,7 @@ impl KindRules for RemoveNodes {
         operation: &OperationRecord,
         _spec: &Spec,
         _nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         vec![Step::DeleteNodes(operation.params.node_ids.clone())]
     }

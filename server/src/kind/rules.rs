@@ -11,7 +11,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::validate::FieldError;
 use crate::cluster::{ClusterRecord, ClusterState, Spec};
 use crate::operation::{LifecycleError, OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 /// Everything the server knows of one operation kind.
@@ -92,14 +92,22 @@ pub trait KindRules: Sync {
 
     /// The steps of `operation` on a cluster with `spec` (already the
     /// desired spec) and `nodes` as the provider reports them now; an
-    /// upgrade goes through the roles in the provider's `order`.
+    /// upgrade goes through the roles in the order the provider's `caps`
+    /// say (the defaults unless [`KindRules::needs_capabilities`]).
     fn plan(
         &self,
         operation: &OperationRecord,
         spec: &Spec,
         nodes: &[ProviderNode],
-        order: UpgradeOrder,
+        caps: &Capabilities,
     ) -> Vec<Step>;
+
+    /// Whether the plan depends on the provider's capabilities (asked
+    /// before planning, then cached): a kind that changes versions (the
+    /// upgrade order), by default.
+    fn needs_capabilities(&self, operation: &OperationRecord, spec: &Spec) -> bool {
+        self.target_version(operation, spec).is_some()
+    }
 
     /// The version every node must show for the operation to succeed, for a
     /// kind that changes versions (its plan also needs the provider's

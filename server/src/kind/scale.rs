@@ -7,7 +7,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{Autoscaling, ClusterRecord, ClusterState, Spec};
 use crate::operation::{LifecycleError, OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 pub struct Scale;
@@ -115,7 +115,7 @@ impl KindRules for Scale {
         operation: &OperationRecord,
         spec: &Spec,
         _nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         let params = &operation.params;
         vec![Step::Resize {

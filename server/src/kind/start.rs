@@ -6,7 +6,7 @@ use super::{KindRules, OperationKind, Step};
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterState, Spec};
 use crate::operation::{OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 pub struct Start;
@@ -42,7 +42,7 @@ impl KindRules for Start {
         operation: &OperationRecord,
         _spec: &Spec,
         nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         let provisions = operation.params.provision
             || operation.from_state == ClusterState::Created

@@ -33,9 +33,10 @@ pub enum Step {
     },
     /// Deletes these nodes, or every node when empty.
     DeleteNodes(Vec<String>),
-    /// Restarts or rebuilds the nodes that are down (a provider without
-    /// RepairNodes has nothing to do here: the health check decides).
-    RepairNodes,
+    /// Restarts or rebuilds these nodes, or every node that is down when
+    /// empty (a provider without RepairNodes has nothing to do here: the
+    /// health check decides).
+    RepairNodes(Vec<String>),
     /// Every node must be on and healthy.
     HealthCheck,
 }
@@ -63,7 +64,8 @@ impl Step {
             } => format!("surge to {workers} workers, the new ones at {version}"),
             Step::DeleteNodes(ids) if ids.is_empty() => "delete all nodes".into(),
             Step::DeleteNodes(ids) => format!("delete nodes {}", ids.join(",")),
-            Step::RepairNodes => "repair nodes".into(),
+            Step::RepairNodes(ids) if ids.is_empty() => "repair nodes".into(),
+            Step::RepairNodes(ids) => format!("repair nodes {}", ids.join(",")),
             Step::HealthCheck => "health check".into(),
         }
     }
@@ -77,7 +79,7 @@ impl Step {
             Step::Resize { .. } | Step::Surge { .. } => "ResizeNodes",
             Step::UpgradeNode { .. } | Step::UpgradeNodes { .. } => "UpgradeNode",
             Step::DeleteNodes(_) => "DeleteNodes",
-            Step::RepairNodes => "RepairNodes",
+            Step::RepairNodes(_) => "RepairNodes",
             Step::HealthCheck => "DescribeCluster",
         }
     }

@@ -5,7 +5,7 @@ use super::{KindRules, OperationKind, Step};
 use crate::cluster::machine::Event;
 use crate::cluster::{ClusterState, Spec};
 use crate::operation::{OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode};
 use drover_proto::v1;
 
 pub struct Stop;
@@ -37,7 +37,7 @@ impl KindRules for Stop {
         operation: &OperationRecord,
         _spec: &Spec,
         nodes: &[ProviderNode],
-        _order: UpgradeOrder,
+        _caps: &Capabilities,
     ) -> Vec<Step> {
         if nodes.is_empty() && operation.go_ahead {
             vec![]

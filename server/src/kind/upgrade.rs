@@ -7,7 +7,7 @@ use crate::cluster::machine::Event;
 use crate::cluster::validate::{self, FieldError};
 use crate::cluster::{ClusterRecord, Spec};
 use crate::operation::{LifecycleError, OperationParams, OperationRecord};
-use drover_proto::provider::v1::{ProviderNode, UpgradeOrder};
+use drover_proto::provider::v1::{Capabilities, ProviderNode, UpgradeOrder};
 use drover_proto::v1;
 
 pub struct Upgrade;
@@ -116,8 +116,9 @@ impl KindRules for Upgrade {
         operation: &OperationRecord,
         spec: &Spec,
         nodes: &[ProviderNode],
-        order: UpgradeOrder,
+        caps: &Capabilities,
     ) -> Vec<Step> {
+        let order = caps.upgrade_order();
         let target = self.target_version(operation, spec).unwrap_or_default();
         let pending: Vec<&ProviderNode> = nodes.iter().filter(|n| n.version != target).collect();
         let surge = spec.upgrade_policy.max_surge.unwrap_or(0);

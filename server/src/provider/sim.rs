@@ -962,6 +962,7 @@ fn capabilities(known: &Known) -> pb::Capabilities {
         min_control_nodes: 1,
         max_worker_nodes: 1000,
         task_types: vec!["repair".into(), "backup".into()],
+        replace_workers: true,
         ..Default::default()
     }
 }
@@ -1090,6 +1091,12 @@ impl Simulator for SimProvider {
             .clusters
             .get_mut(&r.cluster_uid)
             .ok_or_else(|| Status::not_found(format!("cluster {} has no nodes", r.cluster_uid)))?;
+        if r.lost {
+            if r.node_ids.is_empty() {
+                return Err(Status::invalid_argument("node_ids: name the nodes lost"));
+            }
+            cluster.nodes.retain(|node| !r.node_ids.contains(&node.id));
+        }
         for node in &mut cluster.nodes {
             if r.node_ids.is_empty() || r.node_ids.contains(&node.id) {
                 node.healthy = r.healthy;

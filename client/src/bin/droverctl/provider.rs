@@ -84,7 +84,7 @@ fn summary(c: &v1::ProviderCapabilities) -> String {
         }
     };
     format!(
-        "versions {}; offerings {}; control {}-{}; workers {}-{}; tasks {}; upgrade {}",
+        "versions {}; offerings {}; control {}-{}; workers {}-{}; tasks {}; upgrade {}; unhealthy workers {}",
         any(&c.versions),
         any(&c.offerings),
         c.min_control_nodes,
@@ -92,6 +92,11 @@ fn summary(c: &v1::ProviderCapabilities) -> String {
         c.min_worker_nodes,
         c.max_worker_nodes,
         any(&c.task_types),
-        c.upgrade_order
+        c.upgrade_order,
+        if c.replace_workers {
+            "replaced or repaired"
+        } else {
+            "repaired"
+        }
     )
 }

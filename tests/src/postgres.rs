@@ -360,16 +360,23 @@ impl WritableSampler {
     /// Starts sampling `nodes` (by their addresses: a node rebuilt in
     /// place keeps its own).
     pub fn start(nodes: &[v1::Node]) -> Self {
+        Self::following(std::sync::Arc::new(std::sync::Mutex::new(nodes.to_vec())))
+    }
+
+    /// As [`Self::start`], over whichever nodes `nodes` holds at each
+    /// sample: a test that sees nodes come and go (a surge worker added,
+    /// then removed) keeps it up to date.
+    pub fn following(nodes: std::sync::Arc<std::sync::Mutex<Vec<v1::Node>>>) -> Self {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let most = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let samples = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let thread = {
             let (stop, most, samples) = (stop.clone(), most.clone(), samples.clone());
-            let nodes = nodes.to_vec();
             tokio::task::spawn_blocking(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    let now = writable(&nodes);
+                    let now_nodes = nodes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let now = writable(&now_nodes);
                     samples.fetch_add(1, Ordering::SeqCst);
                     let mut most = most.lock().unwrap_or_else(|p| p.into_inner());
                     if now.len() > most.len() {

@@ -7,7 +7,9 @@ use crate::store::{NodeRecord, Role};
 use tonic::Status;
 
 /// Adds node records (no processes yet) until the cluster has `workers`
-/// standbys, each with a free port; a primary first if it has none.
+/// standbys, each with a free port; a primary first if it has none. Each
+/// is at [`ClusterRecord::join_version`](crate::store::ClusterRecord::join_version):
+/// the primary's, not necessarily the version the cluster was created at.
 pub fn add_nodes(ctx: &mut Ctx<'_>, workers: u32) -> Result<(), Status> {
     let want_primary = ctx.cluster.primary().is_none();
     let have = ctx.standbys().len() as u32;
@@ -16,6 +18,7 @@ pub fn add_nodes(ctx: &mut Ctx<'_>, workers: u32) -> Result<(), Status> {
         .into_iter()
         .chain((have..workers).map(|_| Role::Standby));
     for role in roles.collect::<Vec<_>>() {
+        let version = ctx.cluster.join_version();
         let port = ctx.inner.free_port()?;
         let id = format!("pg-{}", ctx.cluster.next_index);
         ctx.cluster.next_index += 1;
@@ -23,7 +26,7 @@ pub fn add_nodes(ctx: &mut Ctx<'_>, workers: u32) -> Result<(), Status> {
             id,
             port,
             role,
-            version: ctx.cluster.version.clone(),
+            version,
             offering: ctx.cluster.offering.clone(),
             built: false,
         });
@@ -192,6 +195,7 @@ pub async fn upgrade(ctx: &mut Ctx<'_>, id: &str, version: &str) -> Result<(), S
         .iter_mut()
         .filter(|n| n.id == id)
         .for_each(|n| n.version = version.to_string());
+    ctx.cluster.version = ctx.cluster.join_version();
     ctx.save()?;
     converge(ctx).await
 }

@@ -305,7 +305,8 @@ impl PostgresProvider {
                 .filter(|n| n.role == crate::store::Role::Standby)
                 .count() as u32,
             offering: c.offering.clone(),
-            version: c.version.clone(),
+            // What a standby added now would run (see `join_version`).
+            version: c.join_version(),
         }))
     }
 }

@@ -74,6 +74,10 @@ pub struct NodeRecord {
 pub struct ClusterRecord {
     pub uid: String,
     pub offering: String,
+    /// The version the cluster was created at, brought to the primary's by
+    /// each upgrade. A node added later does not take it as it stands (a
+    /// state file written before upgrades kept it may hold the creation
+    /// version still): see [`ClusterRecord::join_version`].
     pub version: String,
     pub nodes: Vec<NodeRecord>,
     /// Index of the next node id ("pg-N"): ids are never reused.
@@ -104,6 +108,23 @@ pub struct Promotion {
 impl ClusterRecord {
     pub fn primary(&self) -> Option<&NodeRecord> {
         self.nodes.iter().find(|n| n.role == Role::Primary)
+    }
+
+    /// The version a node added to the cluster (CreateNodes, ResizeNodes)
+    /// starts at. The rule: the primary's (Drover's control node), i.e. the
+    /// version the cluster runs now, so a standby added after an upgrade
+    /// joins at the upgraded version; the recorded cluster version only
+    /// while there is no primary yet (the first node of a new cluster).
+    /// The primary's because a standby is built from its base backup and
+    /// streams from it: at its version it always can. Mid-way through a
+    /// rolling upgrade (standbys first, the primary last) a node added is
+    /// at the old version, like the primary, and needs an UpgradeNode of
+    /// its own; a surge standby (added before any node is upgraded, then
+    /// upgraded first) starts at the old version as before. A standby
+    /// rebuilt in place (RepairNodes) keeps its own record's version.
+    pub fn join_version(&self) -> String {
+        self.primary()
+            .map_or_else(|| self.version.clone(), |p| p.version.clone())
     }
 }
 
@@ -231,5 +252,29 @@ impl Store {
         tx.open_table(def)?.remove(k)?;
         tx.commit()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before upgrades updated the cluster version: it
+    /// still loads, and new nodes join at the primary's version.
+    #[test]
+    fn an_old_record_loads_and_new_nodes_join_at_the_primary_version() {
+        let old = r#"{"uid":"c","offering":"small","version":"15.0.0",
+            "nodes":[
+              {"id":"pg-0","port":5432,"role":"Standby","version":"15.1.0","offering":"small","built":true},
+              {"id":"pg-1","port":5433,"role":"Primary","version":"15.1.0","offering":"small","built":true}],
+            "next_index":2,"stopped":false}"#;
+        let record: ClusterRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.version, "15.0.0");
+        assert_eq!(record.join_version(), "15.1.0");
+        let empty = ClusterRecord {
+            version: "15.0.0".into(),
+            ..Default::default()
+        };
+        assert_eq!(empty.join_version(), "15.0.0");
     }
 }

@@ -25,7 +25,7 @@
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
 use drover_client::Client;
-use drover_server::store::{CmpOp, Compare, EtcdStore, Op, RangeRequest, Store, Txn};
+use drover_server::store::{CmpOp, Compare, EtcdStore, LeaseId, Op, RangeRequest, Store, Txn};
 use drover_tests::etcd::EtcdProcess;
 use drover_tests::procfs::{cpu_time, rss_kib};
 use drover_tests::provider::SimProcess;
@@ -874,6 +874,7 @@ async fn bulk(
     let rest_cpu = rest_cpu(bench, profiles).await;
 
     let victim = bench.replicas[0].0.clone();
+    let victim_lease = member_lease(&store, &victim).await;
     let mut replica = bench.remove(&victim);
     let probe_store = Arc::clone(&store);
     let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -891,7 +892,7 @@ async fn bulk(
     let killed = Instant::now();
     replica.kill9();
     let what = "the dead replica's clusters to be owned again";
-    wait_owned(&store, clusters, Some(&victim), bound, what).await;
+    wait_owned(&store, clusters, Some(victim_lease), bound, what).await;
     let recovery = killed.elapsed();
     probing.store(false, std::sync::atomic::Ordering::SeqCst);
     let slowest_request = probe.await.unwrap();
@@ -1039,36 +1040,39 @@ async fn rest_cpu(bench: &Bench, profiles: Option<&std::path::Path>) -> (f64, f6
     (share(after.0 - before.0), share(after.1 - before.1))
 }
 
-/// Waits (for at most `bound`) until `clusters` bulk clusters are owned, by
-/// a replica other than `dead`. etcd counts the owner keys (no values sent)
-/// every 50 ms; they are read (every value: megabytes at 100,000) only once
-/// the count is complete and who owns them matters, and then no more often
-/// than every four times a read takes: a bench that read them all every
-/// 50 ms would keep etcd busy enough to starve the replicas' lease renewals.
+/// Waits (for at most `bound`) until `clusters` bulk clusters are owned,
+/// none under `dead` (a lease). etcd counts the owner keys (no values
+/// sent) every 50 ms. Every owner key is bound to its owner's lease, so
+/// once `dead` is gone (revoked by a peer, or expired) none of the owner
+/// keys counted is the dead replica's: no value need be read. (Reading
+/// every owner, megabytes at 100,000, took seconds under the takeover's
+/// load and hid up to four times that of the recovery.)
 async fn wait_owned(
     store: &EtcdStore,
     clusters: usize,
-    dead: Option<&str>,
+    dead: Option<LeaseId>,
     bound: Duration,
     what: &str,
 ) {
     let started = Instant::now();
-    let mut next_read = started;
     loop {
+        // The lease first: its keys went with it, so a count made after
+        // it is gone counts no key of the dead replica.
+        let dead_gone = match dead {
+            None => true,
+            Some(lease) => store
+                .lease_time_to_live(lease)
+                .await
+                .expect("a lease's TTL")
+                .is_none(),
+        };
         let count = store
             .range(RangeRequest::prefix("/drover/v1/owners/bulk-").limit(1))
             .await
             .expect("count owners")
             .count;
-        if count >= clusters && Instant::now() >= next_read {
-            let Some(dead) = dead else {
-                return;
-            };
-            let read = Instant::now();
-            if owned_bulk_clusters(store, Some(dead)).await == clusters {
-                return;
-            }
-            next_read = Instant::now() + read.elapsed() * 4;
+        if dead_gone && count >= clusters {
+            return;
         }
         assert!(
             started.elapsed() < bound,
@@ -1078,18 +1082,16 @@ async fn wait_owned(
     }
 }
 
-/// Bulk clusters with an owner key, not counting those owned by `dead`.
-async fn owned_bulk_clusters(store: &EtcdStore, dead: Option<&str>) -> usize {
-    let owners = store
-        .range(RangeRequest::prefix("/drover/v1/owners/bulk-"))
-        .await
-        .expect("owners");
-    owners
+/// The lease of replica `id`'s member record.
+async fn member_lease(store: &EtcdStore, id: &str) -> LeaseId {
+    let key = format!("/drover/v1/members/{id}");
+    let found = store.get(&key).await.expect("a member record");
+    let kv = found
         .kvs
-        .iter()
-        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
-        .filter(|owner| dead.is_none_or(|dead| owner["replica"] != dead))
-        .count()
+        .first()
+        .unwrap_or_else(|| panic!("no member record {key}"));
+    let record: Value = serde_json::from_slice(&kv.value).expect("a member record");
+    record["lease"].as_i64().expect("a member's lease")
 }
 
 #[tokio::main]

@@ -4,14 +4,17 @@
 //! clusters are printed.
 
 use crate::output::{age, Output, Table};
+use crate::policy::{parse_health, parse_upgrade_policy};
 use crate::{op, send};
 use clap::Subcommand;
 use drover_client::{v1, Client, ClientError};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
+    // Create and Update are boxed: with their policies they are far larger
+    // than the other commands.
     /// Create a cluster.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Start a cluster.
     Start {
         name: String,
@@ -58,11 +61,13 @@ pub enum ClusterCommand {
         #[command(flatten)]
         lifecycle: Lifecycle,
     },
-    /// Replace a cluster's labels and/or its maintenance window (bumps its
-    /// generation): give the new labels (--label) or --clear-labels to
-    /// remove them all; the new window (--window, --timezone) or
-    /// --no-window to clear it.
-    Update(UpdateArgs),
+    /// Replace a cluster's labels, maintenance window, health policy and/or
+    /// upgrade policy (bumps its generation): give the new labels (--label)
+    /// or --clear-labels to remove them all; the new window (--window,
+    /// --timezone) or --no-window to clear it; the new policy (--health,
+    /// --upgrade-policy) or --no-health, --no-upgrade-policy to go back to
+    /// the defaults.
+    Update(Box<UpdateArgs>),
     /// Pause a cluster: Drover starts nothing on its own for it (no
     /// automatic remediation, task run or rollout step) until unpaused; an
     /// operator's own requests still run.
@@ -106,7 +111,34 @@ pub struct CreateArgs {
     #[arg(long)]
     create_only: bool,
     #[command(flatten)]
+    policies: PolicyArgs,
+    #[command(flatten)]
     lifecycle: Lifecycle,
+}
+
+/// `--health` and `--upgrade-policy`, of `cluster create` and `cluster
+/// update`: each a whole policy, read before anything is sent (an unknown
+/// key or a bad value is a usage error naming it).
+#[derive(clap::Args)]
+pub struct PolicyArgs {
+    /// The health policy, KEY=VALUE[,KEY=VALUE...], defaults in brackets:
+    /// unhealthy_timeout_seconds [300], startup_timeout_seconds [600],
+    /// max_unhealthy (a count or a percentage of the nodes, e.g. 2 or 40%
+    /// [40%]), max_in_flight [1], max_retry [3; 0: no remediation],
+    /// retry_period_seconds [300], min_healthy_period_seconds [600],
+    /// remediation (repair or replace [repair]). It replaces the whole
+    /// policy: a key not given takes the server's default, not its value
+    /// before.
+    #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_health)]
+    health: Option<v1::HealthPolicy>,
+    /// The upgrade policy, KEY=VALUE[,KEY=VALUE...], defaults in brackets:
+    /// max_unavailable (workers upgraded at once [1]), max_surge (workers
+    /// added for the upgrade [0]), step_retries (times a failed node call
+    /// is sent again [0]), step_timeout_seconds (how long one node call may
+    /// take [no limit]). It replaces the whole policy: a key not given
+    /// takes the server's default, not its value before.
+    #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_upgrade_policy)]
+    upgrade_policy: Option<v1::UpgradePolicy>,
 }
 
 /// `cluster scale`'s own arguments, the lifecycle flags apart. Like the
@@ -198,7 +230,16 @@ impl RemoveNodesArgs {
     clap::ArgGroup::new("change")
         .required(true)
         .multiple(true)
-        .args(["labels", "clear_labels", "window", "no_window"])
+        .args([
+            "labels",
+            "clear_labels",
+            "window",
+            "no_window",
+            "health",
+            "no_health",
+            "upgrade_policy",
+            "no_upgrade_policy",
+        ])
 ))]
 pub struct UpdateArgs {
     name: String,
@@ -221,6 +262,14 @@ pub struct UpdateArgs {
     /// Remove the maintenance window: always open.
     #[arg(long, conflicts_with_all = ["window", "timezone"])]
     no_window: bool,
+    #[command(flatten)]
+    policies: PolicyArgs,
+    /// Go back to the default health policy (every key at its default).
+    #[arg(long, conflicts_with = "health")]
+    no_health: bool,
+    /// Go back to the default upgrade policy (every key at its default).
+    #[arg(long, conflicts_with = "upgrade_policy")]
+    no_upgrade_policy: bool,
     /// Apply only if the cluster is still at this generation.
     #[arg(long, default_value_t = 0)]
     expected_generation: i64,
@@ -353,7 +402,7 @@ pub async fn run(
     command: ClusterCommand,
 ) -> Result<(), ClientError> {
     match command {
-        ClusterCommand::Create(args) => create(client, output, args).await,
+        ClusterCommand::Create(args) => create(client, output, *args).await,
         ClusterCommand::Start { name, lifecycle } => {
             let request = |request_id| v1::StartClusterRequest { name, request_id };
             lifecycle.run(client, output, request).await
@@ -378,7 +427,7 @@ pub async fn run(
             let request = |request_id| v1::RecoverClusterRequest { name, request_id };
             lifecycle.run(client, output, request).await
         }
-        ClusterCommand::Update(args) => update(client, output, args).await,
+        ClusterCommand::Update(args) => update(client, output, *args).await,
         ClusterCommand::Pause { name } => set_paused(client, output, name, true).await,
         ClusterCommand::Unpause { name } => set_paused(client, output, name, false).await,
         ClusterCommand::Delete { name, lifecycle } => {
@@ -403,6 +452,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
         provider,
         labels,
         create_only,
+        policies,
         lifecycle,
     } = args;
     let request = v1::CreateClusterRequest {
@@ -414,6 +464,8 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
             node_offering: offering,
             labels: labels.into_iter().collect(),
             provider,
+            health: policies.health,
+            upgrade_policy: policies.upgrade_policy,
             ..Default::default()
         }),
         create_only,
@@ -436,7 +488,9 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
 
 async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result<(), ClientError> {
     // `clear_labels` is the same request as no labels, `no_window` as no
-    // window: the flags only say that none is what is meant.
+    // window, `no_health` as an empty health policy (every field at its
+    // default), `no_upgrade_policy` likewise: the flags only say that none
+    // is what is meant.
     let UpdateArgs {
         name,
         labels,
@@ -444,10 +498,18 @@ async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result
         window,
         timezone,
         no_window,
+        policies: PolicyArgs {
+            health,
+            upgrade_policy,
+        },
+        no_health,
+        no_upgrade_policy,
         expected_generation,
     } = args;
     let update_labels = clear_labels || !labels.is_empty();
     let update_maintenance = no_window || !window.is_empty();
+    let update_health = no_health || health.is_some();
+    let update_upgrade_policy = no_upgrade_policy || upgrade_policy.is_some();
     let maintenance = v1::MaintenanceWindow {
         window: window.iter().map(|b| b.trim().to_string()).collect(),
         timezone: timezone.unwrap_or_default(),
@@ -458,6 +520,10 @@ async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result
         update_labels,
         maintenance: update_maintenance.then_some(maintenance),
         update_maintenance,
+        health: update_health.then(|| health.unwrap_or_default()),
+        update_health,
+        upgrade_policy: update_upgrade_policy.then(|| upgrade_policy.unwrap_or_default()),
+        update_upgrade_policy,
         expected_generation,
         ..Default::default()
     };
@@ -861,6 +927,82 @@ mod tests {
         );
         assert!(parse(&["--no-window", "--window", "01:00,02:00"]).is_err());
         assert!(parse(&["--label", "a=b", "--window", "01:00,02:00"]).is_ok());
+    }
+
+    /// `--health` and `--upgrade-policy` are whole policies read before
+    /// anything is sent; `--no-health` and `--no-upgrade-policy` stand
+    /// alone as changes and exclude their policy.
+    #[test]
+    fn policies_are_read_as_flags_of_create_and_update() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: ClusterCommand,
+        }
+        type Policies = (
+            Option<v1::HealthPolicy>,
+            Option<v1::UpgradePolicy>,
+            bool,
+            bool,
+        );
+        let update = |args: &[&str]| -> Result<Policies, clap::error::ErrorKind> {
+            let cli = Cli::try_parse_from(["cluster", "update", "web"].iter().chain(args))
+                .map_err(|e| e.kind())?;
+            let ClusterCommand::Update(args) = cli.command else {
+                unreachable!()
+            };
+            let PolicyArgs {
+                health,
+                upgrade_policy,
+            } = args.policies;
+            Ok((
+                health,
+                upgrade_policy,
+                args.no_health,
+                args.no_upgrade_policy,
+            ))
+        };
+        let (health, upgrade, ..) = update(&[
+            "--health",
+            "unhealthy_timeout_seconds=120,remediation=replace",
+        ])
+        .unwrap();
+        let health = health.expect("a health policy");
+        assert_eq!(health.unhealthy_timeout_seconds, Some(120));
+        assert_eq!(health.remediation, "replace");
+        assert_eq!(upgrade, None, "the upgrade policy is left as it is");
+        let (_, upgrade, ..) = update(&["--upgrade-policy", "max_surge=1"]).unwrap();
+        assert_eq!(upgrade.unwrap().max_surge, Some(1));
+        assert_eq!(update(&["--no-health"]), Ok((None, None, true, false)));
+        assert_eq!(
+            update(&["--no-upgrade-policy"]),
+            Ok((None, None, false, true))
+        );
+        let invalid = Err(clap::error::ErrorKind::ValueValidation);
+        assert_eq!(update(&["--health", "unhealthy_timeout=1"]), invalid);
+        assert_eq!(update(&["--upgrade-policy", "max_surge=x"]), invalid);
+        assert!(update(&["--no-health", "--health", "max_retry=0"]).is_err());
+        let conflict = update(&["--no-upgrade-policy", "--upgrade-policy", "max_surge=1"]);
+        assert!(conflict.is_err());
+
+        let cli = Cli::try_parse_from([
+            "cluster",
+            "create",
+            "web",
+            "--version",
+            "1.30.0",
+            "--upgrade-policy",
+            "max_surge=1",
+            "--health",
+            "max_retry=0",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let ClusterCommand::Create(args) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(args.policies.upgrade_policy.unwrap().max_surge, Some(1));
+        assert_eq!(args.policies.health.unwrap().max_retry, Some(0));
     }
 
     #[test]

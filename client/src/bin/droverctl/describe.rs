@@ -4,7 +4,7 @@
 //! operations made.
 
 use crate::output::{age, field, Output, Table};
-use crate::{enum_name, op, send, task};
+use crate::{enum_name, op, policy, send, task};
 use drover_client::{v1, Client, ClientError};
 
 /// What describe shows, read in three calls.
@@ -76,6 +76,12 @@ fn print(d: &Described) {
     field(1, "Offering", &spec.node_offering);
     if let Some(window) = crate::cluster::window_shown(spec.maintenance.as_ref()) {
         field(1, "Maintenance", &window);
+    }
+    if let Some(health) = policy::health_shown(spec.health.as_ref()) {
+        field(1, "Health policy", &health);
+    }
+    if let Some(upgrade) = policy::upgrade_policy_shown(spec.upgrade_policy.as_ref()) {
+        field(1, "Upgrade policy", &upgrade);
     }
     outln!("Status:");
     let since = age(status.state_changed_at.as_ref());

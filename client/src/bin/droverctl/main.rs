@@ -26,6 +26,7 @@ mod describe;
 mod docs;
 mod op;
 mod output;
+mod policy;
 mod provider;
 mod rollout;
 mod task;

@@ -494,6 +494,11 @@ impl ClusterCache {
         )
     }
 
+    /// Whether the cache follows etcd (listed, watching).
+    pub fn is_ready(&self) -> bool {
+        self.read().ready
+    }
+
     /// A cluster's state key as the cache holds it: a cheaper look than
     /// [`Self::get`] for whether an operation still holds the cluster.
     /// `None` when there is no such cluster or the cache is not ready.

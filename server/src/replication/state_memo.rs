@@ -102,6 +102,11 @@ impl StateMemo {
         (*summary, mine)
     }
 
+    /// The live members of the last pass.
+    pub(super) fn members(&self) -> &[Member] {
+        &self.members
+    }
+
     /// Forgets the clusters this pass did not see (deleted).
     pub(super) fn end_pass(&mut self) {
         let pass = self.pass;

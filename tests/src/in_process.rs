@@ -197,6 +197,23 @@ impl InProcessReplica {
         .await
     }
 
+    /// [`Self::serve`] with `arm` called on the store before the replica
+    /// starts: an injection then also catches its first writes (a takeover
+    /// at start-up may be over before `serve` returns).
+    pub async fn serve_armed(
+        etcd: &EtcdProcess,
+        replica_id: &str,
+        provider: &str,
+        ttl: i64,
+        arm: impl FnOnce(&InjectingStore),
+    ) -> Self {
+        let settings = Settings {
+            lease_ttl: Some(ttl),
+            ..Default::default()
+        };
+        Self::serve_inner(etcd, replica_id, provider, settings, arm).await
+    }
+
     /// [`Self::serve`] with more `settings` (the ports, etcd, replica id and
     /// provider are filled in).
     pub async fn serve_with(
@@ -204,6 +221,16 @@ impl InProcessReplica {
         replica_id: &str,
         provider: &str,
         settings: Settings,
+    ) -> Self {
+        Self::serve_inner(etcd, replica_id, provider, settings, |_| {}).await
+    }
+
+    async fn serve_inner(
+        etcd: &EtcdProcess,
+        replica_id: &str,
+        provider: &str,
+        settings: Settings,
+        arm: impl FnOnce(&InjectingStore),
     ) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
         let admin_listen = format!("127.0.0.1:{}", free_port());
@@ -226,6 +253,7 @@ impl InProcessReplica {
             failing_reads: Mutex::new(Vec::new()),
             losing_keep_alive_replies: Default::default(),
         });
+        arm(&store);
         let providers = config.providers.as_ref().expect("a provider");
         let providers = drover_server::provider::Providers::connect(providers).expect("providers");
         let providers = Some(Arc::new(providers));

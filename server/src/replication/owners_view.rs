@@ -74,12 +74,7 @@ impl OwnersView {
         keys: &KeyLayout,
         revision: i64,
     ) -> crate::store::Result<()> {
-        while let Some(watch) = &mut self.watch {
-            match watch.try_next() {
-                Some(event) => self.apply(keys, Some(event)),
-                None => break,
-            }
-        }
+        self.apply_delivered(keys);
         if self.watch.is_some() && self.revision < revision {
             let _ = tokio::time::timeout(CATCH_UP, async {
                 while self.watch.is_some() && self.revision < revision {
@@ -87,11 +82,26 @@ impl OwnersView {
                 }
             })
             .await;
+            // The rest of the transaction that reached `revision`: its
+            // keys share that revision and arrive one event at a time (a
+            // batch of claims seen by its first key only lost the others
+            // until the next change).
+            self.apply_delivered(keys);
         }
         if self.watch.is_none() || self.revision < revision {
             self.list(store, keys).await?;
         }
         Ok(())
+    }
+
+    /// Applies the changes the watch has delivered, without waiting.
+    fn apply_delivered(&mut self, keys: &KeyLayout) {
+        while let Some(watch) = &mut self.watch {
+            match watch.try_next() {
+                Some(event) => self.apply(keys, Some(event)),
+                None => break,
+            }
+        }
     }
 
     /// Waits, up to [`CATCH_UP`], until the view holds no owner key bound to

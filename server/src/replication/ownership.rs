@@ -49,7 +49,8 @@ const FULL_PASS_EVERY: Duration = Duration::from_secs(30);
 /// The clusters a pass looks at.
 enum Scope {
     Every,
-    /// These (changed since the last pass, or left pending by it).
+    /// Those whose state key was written since the last pass, and those
+    /// it left pending.
     Some(HashSet<String>),
 }
 
@@ -124,9 +125,7 @@ impl Ownership {
                 changed.clear();
                 Scope::Every
             } else {
-                let mut some = std::mem::take(&mut changed);
-                some.extend(pending.iter().cloned());
-                Scope::Some(some)
+                Scope::Some(std::mem::take(&mut changed))
             };
             // Before the pass reads the members: a change after that read
             // is then in the subscription.
@@ -276,11 +275,8 @@ impl Ownership {
         pending: &mut HashSet<String>,
         scope: &Scope,
     ) -> crate::store::Result<Decided> {
-        // Decided anew here: what this pass does not look at stays pending.
-        match scope {
-            Scope::Every => pending.clear(),
-            Scope::Some(clusters) => pending.retain(|cluster| !clusters.contains(cluster)),
-        }
+        // Decided anew: the pending clusters are looked at again.
+        let mut looked_at = std::mem::take(pending);
         let mut decided = Decided::default();
         let replica_id = self.config.replica_id.as_str();
         let mut decide = |cluster: &str, kv: &KeyValue| {
@@ -314,8 +310,9 @@ impl Ownership {
                 cache.for_each_state(&mut decide).await?;
                 memo.end_pass();
             }
-            Scope::Some(clusters) => {
-                for cluster in clusters {
+            Scope::Some(changed) => {
+                looked_at.extend(changed.iter().cloned());
+                for cluster in &looked_at {
                     if let Some(kv) = cache.state_of(cluster) {
                         decide(cluster, &kv);
                     }
@@ -797,6 +794,69 @@ mod tests {
             .map(|i| format!("{tag}-{i}"))
             .find(|name| preferred(name, members) == Some(first))
             .expect("one of 64 names prefers each of two members")
+    }
+
+    /// What a replica's passes keep from one to the next.
+    struct Passes {
+        owners: OwnersView,
+        memo: StateMemo,
+        pending: HashSet<String>,
+    }
+
+    impl Passes {
+        async fn run(&mut self, replication: &Ownership, cache: &ClusterCache, scope: Scope) {
+            let pass = Pass {
+                owners: &mut self.owners,
+                memo: &mut self.memo,
+                pending: &mut self.pending,
+            };
+            replication.reconcile(cache, pass, &scope).await.unwrap();
+        }
+    }
+
+    /// A pass that looks only at what changed still releases a cluster the
+    /// last pass left pending (busy then, idle now): the TTL/3 tick at
+    /// rest walks no more than that.
+    #[tokio::test]
+    async fn a_pass_over_what_changed_releases_what_was_left_pending() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let a = replica(&store, &keys, "a", SCHEMA_VERSION).await;
+        let busy = preferring("b", ["a", "b"], "busy");
+        let idle = preferring("b", ["a", "b"], "idle");
+        write_state(&store, &keys, &busy, SCHEMA_VERSION, true).await;
+        write_state(&store, &keys, &idle, SCHEMA_VERSION, false).await;
+        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !cache.is_ready() {
+            assert!(tokio::time::Instant::now() < deadline, "the cache is ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut pass_of = Passes {
+            owners: OwnersView::new(Arc::clone(&cache)),
+            memo: StateMemo::new(a.schema),
+            pending: HashSet::new(),
+        };
+        // Alone, "a" claims both.
+        pass_of.run(&a, &cache, Scope::Every).await;
+        let a_lease = a.live_lease();
+        assert_eq!(owner_lease(&store, &keys, &busy).await, a_lease);
+        // "b" joins: the idle one goes at once, the busy one waits.
+        let _b = replica(&store, &keys, "b", SCHEMA_VERSION).await;
+        pass_of.run(&a, &cache, Scope::Every).await;
+        assert_eq!(owner_lease(&store, &keys, &idle).await, None);
+        assert_eq!(owner_lease(&store, &keys, &busy).await, a_lease);
+        // Its operation ends; a pass over nothing that changed releases it.
+        write_state(&store, &keys, &busy, SCHEMA_VERSION, false).await;
+        let written = store.get(&keys.cluster_state(&busy)).await.unwrap();
+        let revision = written.into_single().unwrap().mod_revision;
+        cache
+            .wait_until_applied(revision, Duration::from_secs(5))
+            .await;
+        pass_of.run(&a, &cache, Scope::Some(HashSet::new())).await;
+        assert_eq!(owner_lease(&store, &keys, &busy).await, None);
     }
 
     #[tokio::test]

@@ -477,12 +477,24 @@ impl Runtime {
         true
     }
 
+    /// A cluster adopted: each controller that follows adoptions is told,
+    /// and looks at it if it wants to (as for a change of its state key).
+    /// A takeover adopts thousands of idle clusters at once, of which
+    /// most no controller has anything to do with; while the cache is not
+    /// ready every controller looks.
     fn adopt(&mut self, cluster: String) {
         let now = Instant::now();
+        let state = self.cache.is_ready().then(|| self.cache.state_of(&cluster));
         for lane in &mut self.lanes {
             if lane.reconciler.triggers().adoption {
                 lane.reconciler.adopted(&cluster);
-                lane.push(cluster.clone(), now);
+                let wanted = match &state {
+                    Some(state) => lane.reconciler.wants(&cluster, state.as_ref()),
+                    None => true,
+                };
+                if wanted {
+                    lane.push(cluster.clone(), now);
+                }
             }
         }
     }

@@ -833,6 +833,31 @@ struct Bulk {
     /// CPU used at rest with every cluster owned, as a share of one CPU:
     /// etcd's and the three replicas' together.
     rest_cpu: (f64, f64),
+    /// Keys and values under Drover's prefix, per cluster (what a
+    /// cluster costs etcd before history), and etcd's database size then.
+    stored: Stored,
+}
+
+/// What the bulk clusters take in etcd.
+struct Stored {
+    bytes_per_cluster: f64,
+    db_mib: f64,
+}
+
+/// What Drover's keys take in `etcd`, per cluster of `clusters`.
+async fn stored(etcd: &EtcdProcess, store: &EtcdStore, clusters: usize) -> Stored {
+    let all = store
+        .range(RangeRequest::prefix("/drover/v1/"))
+        .await
+        .expect("every Drover key");
+    let bytes: usize = all.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+    let status = etcd.etcdctl(&["endpoint", "status", "-w", "json"]);
+    let status: Value = serde_json::from_str(&status).expect("etcdctl's JSON");
+    let db = status[0]["Status"]["dbSize"].as_f64().expect("dbSize");
+    Stored {
+        bytes_per_cluster: bytes as f64 / clusters.max(1) as f64,
+        db_mib: db / (1024.0 * 1024.0),
+    }
 }
 
 /// How long the CPU at rest is sampled.
@@ -872,6 +897,7 @@ async fn bulk(
         .map(|(_, r)| rss_kib(r.pid()) as f64 / 1024.0)
         .collect();
     let rest_cpu = rest_cpu(bench, profiles).await;
+    let stored = stored(&bench.etcd, &store, clusters).await;
 
     let victim = bench.replicas[0].0.clone();
     let victim_lease = member_lease(&store, &victim).await;
@@ -903,6 +929,7 @@ async fn bulk(
         slowest_request,
         rss_mib,
         rest_cpu,
+        stored,
     }
 }
 
@@ -1551,6 +1578,8 @@ impl Bulk {
             "slowest_etcd_request_ms": ms(self.slowest_request),
             "replica_rss_mib": self.rss_mib,
             "cpu_at_rest": {"etcd": self.rest_cpu.0, "replicas": self.rest_cpu.1},
+            "etcd_bytes_per_cluster": self.stored.bytes_per_cluster.round(),
+            "etcd_db_mib": self.stored.db_mib,
         })
     }
 
@@ -1561,6 +1590,12 @@ impl Bulk {
         needed.need("bulk", "RSS of each of three replicas", rss);
         let cpu = self.rest_cpu.0.is_finite() && self.rest_cpu.1.is_finite();
         needed.need("bulk", "CPU at rest", cpu);
+        needed.positive(
+            "bulk",
+            "bytes per cluster in etcd",
+            self.stored.bytes_per_cluster,
+        );
+        needed.positive("bulk", "etcd's database size", self.stored.db_mib);
     }
 
     fn rows(&self, args: &Args, row: Row) {
@@ -1596,6 +1631,14 @@ impl Bulk {
             "CPU at rest, bulk size (cores): etcd / replicas",
             format!("{:.2} / {:.2}", self.rest_cpu.0, self.rest_cpu.1),
             "replicas <= 0.05".into(),
+        );
+        row(
+            "etcd: Drover's keys per cluster (bytes); database (MiB)",
+            format!(
+                "{:.0}; {:.1}",
+                self.stored.bytes_per_cluster, self.stored.db_mib
+            ),
+            String::new(),
         );
     }
 }

@@ -58,31 +58,25 @@ mod tests {
     use crate::operation::{OperationKind, OperationParams};
     use drover_proto::provider::v1::UpgradeOrder;
 
-    /// The capabilities of a provider that says nothing (the defaults).
-    const CONTROL_FIRST: Capabilities = Capabilities {
-        kind: String::new(),
-        versions: Vec::new(),
-        offerings: Vec::new(),
-        min_control_nodes: 0,
-        max_control_nodes: 0,
-        min_worker_nodes: 0,
-        max_worker_nodes: 0,
-        task_types: Vec::new(),
-        upgrade_order: UpgradeOrder::ControlFirst as i32,
-        replace_workers: false,
-    };
-    const WORKERS_FIRST: Capabilities = Capabilities {
-        kind: String::new(),
-        versions: Vec::new(),
-        offerings: Vec::new(),
-        min_control_nodes: 0,
-        max_control_nodes: 0,
-        min_worker_nodes: 0,
-        max_worker_nodes: 0,
-        task_types: Vec::new(),
-        upgrade_order: UpgradeOrder::WorkersFirst as i32,
-        replace_workers: false,
-    };
+    /// The capabilities of a provider that says nothing but its upgrade
+    /// `order`.
+    const fn upgrading(order: UpgradeOrder) -> Capabilities {
+        Capabilities {
+            kind: String::new(),
+            versions: Vec::new(),
+            offerings: Vec::new(),
+            min_control_nodes: 0,
+            max_control_nodes: 0,
+            min_worker_nodes: 0,
+            max_worker_nodes: 0,
+            task_types: Vec::new(),
+            upgrade_order: order as i32,
+            replace_workers: false,
+        }
+    }
+    /// The defaults.
+    const CONTROL_FIRST: Capabilities = upgrading(UpgradeOrder::ControlFirst);
+    const WORKERS_FIRST: Capabilities = upgrading(UpgradeOrder::WorkersFirst);
 
     fn node(id: &str, role: &str, version: &str) -> ProviderNode {
         ProviderNode {

@@ -100,6 +100,12 @@ impl OwnersView {
         Ok(())
     }
 
+    /// Whether the view follows the watch (an owner change then wakes the
+    /// ownership loop); while it does not, only a pass that lists sees one.
+    pub(super) fn is_following(&self) -> bool {
+        self.watch.is_some()
+    }
+
     /// Applies the changes the watch has delivered, without waiting.
     fn apply_delivered(&mut self, keys: &KeyLayout) {
         while let Some(watch) = &mut self.watch {

@@ -119,7 +119,11 @@ impl Ownership {
             // and not one pass each (10,000 of them kept every replica
             // busy for minutes).
             full |= self.take_changes(&mut changes, &mut changed);
-            full |= started >= last_full + FULL_PASS_EVERY || !cache.is_ready();
+            // Without the cache's watch, or the owners view's, a change
+            // may have gone unseen: every cluster is looked at.
+            full |= started >= last_full + FULL_PASS_EVERY
+                || !cache.is_ready()
+                || !owners.is_following();
             let scope = if full {
                 last_full = started;
                 changed.clear();

@@ -29,6 +29,7 @@
 //!   long as a subscriber follows it (the operation feed answers waits while
 //!   the replica drains), unless it fails.
 
+use super::leaves::Leaves;
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::{leaf, KeyLayout};
 use crate::metrics::Metrics;
@@ -53,7 +54,7 @@ struct Snapshot {
     /// Whether a list has completed since the last failure.
     ready: bool,
     /// Keyed by `<name>/`, so iteration follows etcd's key order.
-    clusters: BTreeMap<String, BTreeMap<String, KeyValue>>,
+    clusters: BTreeMap<String, Leaves>,
     /// Clusters (`<name>/`) that declare tasks or still have task records,
     /// kept up to date on every change so the task scheduler need not scan.
     with_tasks: BTreeSet<String>,
@@ -64,7 +65,7 @@ impl Snapshot {
     fn update_tasks_flag(&mut self, name: &str) {
         let has_tasks = self.clusters.get(name).is_some_and(|leaves| {
             leaves
-                .keys()
+                .leaves()
                 .any(|key| key.starts_with(leaf::TASKS) || key == leaf::TASK_SET)
                 || leaves
                     .get(leaf::SPEC)
@@ -316,16 +317,14 @@ impl ClusterCache {
             return;
         };
         let tasks_changed = affects_tasks(leaf).then(|| name.to_string());
-        match snapshot
-            .clusters
-            .get_mut(name)
-            .and_then(|leaves| leaves.get_mut(leaf))
-        {
-            // Most changes rewrite a key the cache holds: no allocation.
-            Some(held) => *held = kv,
+        let dir_len = kv.key.len() - leaf.len();
+        match snapshot.clusters.get_mut(name) {
+            Some(leaves) => leaves.put(dir_len, kv),
             None => {
-                let (name, leaf) = (name.to_string(), leaf.to_string());
-                snapshot.clusters.entry(name).or_default().insert(leaf, kv);
+                let name = name.to_string();
+                let mut leaves = Leaves::default();
+                leaves.put(dir_len, kv);
+                snapshot.clusters.insert(name, leaves);
             }
         }
         if let Some(name) = tasks_changed {

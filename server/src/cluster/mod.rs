@@ -3,6 +3,7 @@
 //! reads and writes them.
 
 mod cache;
+mod leaves;
 pub mod machine;
 mod record;
 mod registry;

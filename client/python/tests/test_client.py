@@ -33,6 +33,33 @@ def test_a_cluster_through_its_whole_lifecycle(client):
     _succeeded(client, client.delete("py-life"))
 
 
+def test_iter_clusters_asks_for_each_page_as_it_is_reached(client, monkeypatch):
+    """A generator: nothing is read before the first cluster is wanted, and
+    the next page only once the one before is used up."""
+    names = [f"py-page-{i}" for i in range(5)]
+    for name in names:
+        client.create_cluster(name, version="1.29.0", labels={"py-paging": "yes"}, create_only=True)
+    pages_read = []
+    call = client._call
+
+    def counted(service, method, request, timeout=None):
+        pages_read.append(request.page_token)
+        return call(service, method, request, timeout)
+
+    monkeypatch.setattr(client, "_call", counted)
+    clusters = client.iter_clusters(label_selector="py-paging=yes", linearizable=True, page_size=2)
+    assert len(pages_read) == 0
+    assert [next(clusters).name for _ in range(2)] == names[:2]
+    assert len(pages_read) == 1
+    assert next(clusters).name == names[2]
+    assert len(pages_read) == 2
+    assert [c.name for c in clusters] == names[3:]
+    assert len(pages_read) == 3 and pages_read[0] == ""
+    # list_clusters is the same listing, whole.
+    listed = client.list_clusters(label_selector="py-paging=yes", linearizable=True, page_size=2)
+    assert [c.name for c in listed] == names
+
+
 def test_a_repeated_request_id_starts_nothing_new(client):
     created = client.create_cluster("py-once", version="1.29.0")
     _succeeded(client, created.operation)

@@ -16,7 +16,7 @@ Caveats:
 
 import time
 import uuid
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import grpc
 
@@ -132,22 +132,33 @@ class Client:
         request = self.cluster_pb2.GetClusterRequest(name=name, linearizable=linearizable)
         return self._call(0, "GetCluster", request)
 
-    def list_clusters(self, label_selector: str = "", linearizable: bool = False) -> list:
-        """Every cluster, all pages."""
-        clusters, token = [], ""
-        for _ in range(100_000):
+    def list_clusters(self, label_selector: str = "", linearizable: bool = False, page_size: int = 0) -> list:
+        """Every cluster, all pages, in one list (``iter_clusters`` holds one
+        page at a time instead)."""
+        return list(self.iter_clusters(label_selector, linearizable, page_size))
+
+    def iter_clusters(self, label_selector: str = "", linearizable: bool = False, page_size: int = 0) -> Iterator:
+        """Every cluster, in name order, yielded page by page as each page
+        arrives: the next page is asked for only once this one is consumed,
+        so a fleet of any size takes one page of memory. ``page_size``:
+        clusters per page, 1..=1000 (0: the server's default, 100)."""
+        token = ""
+        while True:
             page = self._call(
                 0,
                 "ListClusters",
                 self.cluster_pb2.ListClustersRequest(
-                    page_token=token, label_selector=label_selector, linearizable=linearizable
+                    page_size=page_size, page_token=token, label_selector=label_selector, linearizable=linearizable
                 ),
             )
-            clusters.extend(page.clusters)
+            yield from page.clusters
+            if not page.next_page_token:
+                return
+            # The one way a listing could go on forever; the page count
+            # cannot bound it, as a fleet may take any number of pages.
+            if page.next_page_token == token:
+                raise RuntimeError(f"iter_clusters: the server handed back the page token {token!r} it was given")
             token = page.next_page_token
-            if not token:
-                return clusters
-        raise RuntimeError("list_clusters: too many pages")
 
     # Clusters: lifecycle, each with a request id.
 

@@ -3,7 +3,7 @@
 //! operation, sent and followed by one helper ([`Lifecycle::run`]); how
 //! clusters are printed.
 
-use crate::output::{age, Output, Table};
+use crate::output::{age, Listing, Output, Table};
 use crate::policy::{parse_health, parse_upgrade_policy};
 use crate::{op, send};
 use clap::Subcommand;
@@ -289,7 +289,8 @@ pub struct ListArgs {
     /// After the list, stream changes (as `droverctl watch`).
     #[arg(long, short = 'w')]
     watch: bool,
-    /// Clusters per page.
+    /// Clusters per page (1..=1000), each page printed as it arrives: -o
+    /// json and -o yaml still print one array, a table its header once.
     #[arg(long, default_value_t = 100)]
     page_size: u32,
     /// Read the replica's watch cache (faster, may lag by milliseconds)
@@ -479,7 +480,7 @@ async fn create(client: &mut Client, output: Output, args: CreateArgs) -> Result
         Some(op) => op::follow(client, output, op, lifecycle.wait).await?,
         None => {
             if let Some(cluster) = response.cluster {
-                print_clusters(output, &[cluster], false);
+                print_cluster(output, cluster);
             }
         }
     }
@@ -532,7 +533,7 @@ async fn update(client: &mut Client, output: Output, args: UpdateArgs) -> Result
         .update_cluster(request)
         .await?
         .into_inner();
-    print_clusters(output, &[cluster], false);
+    print_cluster(output, cluster);
     Ok(())
 }
 
@@ -549,7 +550,7 @@ async fn set_paused(
         ..Default::default()
     };
     let cluster = client.clusters().update_cluster(request).await?;
-    print_clusters(output, &[cluster.into_inner()], false);
+    print_cluster(output, cluster.into_inner());
     Ok(())
 }
 
@@ -558,7 +559,7 @@ async fn get(client: &mut Client, output: Output, name: String) -> Result<(), Cl
     let cluster = client
         .retrying_unavailable(|mut c| async move { c.get_cluster(name).await })
         .await?;
-    print_clusters(output, &[cluster], false);
+    print_cluster(output, cluster);
     Ok(())
 }
 
@@ -571,23 +572,26 @@ fn parse_state(text: &str) -> Result<v1::ClusterState, String> {
         .ok_or_else(|| format!("{text:?} is not a cluster state"))
 }
 
-/// `cluster list`: every cluster the selector matches, page after page;
-/// with `--watch`, then every change after the listing.
+/// `cluster list`: every cluster the selector matches, each page printed as
+/// it arrives; with `--watch`, then every change after the listing.
 async fn list(client: &mut Client, output: Output, args: ListArgs) -> Result<(), ClientError> {
-    let (clusters, revision) = list_all(client, &args).await?;
-    print_clusters(output, &clusters, true);
+    let mut listing = ClusterListing::new(output);
+    let revision = for_each_page(client, &args, |page| listing.page(&page)).await?;
+    listing.end();
     if args.watch {
         stream_changes(client, output, String::new(), revision + 1).await?;
     }
     Ok(())
 }
 
-/// The clusters `args` select and the store revision they were read at.
-async fn list_all(
+/// Reads the clusters `args` select page by page, handing each page to
+/// `each` as it arrives, so that only one page is held however large the
+/// fleet; returns the store revision the first page was read at.
+async fn for_each_page(
     client: &mut Client,
     args: &ListArgs,
-) -> Result<(Vec<v1::Cluster>, i64), ClientError> {
-    let mut clusters = Vec::new();
+    mut each: impl FnMut(Vec<v1::Cluster>),
+) -> Result<i64, ClientError> {
     let mut page_token = String::new();
     let mut revision = None;
     loop {
@@ -598,23 +602,23 @@ async fn list_all(
             linearizable: !args.cached,
             state: args.state.map_or(0, |s| s as i32),
         };
-        let page = send(client, request, |mut c, r| async move {
+        let mut page = send(client, request, |mut c, r| async move {
             c.list_clusters(r).await
         })
         .await?;
         revision.get_or_insert(page.revision);
-        clusters.extend(page.clusters);
+        // Destroyed clusters stay listed by the API (their record is
+        // history); a person asking for "the clusters" means the ones that
+        // exist.
+        if !args.all && args.state.is_none() {
+            page.clusters.retain(|c| state_name(c) != "DESTROYED");
+        }
+        each(page.clusters);
         if page.next_page_token.is_empty() {
-            break;
+            return Ok(revision.unwrap_or_default());
         }
         page_token = page.next_page_token;
     }
-    // Destroyed clusters stay listed by the API (their record is history);
-    // a person asking for "the clusters" means the ones that exist.
-    if !args.all && args.state.is_none() {
-        clusters.retain(|c| state_name(c) != "DESTROYED");
-    }
-    Ok((clusters, revision.unwrap_or_default()))
 }
 
 /// `droverctl watch`: the current clusters, then one line per change until
@@ -630,41 +634,43 @@ pub async fn watch(
     let from_revision = if from_revision > 0 {
         from_revision
     } else {
-        let (current, revision) = current_clusters(client, &name).await?;
-        for cluster in current {
-            let kind = v1::cluster_event::Kind::Put as i32;
-            let revision = cluster.revision;
-            print_event(
-                output,
-                &v1::ClusterEvent {
-                    kind,
-                    cluster: Some(cluster),
-                    revision,
-                },
-            );
-        }
-        revision + 1
+        print_current(client, output, &name).await? + 1
     };
     stream_changes(client, output, name, from_revision).await
 }
 
-/// The clusters `name` selects (all when empty) as they are now, and a
-/// store revision no later than the read: a watch from the next one misses
-/// no change after it (one may show twice, which a PUT survives).
-async fn current_clusters(
+/// Prints the clusters `name` selects (all when empty) as they are now, a
+/// PUT each, page by page; returns a store revision no later than the
+/// read: a watch from the next one misses no change after it (one may show
+/// twice, which a PUT survives).
+async fn print_current(
     client: &mut Client,
+    output: Output,
     name: &str,
-) -> Result<(Vec<v1::Cluster>, i64), ClientError> {
-    let args = ListArgs {
-        selector: String::new(),
-        state: None,
-        all: false,
-        watch: false,
-        page_size: 500,
-        cached: false,
+) -> Result<i64, ClientError> {
+    let print = |cluster: v1::Cluster| {
+        let kind = v1::cluster_event::Kind::Put as i32;
+        let revision = cluster.revision;
+        let cluster = Some(cluster);
+        print_event(
+            output,
+            &v1::ClusterEvent {
+                kind,
+                cluster,
+                revision,
+            },
+        );
     };
     if name.is_empty() {
-        return list_all(client, &args).await;
+        let args = ListArgs {
+            selector: String::new(),
+            state: None,
+            all: false,
+            watch: false,
+            page_size: 500,
+            cached: false,
+        };
+        return for_each_page(client, &args, |page| page.into_iter().for_each(print)).await;
     }
     // One cluster: the revision from the cheapest list there is, then the
     // cluster, which may not exist yet.
@@ -684,12 +690,11 @@ async fn current_clusters(
         .retrying_unavailable(|mut c| async move { c.get_cluster(name).await })
         .await
     {
-        Ok(cluster) => Ok((vec![cluster], revision)),
-        Err(ClientError::Status(status)) if status.code() == tonic::Code::NotFound => {
-            Ok((Vec::new(), revision))
-        }
-        Err(error) => Err(error),
+        Ok(cluster) => print(cluster),
+        Err(ClientError::Status(status)) if status.code() == tonic::Code::NotFound => {}
+        Err(error) => return Err(error),
     }
+    Ok(revision)
 }
 
 /// Streams the changes of `name` (all clusters when empty) after
@@ -789,50 +794,87 @@ pub fn version_shown(cluster: &v1::Cluster) -> String {
     }
 }
 
-/// Clusters: whole messages with `-o json|yaml` (a `list` as an array
-/// whatever its length, a single cluster as an object), names with
-/// `-o name`, otherwise a table (more columns with `-o wide`).
-fn print_clusters(output: Output, clusters: &[v1::Cluster], list: bool) {
-    if output.messages(clusters, list) {
+/// One cluster: the whole message with `-o json|yaml` (an object), its
+/// name with `-o name`, otherwise a table of one row.
+fn print_cluster(output: Output, cluster: v1::Cluster) {
+    if output.messages(std::slice::from_ref(&cluster), false) {
         return;
     }
-    if output == Output::Name {
-        clusters.iter().for_each(|c| outln!("{}", c.name));
-        return;
-    }
-    let mut header = vec!["NAME", "STATE", "VERSION", "CONTROL", "WORKERS", "AGE"];
-    if output.is_wide() {
-        header.extend(["OFFERING", "OPERATION", "LABELS", "UID"]);
-    }
-    let mut table = Table::new(header);
-    for cluster in clusters {
-        let spec = cluster.spec.clone().unwrap_or_default();
-        let status = cluster.status.clone().unwrap_or_default();
-        let mut row = vec![
-            cluster.name.clone(),
-            state_name(cluster),
-            version_shown(cluster),
-            spec.control_nodes.to_string(),
-            spec.worker_nodes.to_string(),
-            age(cluster.created_at.as_ref()),
-        ];
+    let mut listing = ClusterListing::new(output);
+    listing.page(&[cluster]);
+    listing.end();
+}
+
+/// Clusters printed page by page as a listing arrives: whole messages with
+/// `-o json|yaml` (one array, whatever its length), names with `-o name`,
+/// otherwise a table (more columns with `-o wide`) with its header once.
+struct ClusterListing {
+    output: Output,
+    messages: Listing,
+    table: Table,
+}
+
+impl ClusterListing {
+    fn new(output: Output) -> Self {
+        let mut header = vec!["NAME", "STATE", "VERSION", "CONTROL", "WORKERS", "AGE"];
         if output.is_wide() {
-            let mut labels: Vec<String> = spec
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            labels.sort();
-            row.extend([
-                spec.node_offering,
-                status.current_operation.unwrap_or_else(|| "-".into()),
-                labels.join(","),
-                cluster.uid.clone(),
-            ]);
+            header.extend(["OFFERING", "OPERATION", "LABELS", "UID"]);
         }
-        table.row(row);
+        ClusterListing {
+            output,
+            messages: Listing::new(output),
+            table: Table::new(header),
+        }
     }
-    table.print();
+
+    /// Prints the next page; the first prints the table's header even
+    /// when it is empty.
+    fn page(&mut self, clusters: &[v1::Cluster]) {
+        if self.messages.page(clusters) {
+            return;
+        }
+        if self.output == Output::Name {
+            clusters.iter().for_each(|c| outln!("{}", c.name));
+            return;
+        }
+        for cluster in clusters {
+            self.table.row(cluster_row(self.output, cluster));
+        }
+        self.table.print();
+    }
+
+    /// Ends the document of `-o json|yaml` (a table has nothing to end).
+    fn end(self) {
+        self.messages.end();
+    }
+}
+
+fn cluster_row(output: Output, cluster: &v1::Cluster) -> Vec<String> {
+    let spec = cluster.spec.clone().unwrap_or_default();
+    let status = cluster.status.clone().unwrap_or_default();
+    let mut row = vec![
+        cluster.name.clone(),
+        state_name(cluster),
+        version_shown(cluster),
+        spec.control_nodes.to_string(),
+        spec.worker_nodes.to_string(),
+        age(cluster.created_at.as_ref()),
+    ];
+    if output.is_wide() {
+        let mut labels: Vec<String> = spec
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        labels.sort();
+        row.extend([
+            spec.node_offering,
+            status.current_operation.unwrap_or_else(|| "-".into()),
+            labels.join(","),
+            cluster.uid.clone(),
+        ]);
+    }
+    row
 }
 
 #[cfg(test)]

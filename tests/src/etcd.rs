@@ -360,6 +360,8 @@ impl Drop for EtcdProcess {
 /// A multi-member etcd cluster on loopback, for leader-loss tests.
 pub struct EtcdCluster {
     members: Vec<Member>,
+    /// Every member serves Go's profiler at `/debug/pprof`.
+    pprof: bool,
 }
 
 struct Member {
@@ -396,19 +398,25 @@ impl Member {
 impl EtcdCluster {
     /// Starts `size` members and waits until the cluster answers.
     pub async fn start(size: usize) -> Self {
-        Self::start_at(&vec![None; size]).await
+        Self::start_at(&vec![None; size], false).await
+    }
+
+    /// Starts `size` members serving Go's profiler too (see
+    /// [`Self::cpu_profile`]).
+    pub async fn start_profiled(size: usize) -> Self {
+        Self::start_at(&vec![None; size], true).await
     }
 
     /// Starts one member in the network namespace of each of `nodes`, on
     /// its address, and waits until the cluster answers.
     pub async fn start_in(nodes: &[crate::netns::Node]) -> Self {
         let nodes: Vec<_> = nodes.iter().cloned().map(Some).collect();
-        Self::start_at(&nodes).await
+        Self::start_at(&nodes, false).await
     }
 
-    async fn start_at(nodes: &[Option<crate::netns::Node>]) -> Self {
+    async fn start_at(nodes: &[Option<crate::netns::Node>], pprof: bool) -> Self {
         for attempt in 1.. {
-            let mut cluster = Self::spawn(nodes);
+            let mut cluster = Self::spawn(nodes, pprof);
             match cluster.await_answer().await {
                 Ok(()) => return cluster,
                 Err(report) if attempt < START_ATTEMPTS => {
@@ -422,7 +430,7 @@ impl EtcdCluster {
         unreachable!("the loop returns or panics")
     }
 
-    fn spawn(nodes: &[Option<crate::netns::Node>]) -> Self {
+    fn spawn(nodes: &[Option<crate::netns::Node>], pprof: bool) -> Self {
         let mut members: Vec<Member> = (0..nodes.len())
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -445,6 +453,9 @@ impl EtcdCluster {
                 Some(node) => node.command("etcd"),
                 None => Command::new("etcd"),
             };
+            if pprof {
+                command.arg("--enable-pprof");
+            }
             let child = command
                 .args(["--name", &member.name])
                 .arg("--data-dir")
@@ -461,7 +472,7 @@ impl EtcdCluster {
                 .expect("etcd must be installed (apt-get install etcd-server)");
             member.child = Some(child);
         }
-        Self { members }
+        Self { members, pprof }
     }
 
     async fn await_answer(&mut self) -> Result<(), String> {
@@ -484,6 +495,48 @@ impl EtcdCluster {
         EtcdStore::connect(&EtcdOptions::new(self.endpoints()))
             .await
             .expect("connect to the test etcd cluster")
+    }
+
+    /// The process id of each running member, in member order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.child.as_ref().map(Child::id))
+            .collect()
+    }
+
+    /// A CPU profile of member `index` over the next `seconds` (gzipped
+    /// pprof protobuf); needs [`Self::start_profiled`].
+    pub async fn cpu_profile(&self, index: usize, seconds: u64) -> Vec<u8> {
+        assert!(
+            self.pprof,
+            "the etcd cluster was started without --enable-pprof"
+        );
+        let path = format!("/debug/pprof/profile?seconds={seconds}");
+        crate::scrape::get(&self.members[index].client_url(), &path).await
+    }
+
+    /// Runs etcdctl against every running member and returns its standard
+    /// output; panics when it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let live: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(Member::client_url)
+            .collect();
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &live.join(",")])
+            .args(args)
+            .output()
+            .expect("etcdctl must be installed");
+        assert!(
+            output.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     /// Index of the current leader, as the members report it.

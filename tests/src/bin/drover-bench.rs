@@ -13,6 +13,12 @@
 //! with every replica exporting OpenTelemetry traces at `--trace-sample`
 //! (1 % by default), so tracing's cost shows beside its absence.
 //!
+//! The bulk phase also lists the whole fleet with ListClusters (500 a page,
+//! from the watch cache and from etcd, and a filtered share of it), each
+//! page timed, and resumes WatchClusters from the listing's revision.
+//! `--etcd-members 3` runs everything on a three-member etcd on loopback
+//! (the rollout phase, which takes a single etcd, says it is skipped).
+//!
 //! `--phases` runs only some of them (throughput, tracing, failover,
 //! handoff, crash, bulk, rollout). Each prints its figures under a heading
 //! `== <phase> ==` as it ends; the JSON is written at the end. The bench
@@ -26,7 +32,7 @@ use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
 use drover_client::Client;
 use drover_server::store::{CmpOp, Compare, EtcdStore, LeaseId, Op, RangeRequest, Store, Txn};
-use drover_tests::etcd::EtcdProcess;
+use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::procfs::{cpu_time, rss_kib};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
@@ -109,6 +115,131 @@ struct Args {
     /// sampling this share of operations; 0 skips it.
     #[arg(long, default_value_t = 0.01)]
     trace_sample: f64,
+    /// etcd members on loopback (1: a single-member etcd, as before). With
+    /// more, the replicas and the raw-CAS clients are given every member's
+    /// endpoint, and `--etcd-cpu` pins every member; the report says which
+    /// member each etcd figure is from.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=7))]
+    etcd_members: u64,
+}
+
+/// Which members each etcd figure is from, said in the report (it matters
+/// with `--etcd-members` above 1).
+const ETCD_FIGURES: &str = "etcd CPU, RSS per member and request counters: every member, summed; \
+fsync ms and writes per fsync: the members' mean; database size and CPU profiles: the leader's";
+
+/// The etcd the bench runs on: one member started as every test starts it,
+/// or `--etcd-members` members on loopback.
+enum BenchEtcd {
+    // Boxed: the single process is far larger than the cluster's handle.
+    One(Box<EtcdProcess>),
+    Many(EtcdCluster),
+}
+
+impl BenchEtcd {
+    async fn start(members: u64, profiled: bool) -> Self {
+        match (members, profiled) {
+            (1, false) => Self::One(Box::new(EtcdProcess::start().await)),
+            (1, true) => Self::One(Box::new(EtcdProcess::start_profiled().await)),
+            (n, false) => Self::Many(EtcdCluster::start(n as usize).await),
+            (n, true) => Self::Many(EtcdCluster::start_profiled(n as usize).await),
+        }
+    }
+
+    /// Every member's client URL.
+    fn endpoints(&self) -> Vec<String> {
+        match self {
+            Self::One(etcd) => vec![etcd.endpoint()],
+            Self::Many(cluster) => cluster.endpoints(),
+        }
+    }
+
+    /// What `--etcd-endpoints` takes.
+    fn endpoint_list(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    /// A store over every member.
+    async fn store(&self) -> EtcdStore {
+        match self {
+            Self::One(etcd) => etcd.store().await,
+            Self::Many(cluster) => cluster.store().await,
+        }
+    }
+
+    /// Every member's process id.
+    fn pids(&self) -> Vec<u32> {
+        let pids = match self {
+            Self::One(etcd) => etcd.pid().into_iter().collect(),
+            Self::Many(cluster) => cluster.pids(),
+        };
+        assert!(!pids.is_empty(), "etcd is not running");
+        pids
+    }
+
+    /// CPU time of every member together.
+    fn cpu(&self) -> Duration {
+        self.pids().into_iter().map(cpu_time).sum()
+    }
+
+    /// Each member's `/metrics`.
+    async fn metrics(&self) -> Vec<std::collections::BTreeMap<String, f64>> {
+        let mut all = Vec::new();
+        for endpoint in self.endpoints() {
+            all.push(scrape::metrics(&endpoint).await);
+        }
+        all
+    }
+
+    /// The leader's index among the members (0 with one member).
+    fn leader(&self) -> usize {
+        match self {
+            Self::One(_) => 0,
+            Self::Many(cluster) => cluster.leader().expect("an etcd leader"),
+        }
+    }
+
+    /// Who a leader-only figure is from, for the report.
+    fn whose(&self) -> String {
+        match self {
+            Self::One(_) => "the only member".into(),
+            Self::Many(_) => format!("the leader, member m{}", self.leader()),
+        }
+    }
+
+    /// `etcdctl endpoint status` of the leader.
+    fn leader_status(&self) -> Value {
+        let args = ["endpoint", "status", "-w", "json"];
+        let status = match self {
+            Self::One(etcd) => etcd.etcdctl(&args),
+            Self::Many(cluster) => cluster.etcdctl(&args),
+        };
+        let status: Value = serde_json::from_str(&status).expect("etcdctl's JSON");
+        let statuses = status.as_array().expect("one status per member");
+        let leader = statuses[0]["Status"]["leader"].as_u64();
+        statuses
+            .iter()
+            .find(|s| s["Status"]["header"]["member_id"].as_u64() == leader)
+            .unwrap_or(&statuses[0])
+            .clone()
+    }
+
+    /// A CPU profile over the next `seconds` of the leader (the member
+    /// that orders every write).
+    async fn cpu_profile(&self, seconds: u64) -> Vec<u8> {
+        match self {
+            Self::One(etcd) => etcd.cpu_profile(seconds).await,
+            Self::Many(cluster) => cluster.cpu_profile(self.leader(), seconds).await,
+        }
+    }
+
+    /// The single member, for what takes one (the rollout phase).
+    fn single(&self) -> Option<&EtcdProcess> {
+        match self {
+            Self::One(etcd) => Some(etcd),
+            Self::Many(_) => None,
+        }
+    }
 }
 
 /// Pins every thread of process `pid` to `cpus` (a taskset list).
@@ -121,9 +252,9 @@ fn pin(pid: u32, cpus: &str) {
     assert!(status.success(), "taskset {cpus} {pid} failed");
 }
 
-/// Splits the machine: etcd on `etcd_cpu`, this process (and so every
-/// process it starts from now on) on the rest.
-fn split_cpus(etcd: &EtcdProcess, etcd_cpu: usize) -> (String, String) {
+/// Splits the machine: etcd (every member) on `etcd_cpu`, this process
+/// (and so every process it starts from now on) on the rest.
+fn split_cpus(etcd: &BenchEtcd, etcd_cpu: usize) -> (String, String) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(
         etcd_cpu < cpus && cpus > 1,
@@ -135,7 +266,9 @@ fn split_cpus(etcd: &EtcdProcess, etcd_cpu: usize) -> (String, String) {
         .collect();
     let rest = rest.join(",");
     pin(std::process::id(), &rest);
-    pin(etcd.pid().expect("etcd is running"), &etcd_cpu.to_string());
+    for pid in etcd.pids() {
+        pin(pid, &etcd_cpu.to_string());
+    }
     (etcd_cpu.to_string(), rest)
 }
 
@@ -165,7 +298,7 @@ async fn revision(store: &dyn Store) -> i64 {
 }
 
 /// Raw etcd: `clients` tasks, each compare-and-swapping its own key.
-async fn raw_cas(etcd: &EtcdProcess, clients: usize, length: Duration) -> f64 {
+async fn raw_cas(etcd: &BenchEtcd, clients: usize, length: Duration) -> f64 {
     let store = Arc::new(etcd.store().await);
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
@@ -288,25 +421,26 @@ struct EtcdRequests {
 }
 
 impl EtcdRequests {
-    async fn read(etcd: &EtcdProcess) -> Self {
-        let samples = scrape::metrics(&etcd.endpoint()).await;
-        let handled = |method: &str| {
-            scrape::sum(
-                &samples,
-                "grpc_server_handled_total",
-                &format!("grpc_method=\"{method}\""),
-            )
-        };
-        Self {
-            txns: handled("Txn"),
-            ranges: handled("Range"),
-            watch_events: scrape::sum(&samples, "etcd_debugging_mvcc_events_total", ""),
-            watch_responses: scrape::sum(
-                &samples,
-                "grpc_server_msg_sent_total",
-                "grpc_method=\"Watch\"",
-            ),
+    /// Summed over the members: each serves the clients connected to it.
+    async fn read(etcd: &BenchEtcd) -> Self {
+        let mut requests = Self::default();
+        for samples in etcd.metrics().await {
+            let handled = |method: &str| {
+                scrape::sum(
+                    &samples,
+                    "grpc_server_handled_total",
+                    &format!("grpc_method=\"{method}\""),
+                )
+            };
+            let watch = "grpc_method=\"Watch\"";
+            requests.add(&Self {
+                txns: handled("Txn"),
+                ranges: handled("Range"),
+                watch_events: scrape::sum(&samples, "etcd_debugging_mvcc_events_total", ""),
+                watch_responses: scrape::sum(&samples, "grpc_server_msg_sent_total", watch),
+            });
         }
+        requests
     }
 
     fn since(&self, before: &Self) -> Self {
@@ -355,14 +489,17 @@ struct EtcdWal {
 }
 
 impl EtcdWal {
-    async fn read(etcd: &EtcdProcess) -> Self {
-        let samples = scrape::metrics(&etcd.endpoint()).await;
-        let metric = |name: &str| scrape::sum(&samples, name, "");
-        Self {
-            fsyncs: metric("etcd_disk_wal_fsync_duration_seconds_count"),
-            fsync_seconds: metric("etcd_disk_wal_fsync_duration_seconds_sum"),
-            writes: metric("etcd_server_proposals_committed_total"),
+    /// Summed over the members: every member logs and fsyncs every write,
+    /// so the ratios (ms per fsync, writes per fsync) are the members' mean.
+    async fn read(etcd: &BenchEtcd) -> Self {
+        let mut wal = Self::default();
+        for samples in etcd.metrics().await {
+            let metric = |name: &str| scrape::sum(&samples, name, "");
+            wal.fsyncs += metric("etcd_disk_wal_fsync_duration_seconds_count");
+            wal.fsync_seconds += metric("etcd_disk_wal_fsync_duration_seconds_sum");
+            wal.writes += metric("etcd_server_proposals_committed_total");
         }
+        wal
     }
 
     fn add_since(&mut self, now: &Self, before: &Self) {
@@ -438,7 +575,7 @@ impl ReplicaWaits {
 /// Runs `phase`; with `profiles`, profiles etcd's CPU meanwhile (for all
 /// but the last second of `length`) into `<profiles>/etcd-<name>.pprof`.
 async fn profiled<F: std::future::Future>(
-    etcd: &EtcdProcess,
+    etcd: &BenchEtcd,
     profiles: Option<&std::path::Path>,
     name: &str,
     length: Duration,
@@ -452,7 +589,11 @@ async fn profiled<F: std::future::Future>(
     let path = dir.join(format!("etcd-{name}.pprof"));
     std::fs::write(&path, profile)
         .unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
-    eprintln!("etcd CPU profile of the {name} round: {}", path.display());
+    eprintln!(
+        "etcd CPU profile of the {name} round ({}): {}",
+        etcd.whose(),
+        path.display()
+    );
     output
 }
 
@@ -460,7 +601,7 @@ async fn profiled<F: std::future::Future>(
 /// created first).
 #[allow(clippy::too_many_arguments)]
 async fn throughput(
-    etcd: &EtcdProcess,
+    etcd: &BenchEtcd,
     replicas: &[(String, ReplicaProcess)],
     clients: usize,
     length: Duration,
@@ -538,7 +679,7 @@ async fn throughput(
 /// Stop/start pairs for `length` on one cluster per client, spread over the
 /// replicas; `stop_next` says, per client, which comes next.
 async fn drover_round(
-    etcd: &EtcdProcess,
+    etcd: &BenchEtcd,
     replicas: &[(String, ReplicaProcess)],
     length: Duration,
     stop_next: &mut [bool],
@@ -597,7 +738,7 @@ async fn drover_round(
 struct Bench {
     replicas: Vec<(String, ReplicaProcess)>,
     sim: SimProcess,
-    etcd: EtcdProcess,
+    etcd: BenchEtcd,
     ttl: u64,
     /// `--peer-liveness` of the replicas added.
     liveness: bool,
@@ -629,7 +770,7 @@ impl Bench {
         if let Some(endpoint) = &self.otlp {
             args.extend(["--otlp-endpoint", endpoint.as_str()]);
         }
-        ReplicaProcess::serve_with(&self.etcd.endpoint(), id, &args).await
+        ReplicaProcess::serve_with(&self.etcd.endpoint_list(), id, &args).await
     }
 
     /// Replaces every replica by a new one with the same id (SIGTERM,
@@ -645,7 +786,7 @@ impl Bench {
     /// The processes whose CPU time a phase counts.
     fn processes(&self) -> Processes {
         Processes {
-            etcd: self.etcd.pid().expect("etcd is running"),
+            etcd: self.etcd.pids(),
             replicas: self.replicas.iter().map(|(_, r)| r.pid()).collect(),
             provider: self.sim.pid(),
         }
@@ -767,7 +908,8 @@ async fn handoff(bench: &mut Bench) -> Duration {
 
 /// The processes whose CPU time the throughput phases account for.
 struct Processes {
-    etcd: u32,
+    /// Every etcd member: their CPU is summed.
+    etcd: Vec<u32>,
     replicas: Vec<u32>,
     provider: u32,
 }
@@ -786,7 +928,7 @@ struct CpuTimes {
 impl Processes {
     fn cpu(&self) -> CpuTimes {
         CpuTimes {
-            etcd: cpu_time(self.etcd),
+            etcd: self.etcd.iter().map(|pid| cpu_time(*pid)).sum(),
             replicas: self.replicas.iter().map(|pid| cpu_time(*pid)).sum(),
             provider: cpu_time(self.provider),
             clients: cpu_time(std::process::id()),
@@ -836,27 +978,317 @@ struct Bulk {
     /// Keys and values under Drover's prefix, per cluster (what a
     /// cluster costs etcd before history), and etcd's database size then.
     stored: Stored,
+    /// The whole fleet listed page by page, and a watch resumed after it.
+    listings: Listings,
+}
+
+/// ListClusters page size in the bulk phase.
+const LIST_PAGE: u32 = 500;
+
+/// Every how-many-th bulk cluster carries [`SHARE_LABEL`]: the filtered
+/// listing matches one in this many.
+const LABEL_EVERY: usize = 100;
+
+/// The label of the filtered listing's small share.
+const SHARE_LABEL: (&str, &str) = ("bench-share", "one-percent");
+
+/// One listing of the fleet, page by page.
+struct Listing {
+    /// Each page's time (the call as the client sees it), sorted.
+    pages: Vec<Duration>,
+    clusters: usize,
+    /// The first page's store revision.
+    revision: i64,
+}
+
+/// The bulk phase's listings and the watch resumed after one.
+struct Listings {
+    /// From the replica's watch cache (`linearizable: false`).
+    cached: Listing,
+    /// From etcd (`linearizable: true`).
+    linearizable: Listing,
+    /// State CREATED and [`SHARE_LABEL`], from the watch cache.
+    filtered: Listing,
+    /// Clusters labelled with [`SHARE_LABEL`].
+    labelled: usize,
+    /// From a change made after the cached listing until a WatchClusters
+    /// from that listing's revision + 1 (opened after the change) delivered
+    /// it.
+    watch: Duration,
+}
+
+/// Every page of ListClusters with this filter, timed.
+async fn list_all(
+    client: &mut Client,
+    state: v1::ClusterState,
+    labels: &str,
+    linearizable: bool,
+) -> Listing {
+    let mut listing = Listing {
+        pages: Vec::new(),
+        clusters: 0,
+        revision: 0,
+    };
+    let mut token = String::new();
+    loop {
+        let request = v1::ListClustersRequest {
+            page_size: LIST_PAGE,
+            page_token: token,
+            state: state as i32,
+            label_selector: labels.into(),
+            linearizable,
+        };
+        let started = Instant::now();
+        let page = client.clusters().list_clusters(request).await;
+        listing.pages.push(started.elapsed());
+        let page = page.expect("list clusters").into_inner();
+        if listing.revision == 0 {
+            listing.revision = page.revision;
+        }
+        listing.clusters += page.clusters.len();
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    listing.pages.sort();
+    listing
+}
+
+/// Labels every [`LABEL_EVERY`]th bulk cluster with [`SHARE_LABEL`]
+/// (UpdateCluster, `clients` at a time); how many.
+async fn label_share(bench: &Bench, clusters: usize, clients: usize) -> usize {
+    let names: Vec<String> = (0..clusters).step_by(LABEL_EVERY).map(bulk_name).collect();
+    let labelled = names.len();
+    let per_client = names.len().div_ceil(clients.max(1)).max(1);
+    let mut tasks = Vec::new();
+    for (c, chunk) in names.chunks(per_client).enumerate() {
+        let mut client = bench.replicas[c % bench.replicas.len()].1.client().await;
+        let chunk = chunk.to_vec();
+        tasks.push(tokio::spawn(async move {
+            for name in chunk {
+                let (key, value) = SHARE_LABEL;
+                let request = v1::UpdateClusterRequest {
+                    name,
+                    labels: [(key.to_string(), value.to_string())].into_iter().collect(),
+                    update_labels: true,
+                    ..Default::default()
+                };
+                client
+                    .clusters()
+                    .update_cluster(request)
+                    .await
+                    .expect("label a cluster");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    labelled
+}
+
+/// Changes the labels of `name`, then opens WatchClusters from `from`;
+/// the time from the change until its event arrived.
+async fn watch_change(client: &mut Client, name: &str, from: i64) -> Duration {
+    let started = Instant::now();
+    let request = v1::UpdateClusterRequest {
+        name: name.into(),
+        labels: [("bench-watch".to_string(), "seen".to_string())]
+            .into_iter()
+            .collect(),
+        update_labels: true,
+        ..Default::default()
+    };
+    client
+        .clusters()
+        .update_cluster(request)
+        .await
+        .expect("change a cluster");
+    let request = v1::WatchClustersRequest {
+        from_revision: from,
+        name: String::new(),
+    };
+    let mut events = client
+        .clusters()
+        .watch_clusters(request)
+        .await
+        .expect("watch clusters")
+        .into_inner();
+    let deadline = Duration::from_secs(30);
+    loop {
+        let event =
+            tokio::time::timeout(deadline.saturating_sub(started.elapsed()), events.message())
+                .await
+                .unwrap_or_else(|_| panic!("no event of {name}'s change within {deadline:?}"))
+                .expect("the watch stream")
+                .expect("the watch ended before the change");
+        assert!(
+            event.revision >= from,
+            "an event from before the listing: {event:?}"
+        );
+        let cluster = event.cluster.unwrap_or_default();
+        let labels = cluster.spec.map(|s| s.labels).unwrap_or_default();
+        if cluster.name == name && labels.contains_key("bench-watch") {
+            return started.elapsed();
+        }
+    }
+}
+
+/// The fleet listed from the watch cache and from etcd, a small share of
+/// it by a filter, and a watch resumed after the listing.
+async fn listings(bench: &Bench, clusters: usize, clients: usize) -> Listings {
+    eprintln!("bulk: labelling one cluster in {LABEL_EVERY}...");
+    let labelled = label_share(bench, clusters, clients).await;
+    let mut client = bench.replicas[1].1.client().await;
+    eprintln!("bulk: listing {clusters} clusters by {LIST_PAGE}...");
+    let all = v1::ClusterState::Unspecified;
+    let cached = list_all(&mut client, all, "", false).await;
+    // Resumed from the listing: what a client that listed, then watches,
+    // would miss if the revision were wrong.
+    let changed = bulk_name(clusters.max(1) - 1);
+    let watch = watch_change(&mut client, &changed, cached.revision + 1).await;
+    let linearizable = list_all(&mut client, all, "", true).await;
+    let selector = format!("{}={}", SHARE_LABEL.0, SHARE_LABEL.1);
+    let created = v1::ClusterState::Created;
+    let filtered = list_all(&mut client, created, &selector, false).await;
+    Listings {
+        cached,
+        linearizable,
+        filtered,
+        labelled,
+        watch,
+    }
+}
+
+impl Listing {
+    fn json(&self) -> Value {
+        json!({
+            "pages": self.pages.len(),
+            "clusters": self.clusters,
+            "page_p50_ms": ms(percentile(&self.pages, 0.5)),
+            "page_p99_ms": ms(percentile(&self.pages, 0.99)),
+            "page_max_ms": ms(self.pages.last().copied().unwrap_or_default()),
+        })
+    }
+
+    /// "pages; p50 / p99 / max (ms)".
+    fn summary(&self) -> String {
+        format!(
+            "{}; {:.1} / {:.1} / {:.1}",
+            self.pages.len(),
+            ms(percentile(&self.pages, 0.5)),
+            ms(percentile(&self.pages, 0.99)),
+            ms(self.pages.last().copied().unwrap_or_default())
+        )
+    }
+}
+
+impl Listings {
+    fn json(&self) -> Value {
+        let mut filtered = self.filtered.json();
+        filtered["state"] = json!("CREATED");
+        filtered["label_selector"] = json!(format!("{}={}", SHARE_LABEL.0, SHARE_LABEL.1));
+        filtered["labelled"] = json!(self.labelled);
+        json!({
+            "page_size": LIST_PAGE,
+            "watch_cache": self.cached.json(),
+            "linearizable": self.linearizable.json(),
+            "filtered": filtered,
+            "watch_from_listing_revision_change_seen_ms": ms(self.watch),
+        })
+    }
+
+    fn check(&self, clusters: usize, needed: &mut Needed) {
+        let lists = [
+            ("watch cache", &self.cached),
+            ("linearizable", &self.linearizable),
+            ("filtered", &self.filtered),
+        ];
+        for (name, listing) in lists {
+            let p99 = ms(percentile(&listing.pages, 0.99));
+            needed.positive("bulk", &format!("ListClusters ({name}) page times"), p99);
+        }
+        let every = |l: &Listing| l.clusters >= clusters;
+        needed.need(
+            "bulk",
+            "ListClusters (watch cache) listed every bulk cluster",
+            every(&self.cached),
+        );
+        needed.need(
+            "bulk",
+            "ListClusters (linearizable) listed every bulk cluster",
+            every(&self.linearizable),
+        );
+        let share = self.filtered.clusters == self.labelled && self.labelled > 0;
+        needed.need(
+            "bulk",
+            "ListClusters (filtered) listed the labelled share",
+            share,
+        );
+        needed.positive(
+            "bulk",
+            "WatchClusters from the listing's revision",
+            ms(self.watch),
+        );
+    }
+
+    fn rows(&self, row: Row) {
+        let goal = || "p99 <= 50".to_string();
+        let head = format!("ListClusters by {LIST_PAGE}");
+        row(
+            &format!("{head}, cache: pages; p50/p99/max ms"),
+            self.cached.summary(),
+            goal(),
+        );
+        row(
+            &format!("{head}, etcd: pages; p50/p99/max ms"),
+            self.linearizable.summary(),
+            goal(),
+        );
+        row(
+            &format!(
+                "{head}, filtered ({} match): pages; p50/p99/max ms",
+                self.filtered.clusters
+            ),
+            self.filtered.summary(),
+            goal(),
+        );
+        row(
+            "WatchClusters from listing rev+1: change seen (ms)",
+            format!("{:.1}", ms(self.watch)),
+            String::new(),
+        );
+    }
 }
 
 /// What the bulk clusters take in etcd.
 struct Stored {
     bytes_per_cluster: f64,
+    /// The leader's database (every member holds the same keys).
     db_mib: f64,
+    /// etcd's RSS, per member.
+    etcd_rss_mib: Vec<f64>,
 }
 
 /// What Drover's keys take in `etcd`, per cluster of `clusters`.
-async fn stored(etcd: &EtcdProcess, store: &EtcdStore, clusters: usize) -> Stored {
+async fn stored(etcd: &BenchEtcd, store: &EtcdStore, clusters: usize) -> Stored {
     let all = store
         .range(RangeRequest::prefix("/drover/v1/"))
         .await
         .expect("every Drover key");
     let bytes: usize = all.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
-    let status = etcd.etcdctl(&["endpoint", "status", "-w", "json"]);
-    let status: Value = serde_json::from_str(&status).expect("etcdctl's JSON");
-    let db = status[0]["Status"]["dbSize"].as_f64().expect("dbSize");
+    let status = etcd.leader_status();
+    let db = status["Status"]["dbSize"].as_f64().expect("dbSize");
+    let mib = |kib: u64| hundredths(kib as f64 / 1024.0);
     Stored {
         bytes_per_cluster: bytes as f64 / clusters.max(1) as f64,
         db_mib: db / (1024.0 * 1024.0),
+        etcd_rss_mib: etcd
+            .pids()
+            .into_iter()
+            .map(|pid| mib(rss_kib(pid)))
+            .collect(),
     }
 }
 
@@ -901,6 +1333,8 @@ async fn bulk(
         .collect();
     let rest_cpu = rest_cpu(bench, profiles).await;
     let stored = stored(&bench.etcd, &store, clusters).await;
+    // After the CPU at rest: the listings and their labels are load.
+    let listings = listings(bench, clusters, clients).await;
 
     let victim = bench.replicas[0].0.clone();
     let victim_lease = member_lease(&store, &victim).await;
@@ -933,6 +1367,7 @@ async fn bulk(
         rss_mib,
         rest_cpu,
         stored,
+        listings,
     }
 }
 
@@ -1049,11 +1484,10 @@ async fn seed_bulk(bench: &Bench, store: &Arc<EtcdStore>, clusters: usize, clien
 /// one CPU. Nothing runs now; what is left is lease renewals, ownership
 /// passes and the watches: the standing cost of this many clusters.
 async fn rest_cpu(bench: &Bench, profiles: Option<&std::path::Path>) -> (f64, f64) {
-    let etcd_pid = bench.etcd.pid().expect("etcd is running");
     let replica_pids: Vec<u32> = bench.replicas.iter().map(|(_, r)| r.pid()).collect();
     let cpu_now = || {
         let replicas: Duration = replica_pids.iter().map(|pid| cpu_time(*pid)).sum();
-        (cpu_time(etcd_pid), replicas)
+        (bench.etcd.cpu(), replicas)
     };
     let before = cpu_now();
     let rest = tokio::time::sleep(REST_SAMPLE);
@@ -1147,6 +1581,10 @@ async fn run(args: &Args) -> Result<(), String> {
         signal = signals.next() => return Err(format!("{signal} while starting; stopped")),
     };
     let mut report = Report::new(pinned, args);
+    println!(
+        "etcd: {} member(s) on loopback ({ETCD_FIGURES})",
+        args.etcd_members
+    );
     tokio::select! {
         () = measure(&mut bench, args, &mut report) => {}
         signal = signals.next() => {
@@ -1202,17 +1640,16 @@ impl Signals {
     }
 }
 
-/// etcd (pinned to `--etcd-cpu` when asked: the CPUs of etcd and of
-/// everything else), the simulated provider and three replicas.
+/// etcd (`--etcd-members` of it; pinned to `--etcd-cpu` when asked: the
+/// CPUs of etcd and of everything else), the simulated provider and three
+/// replicas.
 async fn start(args: &Args) -> (Bench, Option<(String, String)>) {
-    let etcd = match &args.etcd_profiles {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .unwrap_or_else(|error| panic!("create {}: {error}", dir.display()));
-            EtcdProcess::start_profiled().await
-        }
-        None => EtcdProcess::start().await,
-    };
+    if let Some(dir) = &args.etcd_profiles {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|error| panic!("create {}: {error}", dir.display()));
+    }
+    let profiled = args.etcd_profiles.is_some();
+    let etcd = BenchEtcd::start(args.etcd_members, profiled).await;
     let pinned = args.etcd_cpu.map(|cpu| split_cpus(&etcd, cpu));
     let sim = SimProcess::start().await;
     let mut bench = Bench {
@@ -1338,17 +1775,16 @@ async fn rollout(bench: &mut Bench, args: &Args) -> Option<RolloutFigures> {
     while bench.replicas.len() < 3 {
         bench.add_replica().await;
     }
+    // Skipped (and said so) with several members: the rollout phase's
+    // code takes a single etcd process.
+    let etcd = bench.etcd.single()?;
     let phase = RolloutPhase {
         clusters: args.rollout_clusters,
         concurrency: args.rollout_concurrency,
         latency: Duration::from_millis(args.rollout_latency_ms),
         clients: args.clients,
     };
-    Some(
-        phase
-            .run(&bench.etcd, &bench.sim, &mut bench.replicas)
-            .await,
-    )
+    Some(phase.run(etcd, &bench.sim, &mut bench.replicas).await)
 }
 
 /// The bench's phases, in the order they run.
@@ -1583,10 +2019,12 @@ impl Bulk {
             "cpu_at_rest": {"etcd": self.rest_cpu.0, "replicas": self.rest_cpu.1},
             "etcd_bytes_per_cluster": self.stored.bytes_per_cluster.round(),
             "etcd_db_mib": self.stored.db_mib,
+            "etcd_rss_mib": self.stored.etcd_rss_mib,
+            "list_clusters": self.listings.json(),
         })
     }
 
-    fn check(&self, needed: &mut Needed) {
+    fn check(&self, args: &Args, needed: &mut Needed) {
         needed.positive("bulk", "recovery time", ms(self.recovery));
         needed.positive("bulk", "slowest etcd request", ms(self.slowest_request));
         let rss = self.rss_mib.len() == 3 && self.rss_mib.iter().all(|m| *m > 0.0);
@@ -1599,6 +2037,10 @@ impl Bulk {
             self.stored.bytes_per_cluster,
         );
         needed.positive("bulk", "etcd's database size", self.stored.db_mib);
+        let rss = &self.stored.etcd_rss_mib;
+        let rss = rss.len() == args.etcd_members as usize && rss.iter().all(|m| *m > 0.0);
+        needed.need("bulk", "RSS of each etcd member", rss);
+        self.listings.check(args.bulk_clusters, needed);
     }
 
     fn rows(&self, args: &Args, row: Row) {
@@ -1643,6 +2085,14 @@ impl Bulk {
             ),
             String::new(),
         );
+        let rss: Vec<String> = self
+            .stored
+            .etcd_rss_mib
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect();
+        row("etcd RSS per member (MiB)", rss.join(" / "), String::new());
+        self.listings.rows(row);
     }
 }
 
@@ -1688,6 +2138,9 @@ impl Report {
         match phase {
             Phase::Tracing if args.trace_sample <= 0.0 => Some("--trace-sample 0"),
             Phase::Rollout if args.rollout_clusters == 0 => Some("--rollout-clusters 0"),
+            Phase::Rollout if args.etcd_members > 1 => Some(
+                "it takes a single-member etcd (drover_tests::rollout_bench); run it with --etcd-members 1",
+            ),
             _ => None,
         }
     }
@@ -1737,7 +2190,7 @@ impl Report {
                     }
                 }
                 Phase::Bulk => match &self.bulk {
-                    Some(bulk) => bulk.check(&mut needed),
+                    Some(bulk) => bulk.check(args, &mut needed),
                     None => needed.need(name, "every figure", false),
                 },
                 Phase::Rollout => match &self.rollout {
@@ -1768,6 +2221,8 @@ impl Report {
             "seconds_per_phase": args.seconds,
             "cpus": self.pinned.as_ref().map(|(etcd, rest)| json!({"etcd": etcd, "everything_else": rest})),
             "lease_ttl_seconds": args.ttl,
+            "etcd_members": args.etcd_members,
+            "etcd_figures": ETCD_FIGURES,
             "raw_etcd_cas_per_second": drover.map(|d| d.raw_per_second.round()),
             "drover": drover.map(Throughput::json),
             "failover_ms": failovers.map(|failovers| json!({

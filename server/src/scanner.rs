@@ -30,7 +30,7 @@
 use crate::audit::AuditLog;
 use crate::cluster::machine::Event;
 use crate::cluster::{
-    now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateRecord,
+    now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeStatus, StateBrief,
     SCHEMA_VERSION,
 };
 use crate::executor::Executor;
@@ -280,8 +280,7 @@ impl Reconciler for Scanner {
     /// operation (every owned one while the cache is not ready): a fleet
     /// at rest is mostly clusters it would only look at and leave.
     fn candidates(&self) -> Vec<String> {
-        let scanned =
-            |state: &StateRecord| state.operation.is_none() && SCANNED.contains(&state.state);
+        let scanned = |state: StateBrief| !state.busy && SCANNED.contains(&state.state);
         self.work.owned_where(&self.cache, scanned)
     }
 

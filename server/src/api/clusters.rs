@@ -196,10 +196,16 @@ impl ClustersService {
             state: state_from_proto(state),
             labels: parse_label_selector(&request.label_selector)?,
         };
-        let page = self
-            .registry
-            .list(&filter, after, page_size as usize)
-            .await?;
+        let cached = (!request.linearizable)
+            .then(|| self.cache.list(&filter, after, page_size as usize))
+            .flatten();
+        let page = match cached {
+            Some(page) => page?,
+            None => {
+                let registry = &self.registry;
+                registry.list(&filter, after, page_size as usize).await?
+            }
+        };
         Ok(v1::ListClustersResponse {
             clusters: page.clusters.into_iter().map(cluster_to_proto).collect(),
             next_page_token: page.next_after.unwrap_or_default(),

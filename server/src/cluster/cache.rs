@@ -29,7 +29,7 @@
 //!   long as a subscriber follows it (the operation feed answers waits while
 //!   the replica drains), unless it fails.
 
-use super::leaves::Leaves;
+use super::leaves::{ClusterBrief, Interner, Leaves};
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::{leaf, KeyLayout};
 use crate::metrics::Metrics;
@@ -58,6 +58,8 @@ struct Snapshot {
     /// Clusters (`<name>/`) that declare tasks or still have task records,
     /// kept up to date on every change so the task scheduler need not scan.
     with_tasks: BTreeSet<String>,
+    /// The label strings of every cluster held.
+    interner: Interner,
 }
 
 impl Snapshot {
@@ -318,13 +320,16 @@ impl ClusterCache {
         };
         let tasks_changed = affects_tasks(leaf).then(|| name.to_string());
         let dir_len = kv.key.len() - leaf.len();
-        match snapshot.clusters.get_mut(name) {
-            Some(leaves) => leaves.put(dir_len, kv),
+        let Snapshot {
+            clusters, interner, ..
+        } = snapshot;
+        match clusters.get_mut(name) {
+            Some(leaves) => leaves.put(dir_len, kv, interner),
             None => {
                 let name = name.to_string();
                 let mut leaves = Leaves::default();
-                leaves.put(dir_len, kv);
-                snapshot.clusters.insert(name, leaves);
+                leaves.put(dir_len, kv, interner);
+                clusters.insert(name, leaves);
             }
         }
         if let Some(name) = tasks_changed {
@@ -417,10 +422,27 @@ impl ClusterCache {
             .collect()
     }
 
+    /// Calls `visit` with each cluster's name, state and labels, in name
+    /// order, under the cache's read lock (so `visit` must be quick); every
+    /// cluster with a state record this replica understands. `false` when
+    /// the cache is not ready.
+    pub fn visit_briefs(&self, mut visit: impl FnMut(&str, ClusterBrief<'_>)) -> bool {
+        let snapshot = self.read();
+        if !snapshot.ready {
+            return false;
+        }
+        for (name, leaves) in &snapshot.clusters {
+            if let Some(brief) = leaves.brief() {
+                visit(name.trim_end_matches('/'), brief);
+            }
+        }
+        true
+    }
+
     /// Calls `visit` with each cluster's name and state key, in name order,
     /// under the cache's read lock (so `visit` must be quick: nothing is
     /// copied); `false` when the cache is not ready.
-    pub fn visit_states(&self, mut visit: impl FnMut(&str, &KeyValue)) -> bool {
+    fn visit_states(&self, mut visit: impl FnMut(&str, &KeyValue)) -> bool {
         let snapshot = self.read();
         if !snapshot.ready {
             return false;
@@ -529,6 +551,10 @@ impl ClusterCache {
             .range((start, Bound::Unbounded))
             .map(|(_, keys)| keys)
         {
+            // Most of a selective filter's misses go without parsing.
+            if keys.brief().is_some_and(|brief| !brief.matches(filter)) {
+                continue;
+            }
             match self.registry.assemble(keys.values().cloned().collect()) {
                 Ok(Some(cluster)) if filter.matches(&cluster) => clusters.push(cluster),
                 Ok(_) => {}
@@ -566,8 +592,8 @@ mod tests {
         assert!(!is_state_key(&keys, &task));
         assert!(!is_state_key(&keys, &keys.cluster_spec("prod")));
     }
-    use crate::cluster::Spec;
-    use crate::store::{MemoryStore, Store};
+    use crate::cluster::{from_json, to_json, ClusterState, Spec, SpecRecord, StateRecord};
+    use crate::store::{MemoryStore, Op, Store, Txn};
 
     fn spec() -> Spec {
         Spec {
@@ -656,6 +682,90 @@ mod tests {
             matches!(cache.get("foo0"), Some(Err(RegistryError::NotFound(_))))
         })
         .await;
+        let _ = stop.send(true);
+    }
+
+    /// Filters are matched on what the cache read off each record when it
+    /// was written: after relabels and state changes, the pages must be
+    /// those the registry reads from the store.
+    #[tokio::test]
+    async fn filtered_pages_follow_relabels_and_state_changes() {
+        let (store, keys, cache, stop) = running_cache();
+        let registry = Registry::new(store.clone(), keys.clone());
+        for (i, env) in ["prod", "dev", "prod", "dev", "prod"].iter().enumerate() {
+            let mut spec = spec();
+            spec.labels = [("env".to_string(), env.to_string())].into();
+            let name = format!("c{i}");
+            registry
+                .create(&name, name.clone(), spec, "", None)
+                .await
+                .unwrap();
+        }
+        // c0 moves to dev; c1 runs.
+        let read = |key: String| {
+            let store = store.clone();
+            async move { store.get(&key).await.unwrap().kvs[0].clone() }
+        };
+        let mut relabelled: SpecRecord = from_json(&read(keys.cluster_spec("c0")).await).unwrap();
+        relabelled.spec.labels.insert("env".into(), "dev".into());
+        let mut running: StateRecord = from_json(&read(keys.cluster_state("c1")).await).unwrap();
+        running.state = ClusterState::Running;
+        let written = store
+            .txn(Txn::new().and_then([
+                Op::put(keys.cluster_spec("c0"), to_json(&relabelled)),
+                Op::put(keys.cluster_state("c1"), to_json(&running)),
+            ]))
+            .await
+            .unwrap()
+            .revision;
+        eventually("the first list", || cache.is_ready()).await;
+        cache
+            .wait_until_applied(written, Duration::from_secs(10))
+            .await;
+
+        let names = |page: ClusterPage| -> Vec<String> {
+            page.clusters.into_iter().map(|c| c.spec.name).collect()
+        };
+        let label = |v: &str| vec![("env".to_string(), v.to_string())];
+        let filters = [
+            (
+                ClusterFilter {
+                    state: None,
+                    labels: label("dev"),
+                },
+                vec!["c0", "c1", "c3"],
+            ),
+            (
+                ClusterFilter {
+                    state: None,
+                    labels: label("prod"),
+                },
+                vec!["c2", "c4"],
+            ),
+            (
+                ClusterFilter {
+                    state: Some(ClusterState::Created),
+                    labels: label("dev"),
+                },
+                vec!["c0", "c3"],
+            ),
+            (
+                ClusterFilter {
+                    state: Some(ClusterState::Running),
+                    labels: vec![],
+                },
+                vec!["c1"],
+            ),
+        ];
+        for (filter, expected) in filters {
+            let cached = names(cache.list(&filter, None, 10).unwrap().unwrap());
+            let stored = names(registry.list(&filter, None, 10).await.unwrap());
+            assert_eq!(cached, stored, "{filter:?}");
+            assert_eq!(cached, expected, "{filter:?}");
+        }
+        let mut busy = 0;
+        assert!(cache.visit_briefs(|_, brief| busy += usize::from(brief.state.busy)));
+        assert_eq!(busy, 0);
         let _ = stop.send(true);
     }
 

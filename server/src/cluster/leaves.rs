@@ -8,11 +8,123 @@
 //! entry's leaf is read off the end of its key instead of being stored
 //! again.
 //!
+//!
+//! Beside the keys it keeps what scans over every cluster ask (the state,
+//! whether an operation holds the cluster, the labels), read once when the
+//! key is written: a resync of 100,000 clusters, a filtered list or the
+//! console's counts then parse no JSON. Label strings are interned: a fleet
+//! repeats a few keys and values across every cluster.
+//!
 //! # Guarantees
 //! - Entries stay in key order (so in leaf order, as etcd lists them).
 //! - At most one entry per leaf.
+//! - The brief and the labels are those of the state and spec keys held.
 
+use super::{ClusterFilter, ClusterState};
+use crate::keys::leaf;
 use crate::store::KeyValue;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+/// A cluster's labels, sorted by key.
+type Labels = Box<[(Arc<str>, Arc<str>)]>;
+
+/// What a scan needs of a cluster's state record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBrief {
+    pub state: ClusterState,
+    /// Whether an operation holds the cluster.
+    pub busy: bool,
+}
+
+impl StateBrief {
+    /// `None` for a record this replica does not understand.
+    pub fn parse(json: &[u8]) -> Option<Self> {
+        #[derive(Deserialize)]
+        struct Fields {
+            state: ClusterState,
+            #[serde(default)]
+            operation: Option<IgnoredAny>,
+        }
+        let fields: Fields = serde_json::from_slice(json).ok()?;
+        Some(Self {
+            state: fields.state,
+            busy: fields.operation.is_some(),
+        })
+    }
+}
+
+/// A cluster as a scan sees it: its state and its labels.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterBrief<'a> {
+    pub state: StateBrief,
+    labels: &'a [(Arc<str>, Arc<str>)],
+}
+
+impl ClusterBrief<'_> {
+    /// Whether the cluster passes `filter` (as [`ClusterFilter::matches`]
+    /// on the whole record would say).
+    pub fn matches(&self, filter: &ClusterFilter) -> bool {
+        filter.state.is_none_or(|state| state == self.state.state)
+            && filter.labels.iter().all(|(key, value)| {
+                self.labels
+                    .iter()
+                    .any(|(k, v)| **k == **key && **v == **value)
+            })
+    }
+}
+
+/// The label strings every cluster's labels share.
+#[derive(Debug, Default)]
+pub struct Interner {
+    strings: HashSet<Arc<str>>,
+    /// The set's size after the last time unheld strings were forgotten.
+    kept: usize,
+}
+
+impl Interner {
+    /// The labels of a spec record; none for one not understood.
+    fn labels(&mut self, spec_json: &[u8]) -> Labels {
+        #[derive(Deserialize)]
+        struct Record {
+            spec: Fields,
+        }
+        #[derive(Deserialize)]
+        struct Fields {
+            #[serde(default)]
+            labels: BTreeMap<String, String>,
+        }
+        let Ok(record) = serde_json::from_slice::<Record>(spec_json) else {
+            return Labels::default();
+        };
+        self.forget_unheld();
+        let labels = record.spec.labels.iter();
+        labels
+            .map(|(k, v)| (self.intern(k), self.intern(v)))
+            .collect()
+    }
+
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(held) = self.strings.get(text) {
+            return Arc::clone(held);
+        }
+        let new: Arc<str> = Arc::from(text);
+        self.strings.insert(Arc::clone(&new));
+        new
+    }
+
+    /// Once the set has doubled, drops the strings no cluster holds (their
+    /// clusters relabelled or gone), so it grows with the labels in use.
+    fn forget_unheld(&mut self) {
+        if self.strings.len() < 2 * self.kept.max(1024) {
+            return;
+        }
+        self.strings.retain(|text| Arc::strong_count(text) > 1);
+        self.kept = self.strings.len();
+    }
+}
 
 /// The keys of one cluster directory (`<prefix>clusters/<name>/`).
 #[derive(Debug, Default)]
@@ -21,9 +133,21 @@ pub struct Leaves {
     entries: Vec<KeyValue>,
     /// The length of the directory every key starts with.
     dir_len: u32,
+    /// From the state key; `None` without one (or not understood).
+    brief: Option<StateBrief>,
+    /// From the spec key.
+    labels: Labels,
 }
 
 impl Leaves {
+    /// The cluster's state and labels; `None` without a state key.
+    pub fn brief(&self) -> Option<ClusterBrief<'_>> {
+        Some(ClusterBrief {
+            state: self.brief?,
+            labels: &self.labels,
+        })
+    }
+
     /// The key whose leaf is `leaf`.
     pub fn get(&self, leaf: &str) -> Option<&KeyValue> {
         self.entries.iter().find(|kv| self.leaf_of(kv) == leaf)
@@ -31,7 +155,12 @@ impl Leaves {
 
     /// Stores `kv`, whose key is the cluster's directory (`dir_len` bytes)
     /// then its leaf, replacing the key it rewrites.
-    pub fn put(&mut self, dir_len: usize, kv: KeyValue) {
+    pub fn put(&mut self, dir_len: usize, kv: KeyValue, interner: &mut Interner) {
+        match kv.key.get(dir_len..) {
+            Some(leaf::STATE) => self.brief = StateBrief::parse(&kv.value),
+            Some(leaf::SPEC) => self.labels = interner.labels(&kv.value),
+            _ => {}
+        }
         match self.entries.binary_search_by(|held| held.key.cmp(&kv.key)) {
             // Most changes rewrite a key the cache holds: no allocation.
             Ok(at) => self.entries[at] = kv,
@@ -48,6 +177,11 @@ impl Leaves {
     pub fn remove(&mut self, leaf: &str) {
         let found = self.entries.iter().position(|kv| self.leaf_of(kv) == leaf);
         if let Some(at) = found {
+            match leaf {
+                leaf::STATE => self.brief = None,
+                leaf::SPEC => self.labels = Labels::default(),
+                _ => {}
+            }
             self.entries.remove(at);
             self.entries.shrink_to_fit();
         }
@@ -94,7 +228,7 @@ mod tests {
     fn keys_are_kept_in_order_once_each_and_found_by_leaf() {
         let mut leaves = Leaves::default();
         for (leaf, revision) in [("state", 1), ("spec", 2), ("tasks/x/y", 3), ("state", 4)] {
-            leaves.put(DIR.len(), kv(leaf, revision));
+            leaves.put(DIR.len(), kv(leaf, revision), &mut Interner::default());
         }
         let order: Vec<&str> = leaves.leaves().collect();
         assert_eq!(order, ["spec", "state", "tasks/x/y"]);
@@ -112,9 +246,13 @@ mod tests {
     #[test]
     fn a_task_named_state_is_not_the_state() {
         let mut leaves = Leaves::default();
-        leaves.put(DIR.len(), kv("tasks/backup/state", 1));
+        leaves.put(
+            DIR.len(),
+            kv("tasks/backup/state", 1),
+            &mut Interner::default(),
+        );
         assert!(leaves.get("state").is_none());
-        leaves.put(DIR.len(), kv("state", 2));
+        leaves.put(DIR.len(), kv("state", 2), &mut Interner::default());
         assert_eq!(leaves.get("state").map(|kv| kv.mod_revision), Some(2));
     }
 }

@@ -10,6 +10,7 @@ use super::body::read_json;
 use super::http::{answer_of, from_status, json, Answer, Refused};
 use super::Console;
 use crate::audit::RequestAudit;
+use crate::cluster::ClusterFilter;
 use drover_proto::v1::{self, clusters_server::Clusters, operations_server::Operations};
 use hyper::body::{Body, Bytes};
 use hyper::{HeaderMap, StatusCode};
@@ -171,17 +172,19 @@ struct Confirmed {
 /// The running operations of the clusters carrying every label of
 /// `selector`, as the cache shows them: (cluster, operation id).
 fn running_operations(console: &Console, selector: &[(String, String)]) -> Vec<(String, String)> {
+    let filter = ClusterFilter {
+        state: None,
+        labels: selector.to_vec(),
+    };
     let mut names = Vec::new();
-    console
-        .cache
-        .visit_states(|name, _| names.push(name.to_string()));
+    console.cache.visit_briefs(|name, brief| {
+        if brief.state.busy && brief.matches(&filter) {
+            names.push(name.to_string());
+        }
+    });
     let mut running: Vec<(String, String)> = names
         .into_iter()
         .filter_map(|name| console.cache.get(&name).and_then(Result::ok))
-        .filter(|c| {
-            let labels = &c.spec.spec.labels;
-            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-        })
         .filter_map(|c| Some((c.spec.name, c.state.operation?.id)))
         .collect();
     running.sort();

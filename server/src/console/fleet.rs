@@ -9,7 +9,7 @@
 //!   between two reads shifts the pages after it by one.
 
 use crate::api::convert::{operation_to_proto, state_to_proto};
-use crate::cluster::{from_json, ClusterCache, ClusterState, StateRecord};
+use crate::cluster::{from_json, ClusterCache, ClusterFilter, ClusterState};
 use crate::keys::KeyLayout;
 use crate::operation::OperationRecord;
 use crate::replication::OwnerRecord;
@@ -88,15 +88,7 @@ pub async fn fleet_page(
     query: &FleetQuery,
     show_owners: bool,
 ) -> Result<FleetPage, FleetError> {
-    let (total, counts, mut names) = scan_states(cache, query.state)?;
-    if !query.labels.is_empty() {
-        names.retain(|name| {
-            cache.get(name).and_then(Result::ok).is_some_and(|c| {
-                let labels = &c.spec.spec.labels;
-                query.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-            })
-        });
-    }
+    let (total, counts, names) = scan(cache, query)?;
     let matched = names.len();
     let start = query.page.saturating_mul(query.page_size).min(matched);
     let end = start.saturating_add(query.page_size).min(matched);
@@ -131,19 +123,21 @@ pub async fn fleet_page(
 
 type Scan = (usize, BTreeMap<&'static str, usize>, Vec<String>);
 
-/// Every cluster's state from the cache: the total, the counts per state
-/// and the names in `state` (all when `None`), in name order.
-fn scan_states(cache: &ClusterCache, state: Option<ClusterState>) -> Result<Scan, FleetError> {
+/// Every cluster in the cache: the total, the counts per state and the
+/// names `query` selects, in name order. Reads what the cache parsed when
+/// each record was written: no JSON per cluster per request.
+fn scan(cache: &ClusterCache, query: &FleetQuery) -> Result<Scan, FleetError> {
+    let filter = ClusterFilter {
+        state: query.state,
+        labels: query.labels.clone(),
+    };
     let (mut total, mut counts, mut names) = (0, BTreeMap::new(), Vec::new());
-    let ready = cache.visit_states(|name, kv| {
-        let Ok(record) = from_json::<StateRecord>(kv) else {
-            return;
-        };
+    let ready = cache.visit_briefs(|name, brief| {
         total += 1;
         *counts
-            .entry(state_to_proto(record.state).as_str_name())
+            .entry(state_to_proto(brief.state.state).as_str_name())
             .or_default() += 1;
-        if state.is_none_or(|s| s == record.state) {
+        if brief.matches(&filter) {
             names.push(name.to_string());
         }
     });

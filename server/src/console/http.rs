@@ -332,7 +332,7 @@ async fn members_answer(console: &Console) -> Answer {
     match listed {
         Ok(members) => {
             let mut clusters = 0;
-            console.cache.visit_states(|_, _| clusters += 1);
+            console.cache.visit_briefs(|_, _| clusters += 1);
             let members = members.into_inner().members;
             let body = serde_json::json!({ "members": members, "clusters": clusters });
             json(StatusCode::OK, &body)

@@ -11,7 +11,7 @@
 use super::holding::{error, Holding};
 use super::Executor;
 use crate::cluster::machine::Event;
-use crate::cluster::{from_json, now_rfc3339, to_json, StateRecord};
+use crate::cluster::{from_json, now_rfc3339, to_json, StateBrief, StateRecord};
 use crate::config::OrphanPolicy;
 use crate::metrics::Running;
 use crate::operation::{
@@ -118,7 +118,7 @@ impl Reconciler for Executor {
     fn candidates(&self) -> Vec<String> {
         self.history()
             .retain(|cluster, _| self.work.claim(cluster).is_some());
-        let with_slot = |state: &StateRecord| state.operation.is_some();
+        let with_slot = |state: StateBrief| state.busy;
         self.work.owned_where(&self.cache, with_slot)
     }
 

@@ -25,8 +25,8 @@
 use super::decide::{decide, Decision, WindowClosed};
 use crate::audit::AuditLog;
 use crate::cluster::{
-    from_json, now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeRemediation,
-    RemediationStatus, StateRecord, SCHEMA_VERSION,
+    now_rfc3339, to_json, ClusterCache, ClusterRecord, ClusterState, NodeRemediation,
+    RemediationStatus, StateBrief, SCHEMA_VERSION,
 };
 use crate::executor::Executor;
 use crate::metrics::Metrics;
@@ -257,7 +257,7 @@ impl Reconciler for Remediator {
     /// the operation that ends the fault (see `executor::finish`). The
     /// other changes, most of them, cost nothing.
     fn wants(&self, cluster: &str, state: Option<&KeyValue>) -> bool {
-        let alert = |kv: &KeyValue| from_json::<StateRecord>(kv).is_ok_and(|s| free_in_alert(&s));
+        let alert = |kv: &KeyValue| StateBrief::parse(&kv.value).is_some_and(free_in_alert);
         state.is_some_and(alert) || crate::sync::lock(&self.unhealthy).contains_key(cluster)
     }
 
@@ -287,6 +287,6 @@ impl Reconciler for Remediator {
     }
 }
 
-fn free_in_alert(state: &StateRecord) -> bool {
-    state.operation.is_none() && state.state == ClusterState::Alert
+fn free_in_alert(state: StateBrief) -> bool {
+    !state.busy && state.state == ClusterState::Alert
 }

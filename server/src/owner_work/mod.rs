@@ -36,6 +36,7 @@ pub mod runtime;
 
 pub use runtime::{Controller, Next, ReconcileError, Reconciler, Runtime, Triggers};
 
+use crate::cluster::StateBrief;
 use crate::replication::{Claim, Ownership};
 use crate::store::{Op, SharedStore, StoreError, Txn};
 use crate::sync::lock;
@@ -126,22 +127,18 @@ impl OwnerWork {
     pub fn owned_where(
         &self,
         cache: &crate::cluster::ClusterCache,
-        keep: impl Fn(&crate::cluster::StateRecord) -> bool,
+        keep: impl Fn(StateBrief) -> bool,
     ) -> Vec<String> {
         let mut owned = Vec::new();
-        // Parsed after the visit, which holds the cache's lock.
-        let ready = cache.visit_states(|cluster, kv| {
-            if self.claim(cluster).is_some() {
-                owned.push((cluster.to_string(), kv.clone()));
+        let ready = cache.visit_briefs(|cluster, brief| {
+            if keep(brief.state) && self.claim(cluster).is_some() {
+                owned.push(cluster.to_string());
             }
         });
         if !ready {
             return self.replication.owned_clusters();
         }
-        let kept = owned.into_iter().filter(|(_, kv)| {
-            crate::cluster::from_json::<crate::cluster::StateRecord>(kv).is_ok_and(|s| keep(&s))
-        });
-        kept.map(|(cluster, _)| cluster).collect()
+        owned
     }
 
     /// Whether this replica still holds `cluster` under `claim` (not a

@@ -124,7 +124,7 @@ impl ConsoleFeed {
     }
 
     fn send(&self, frame: Bytes) {
-        // No page open: nobody to tell.
+        // The last page may have closed since: nobody to tell.
         let _ = self.events.send(frame);
     }
 
@@ -171,7 +171,16 @@ impl ConsoleFeed {
         }
     }
 
+    /// Whether a console page follows the feed: without one, a change is
+    /// not worth a frame (every replica sees every operation's writes).
+    fn followed(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
     fn state_changed(&self, keys: &KeyLayout, kv: &KeyValue) {
+        if !self.followed() {
+            return;
+        }
         let Some((name, _)) = keys.split_cluster_key(&kv.key) else {
             return;
         };
@@ -196,7 +205,9 @@ impl ConsoleFeed {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(&record, &now);
-        self.send(frame("operation", &operation_to_proto(record)));
+        if self.followed() {
+            self.send(frame("operation", &operation_to_proto(record)));
+        }
     }
 }
 

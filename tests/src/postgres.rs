@@ -10,7 +10,7 @@ use crate::{free_port, wait_until, workspace_binary, TempDir};
 use drover_client::{v1, Client};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Binaries of the one PostgreSQL major version Debian 12 ships.
@@ -71,6 +71,30 @@ impl PgDeployment {
         cluster.status.unwrap_or_default().nodes
     }
 
+    /// Polls cluster `pg`'s nodes, as its status shows them (the scanner
+    /// refreshes them each scan), until `pred` holds of them, for at most
+    /// `within`; returns them. On timeout, fails naming `what` and the
+    /// nodes last seen.
+    pub async fn wait_for_nodes(
+        &mut self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&[v1::Node]) -> bool,
+    ) -> Vec<v1::Node> {
+        let until = Instant::now() + within;
+        loop {
+            let nodes = self.nodes().await;
+            if pred(&nodes) {
+                return nodes;
+            }
+            assert!(
+                Instant::now() < until,
+                "timed out after {within:?} waiting for {what}: {nodes:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits for `op` to end (an initdb or a pg_basebackup per node may
     /// take a while here), asserts it succeeded, and returns it ended.
     pub async fn succeeds(&mut self, op: v1::Operation) -> v1::Operation {
@@ -83,6 +107,13 @@ impl PgDeployment {
         );
         done
     }
+}
+
+/// Whether `nodes` are exactly one primary and `standbys` standbys, every
+/// one ready: a cluster back to its spec (for [`PgDeployment::wait_for_nodes`]).
+pub fn one_primary_all_ready(nodes: &[v1::Node], standbys: usize) -> bool {
+    let controls = nodes.iter().filter(|n| n.role == "control").count();
+    nodes.len() == 1 + standbys && controls == 1 && nodes.iter().all(|n| n.ready)
 }
 
 /// The `n`th version label (`version(0)` is [`V1`]).

@@ -11,8 +11,8 @@
 
 use drover_client::v1::{self, ClusterState as S, OperationKind as K};
 use drover_tests::postgres::{
-    address, data_dir, kill_postmaster, postmaster_pid, primary, psql, rows_everywhere, writable,
-    PgDeployment, WritableSampler, V1,
+    address, data_dir, kill_postmaster, one_primary_all_ready, postmaster_pid, primary, psql,
+    rows_everywhere, writable, PgDeployment, WritableSampler, V1,
 };
 use drover_tests::{operations_of, wait_for_state, wait_until};
 use std::time::{Duration, Instant};
@@ -96,20 +96,10 @@ async fn healed_by_drover(d: &mut PgDeployment, node: &str) -> (v1::Operation, V
         "{done:#?}"
     );
     wait_for_state(&d.client, "pg", S::Running, Duration::from_secs(60)).await;
-    // The scanner refreshes the nodes each scan.
-    let client = d.client.clone();
-    wait_until(
-        Duration::from_secs(30),
+    d.wait_for_nodes(
         "1 primary, 2 standbys, all ready",
-        || {
-            let mut client = client.clone();
-            async move {
-                let cluster = client.get_cluster("pg").await.expect("get");
-                let nodes = cluster.status.unwrap_or_default().nodes;
-                let controls = nodes.iter().filter(|n| n.role == "control").count();
-                nodes.len() == 3 && controls == 1 && nodes.iter().all(|n| n.ready)
-            }
-        },
+        Duration::from_secs(30),
+        |nodes| one_primary_all_ready(nodes, 2),
     )
     .await;
     // Nothing but the one remediation: no other Recover, by anyone.

@@ -15,7 +15,8 @@
 use drover_client::v1;
 use drover_proto::provider::v1 as pb;
 use drover_tests::postgres::{
-    address, primary, psql, rows_everywhere, writable, PgDeployment, WritableSampler, V1, V2,
+    address, one_primary_all_ready, primary, psql, rows_everywhere, writable, PgDeployment,
+    WritableSampler, V1, V2,
 };
 use drover_tests::{start_upgrade, wait_until};
 use std::collections::{BTreeMap, BTreeSet};
@@ -385,24 +386,16 @@ async fn a_surge_upgrade_adds_a_standby_at_the_target_first_and_removes_one_last
 
     // Drover's view, once its scanner has caught up: the spec's count, all
     // at the target, one primary, the rows everywhere.
-    let client = d.client.clone();
-    wait_until(
-        Duration::from_secs(30),
-        "1 primary, 2 standbys, all ready at the target",
-        || {
-            let mut client = client.clone();
-            async move {
-                let cluster = client.get_cluster("pg").await.expect("get");
-                let nodes = cluster.status.unwrap_or_default().nodes;
-                let controls = nodes.iter().filter(|n| n.role == "control").count();
-                nodes.len() == (1 + WORKERS) as usize
-                    && controls == 1
-                    && nodes.iter().all(|n| n.ready && n.version == V2)
-            }
-        },
-    )
-    .await;
-    let after = d.nodes().await;
+    let after = d
+        .wait_for_nodes(
+            "1 primary, 2 standbys, all ready at the target",
+            Duration::from_secs(30),
+            |nodes| {
+                one_primary_all_ready(nodes, WORKERS as usize)
+                    && nodes.iter().all(|n| n.version == V2)
+            },
+        )
+        .await;
     let new_primary = primary(&after).id;
     assert_eq!(writable(&after), vec![new_primary.clone()], "{after:#?}");
     rows_everywhere(&after, ROWS).await;

@@ -85,7 +85,7 @@ pub async fn destroy(ctx: &mut Ctx<'_>) -> Result<(), Status> {
     for node in ctx.cluster.nodes.clone() {
         if ctx.stop(&node.id).await.is_err() {
             if let Some(pid) = pg::pid(&ctx.dir(&node)) {
-                kill9(pid);
+                pg::kill9(pid);
             }
         }
     }
@@ -97,12 +97,6 @@ pub async fn destroy(ctx: &mut Ctx<'_>) -> Result<(), Status> {
     ctx.inner.store.remove_cluster(&ctx.cluster.uid)?;
     ctx.cluster.nodes.clear();
     Ok(())
-}
-
-fn kill9(pid: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status();
 }
 
 /// Scales to `workers` standbys and/or applies a new offering. A hot

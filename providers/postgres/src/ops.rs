@@ -14,6 +14,12 @@ const STREAM_WAIT: Duration = Duration::from_secs(20);
 /// How long a switchover waits for the candidate to catch up.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
+/// How long the processes a standby's killed postmaster left behind get
+/// to exit once sent SIGKILL, and the primary to release its slot.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
+/// How many times a rebuild starts over when its data directory is
+/// deleted again before the standby has started on it.
+const REBUILD_ATTEMPTS: u32 = 3;
 /// A node's WAL position: received (standby) or written (primary).
 const RECEIVED: &str = "SELECT CASE WHEN pg_is_in_recovery() \
     THEN COALESCE(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) \
@@ -200,10 +206,28 @@ impl Ctx<'_> {
     }
 
     /// Makes the standby's data directory anew from the primary
-    /// (pg_basebackup through its slot) and starts it.
+    /// (pg_basebackup through its slot) and starts it; starts over, a
+    /// bounded number of times, when the new directory is deleted before
+    /// the standby has started on it.
     /// A node running as a primary is never rebuilt, and a data directory
     /// that may hold writes the primary lacks is moved aside, not deleted.
     pub async fn rebuild_standby(&mut self, id: &str) -> Result<(), Status> {
+        let dir = self.dir(&self.node(id).cloned().expect("known node"));
+        let mut attempt = 1;
+        loop {
+            self.rebuild_dir(id).await?;
+            match self.start(id).await {
+                Err(e) if attempt < REBUILD_ATTEMPTS && retry_rebuild(&e, &dir) => {
+                    tracing::warn!(node = id, error = %e, "data directory gone before the rebuilt standby started; rebuilding again");
+                    attempt += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// The rebuild's data directory, made anew; the node not started.
+    async fn rebuild_dir(&mut self, id: &str) -> Result<(), Status> {
         let node = self.node(id).cloned().expect("known node");
         if self.running_role(&node).await? == Some(Role::Primary) {
             return Err(Status::failed_precondition(format!(
@@ -212,9 +236,11 @@ impl Ctx<'_> {
         }
         self.stop(id).await?;
         self.check(&format!("rebuilding {id}"))?;
+        self.end_leftovers(&node).await?;
         self.node_mut(id).built = false;
         self.save()?;
         self.ensure_slot(id).await?;
+        self.wait_slot_released(id).await?;
         let primary = self.primary()?;
         let dir = self.dir(&node);
         self.clear_data_dir(&node).await?;
@@ -225,25 +251,79 @@ impl Ctx<'_> {
             .await
             .map_err(unavailable)?;
         self.node_mut(id).built = true;
-        self.save()?;
-        self.start(id).await
+        self.save()
     }
 
     /// Brings a standby to streaming from the primary: built, configured
-    /// for the current primary, running; rebuilt when it cannot start.
+    /// for the current primary, running; rebuilt when its data directory
+    /// is missing or incomplete, or it cannot start (which covers a
+    /// directory deleted after this looked at it).
     pub async fn ensure_standby(&mut self, id: &str) -> Result<(), Status> {
         let node = self.node(id).cloned().expect("known node");
-        let stopped = !pg::running(&self.dir(&node));
-        if !node.built || (stopped && self.may_hold_unique_writes(&node).await?) {
+        let dir = self.dir(&node);
+        let stopped = !pg::running(&dir);
+        if !node.built
+            || (stopped && (!pg::complete(&dir) || self.may_hold_unique_writes(&node).await?))
+        {
             return self.rebuild_standby(id).await;
         }
         self.ensure_slot(id).await?;
+        if stopped {
+            self.end_leftovers(&node).await?;
+        }
         if let Err(e) = self.start(id).await {
             if e.code() == tonic::Code::DeadlineExceeded {
                 return Err(e);
             }
             tracing::warn!(node = id, error = %e, "standby did not start; rebuilding it");
             return self.rebuild_standby(id).await;
+        }
+        Ok(())
+    }
+
+    /// Ends what a standby's killed postmaster left behind (children that
+    /// have yet to notice its death, or a postmaster whose directory and
+    /// pid file were deleted under it), and waits until they are gone:
+    /// while they live they hold the old shared memory, which PostgreSQL
+    /// refuses to start over when the new directory gets the old one's
+    /// inode (its key), the old port, and the replication slot.
+    async fn end_leftovers(&self, node: &NodeRecord) -> Result<(), Status> {
+        let dir = self.dir(node);
+        let until = Instant::now() + LEFTOVER_WAIT;
+        loop {
+            if pg::running(&dir) {
+                return Ok(());
+            }
+            let left = pg::processes_in(&dir);
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(Status::unavailable(format!(
+                    "processes {left:?} of {}'s previous run did not exit",
+                    node.id
+                )));
+            }
+            tracing::warn!(node = node.id, pids = ?left, "ending what a killed postmaster left behind");
+            left.into_iter().for_each(pg::kill9);
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Waits (bounded) until no process streams from the standby's slot:
+    /// the primary's WAL sender for a killed standby's WAL receiver ends
+    /// only once it sees the connection close, and pg_basebackup cannot
+    /// use a slot still active. Past the wait, pg_basebackup reports it.
+    async fn wait_slot_released(&self, id: &str) -> Result<(), Status> {
+        let primary = self.primary()?;
+        let sql = format!(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+            slot_name(id)
+        );
+        let until = Instant::now() + LEFTOVER_WAIT;
+        while !self.query(&primary, &sql).await?.is_empty() && Instant::now() < until {
+            self.check(&format!("waiting for {id}'s slot"))?;
+            tokio::time::sleep(POLL).await;
         }
         Ok(())
     }
@@ -375,11 +455,40 @@ pub fn slot_name(id: &str) -> String {
     id.replace('-', "_")
 }
 
+/// Whether a rebuild whose start failed with `e` starts over: only when
+/// its new directory `dir` was deleted (wholly or in part) meanwhile.
+fn retry_rebuild(e: &Status, dir: &std::path::Path) -> bool {
+    e.code() != tonic::Code::DeadlineExceeded && !pg::complete(dir)
+}
+
 pub fn remove_dir(dir: &std::path::Path) -> Result<(), Status> {
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(unavailable(format!("removing {}: {e}", dir.display())))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rebuild starts over only when its directory went (wholly or in
+    /// part) while it started, and never past the call's deadline.
+    #[test]
+    fn a_rebuild_starts_over_only_when_its_directory_went() {
+        let dir = std::env::temp_dir().join(format!("drover-retry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let failed = Status::unavailable("pg_ctl start failed");
+        assert!(retry_rebuild(&failed, &dir), "no directory");
+        std::fs::create_dir_all(dir.join("global")).unwrap();
+        std::fs::write(dir.join("global/pg_control"), "").unwrap();
+        assert!(retry_rebuild(&failed, &dir), "no PG_VERSION");
+        std::fs::write(dir.join("PG_VERSION"), "15\n").unwrap();
+        assert!(!retry_rebuild(&failed, &dir), "a whole directory");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let late = Status::deadline_exceeded("deadline reached");
+        assert!(!retry_rebuild(&late, &dir), "past the deadline");
     }
 }

@@ -387,6 +387,44 @@ pub fn running(dir: &Path) -> bool {
     }
 }
 
+/// Whether `dir` holds a whole data directory (a version file and a
+/// control file): one deleted, or deleted in part, cannot start.
+pub fn complete(dir: &Path) -> bool {
+    dir.join("PG_VERSION").is_file() && dir.join("global/pg_control").is_file()
+}
+
+/// PostgreSQL processes working in `dir` (or in a directory once there
+/// and since deleted): every postgres process runs in its data directory.
+/// Zombies, which hold nothing, are not listed (their cwd is unreadable).
+pub fn processes_in(dir: &Path) -> Vec<u32> {
+    let deleted = format!("{} (deleted)", dir.display());
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) else {
+            continue;
+        };
+        if cwd != dir && cwd.as_os_str() != deleted.as_str() {
+            continue;
+        }
+        let exe = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+        let exe = exe.to_string_lossy();
+        if exe.ends_with("/postgres") || exe.ends_with("/postgres (deleted)") {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Sends SIGKILL to `pid` (best effort: it may have exited already).
+pub fn kill9(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
 /// The pid of the node's postmaster, if it runs.
 pub fn pid(dir: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(dir.join("postmaster.pid")).ok()?;

@@ -277,6 +277,30 @@ impl Paused {
         assert!(signal(pid, "STOP"), "SIGSTOP {pid}");
         Paused(pid)
     }
+
+    /// Any process; None when it has exited already.
+    pub fn process(pid: u32) -> Option<Paused> {
+        signal(pid, "STOP").then_some(Paused(pid))
+    }
+}
+
+/// The live processes whose parent is `pid` (a postmaster's children).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command name (in parentheses): state, then the ppid.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
 }
 
 impl Drop for Paused {

@@ -203,6 +203,10 @@ pub struct Metrics {
     pub peer_crashes_detected: Counter,
     /// Leases of crashed peers this replica revoked.
     pub peer_leases_revoked: Counter,
+    /// Crashed peers whose member key this replica removed.
+    pub peer_members_deposed: Counter,
+    /// Owner keys of departed members this replica deleted to claim them.
+    pub owner_keys_drained: Counter,
     /// Peers this replica holds a liveness connection to now.
     pub liveness_peers_connected: Gauge,
     /// Refusals not taken as a peer's death: every liveness connection of
@@ -292,7 +296,11 @@ impl Metrics {
             peer_crashes_detected: Counter::default()
                 => "peer_crashes_detected", "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation";
             peer_leases_revoked: Counter::default()
-                => "peer_leases_revoked", "Leases of crashed peers revoked by this replica, handing their clusters over before the TTL";
+                => "peer_leases_revoked", "Leases of crashed peers revoked by this replica once the survivors drained their owner keys (or a TTL passed)";
+            peer_members_deposed: Counter::default()
+                => "peer_members_deposed", "Crashed peers whose member key this replica removed, so that the survivors take their clusters over before the TTL";
+            owner_keys_drained: Counter::default()
+                => "owner_keys_drained", "Owner keys of departed members (member key gone, lease not yet) this replica deleted in batches before claiming their clusters";
             liveness_self_suspected: Counter::default()
                 => "liveness_self_suspected", "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)";
             liveness_peers_connected: Gauge::default()

@@ -132,7 +132,7 @@ impl Ownership {
     /// Releases every owned cluster, busy or not, when the member records
     /// show this replica passed over: it cannot do their work, a peer can.
     async fn hand_over_if_passed_over(&self, cache: &ClusterCache) -> crate::store::Result<()> {
-        let (members, _) = self.read_members().await?;
+        let members = self.read_members().await?.records;
         if self.passed_over(&members) && !lock(&self.owned).is_empty() {
             let left = self.release_unbusy(cache, |_| false).await?;
             tracing::warn!(

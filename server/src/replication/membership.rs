@@ -224,6 +224,24 @@ impl Ownership {
         Ok(self.store.txn(txn).await?.succeeded)
     }
 
+    /// Writes this replica's member key again under `lease`, while it is
+    /// absent: a peer removed it, judging this replica crashed, while its
+    /// lease lived (a lost lease rejoins instead).
+    pub(super) async fn reregister(&self, lease: LeaseId) -> crate::store::Result<()> {
+        let key = self.keys.member(&self.config.replica_id);
+        let member = self.member_record(lease);
+        let txn = Txn::new()
+            .when([Compare::absent(&key)])
+            .and_then([Op::put_with_lease(&key, to_json(&member), lease)]);
+        if self.store.txn(txn).await?.succeeded {
+            tracing::warn!(
+                lease,
+                "a peer removed this replica's member key, judging it crashed: written again"
+            );
+        }
+        Ok(())
+    }
+
     /// Revokes the lease `members/<this id>` was bound to before this join:
     /// a previous incarnation of this replica (it crashed and was
     /// restarted), whose owner keys would otherwise hold its clusters for a

@@ -265,6 +265,10 @@ pub struct Ownership {
     /// The newest record schema this replica understands: clusters with
     /// newer records are left to replicas that do.
     schema: u32,
+    /// How many owner keys each lease holds, as the ownership loop's view
+    /// showed them at its last pass: a peer that deposed a crashed member
+    /// revokes its lease once the survivors drained its keys.
+    owner_keys: tokio::sync::watch::Sender<HashMap<LeaseId, usize>>,
 }
 
 impl Ownership {
@@ -307,6 +311,7 @@ impl Ownership {
             unwatched: AtomicBool::new(false),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,
+            owner_keys: tokio::sync::watch::channel(HashMap::new()).0,
         });
         (replication, adoptions)
     }

@@ -47,8 +47,9 @@ pub(super) struct OwnersView {
     listed: i64,
     /// `None` until listed, and after the watch failed.
     watch: Option<WatchStream>,
-    /// Leases no member holds whose owner keys were still in etcd after a
-    /// wait for their deletes.
+    /// Leases no member holds whose owner keys are not waited for: still in
+    /// etcd after a wait for their deletes, or of a deposed member (its
+    /// lease lives until its keys are drained).
     lingering: HashSet<LeaseId>,
 }
 
@@ -69,6 +70,11 @@ impl OwnersView {
 
     pub(super) fn owners(&self) -> &HashMap<String, (OwnerRecord, i64)> {
         &self.owners
+    }
+
+    /// How many owner keys each lease holds.
+    pub(super) fn leases(&self) -> &HashMap<LeaseId, usize> {
+        &self.leases
     }
 
     /// Brings the view up to `revision` at least: applies what the watch has
@@ -117,8 +123,9 @@ impl OwnersView {
     }
 
     /// Waits, up to [`CATCH_UP`], until the view holds no owner key bound to
-    /// a lease outside `live_leases`: such keys belong to a member that
-    /// left, and etcd deletes them with its lease. Lists the owner keys
+    /// a lease outside `live_leases` that etcd no longer holds: such keys
+    /// belong to a member that left, and etcd deletes them with its lease
+    /// (a deposed member's lease lives on: its keys are drained instead). Lists the owner keys
     /// again if some are still there, and does not wait for those again
     /// (whatever keeps them, a pass must not stall on it every time).
     pub(super) async fn await_departed(
@@ -133,6 +140,20 @@ impl OwnersView {
                 .filter(|lease| !live_leases.contains(lease))
                 .collect()
         };
+        if departed(self).is_subset(&self.lingering) {
+            return Ok(());
+        }
+        // A member deposed as crashed keeps its lease, and its keys, until
+        // the survivors drained them: those are not coming.
+        for lease in departed(self)
+            .difference(&self.lingering)
+            .copied()
+            .collect::<Vec<_>>()
+        {
+            if store.lease_time_to_live(lease).await?.is_some() {
+                self.lingering.insert(lease);
+            }
+        }
         if departed(self).is_subset(&self.lingering) {
             return Ok(());
         }

@@ -40,6 +40,9 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 /// Owner keys claimed per transaction, under etcd's default limit of 128
 /// operations per transaction.
 const CLAIM_BATCH: usize = 100;
+/// Departed owner keys drained per transaction: two compares each, under
+/// etcd's limit of 128 compares per transaction.
+const DRAIN_BATCH: usize = 64;
 /// Claim batches in flight at once.
 const CLAIMS_IN_FLIGHT: usize = 4;
 /// The longest a replica goes without a pass over every cluster: what the
@@ -63,12 +66,48 @@ struct Pass<'a> {
     pending: &'a mut HashSet<String>,
 }
 
-/// What a pass decided: clusters to claim, and owned ones to release
-/// (with the claim and the state revision seen idle).
+/// The member keys as one read shows them.
+pub(super) struct MembersRead {
+    /// The records this build can read.
+    pub records: Vec<MemberRecord>,
+    /// The lease of every member key, unreadable records' too: an owner
+    /// key bound to any other lease belongs to a member that is gone.
+    pub leases: HashSet<LeaseId>,
+    pub revision: i64,
+}
+
+/// What a pass decided: clusters to claim, owner keys of departed members
+/// to drain and then claim, and owned clusters to release (with the claim
+/// and the state revision seen idle).
 #[derive(Default)]
 struct Decided {
     to_claim: Vec<String>,
+    to_drain: Vec<Departed>,
     to_release: Vec<(String, Claim, i64)>,
+}
+
+/// Clusters claimed in one transaction.
+enum Batch<'a> {
+    Free(&'a [String]),
+    /// Drained first, in a transaction of their own.
+    Departed(&'a [Departed]),
+}
+
+/// What a pass knows of the owner keys when it decides.
+struct Known<'a> {
+    owner_of: &'a HashMap<String, (OwnerRecord, i64)>,
+    /// This replica's claims among them.
+    owned: &'a HashMap<String, Claim>,
+    /// The leases of the members' keys.
+    live_leases: &'a HashSet<LeaseId>,
+}
+
+/// An owner key of a member that is gone (deposed, its lease not yet
+/// revoked): the cluster, and the key's lease and create revision as seen.
+struct Departed {
+    cluster: String,
+    lease: LeaseId,
+    created: i64,
 }
 
 /// What ended the wait between two passes.
@@ -142,7 +181,16 @@ impl Ownership {
                 pending: &mut pending,
             };
             let revision = match self.reconcile(&cache, pass, &scope).await {
-                Ok(revision) => revision,
+                Ok(revision) => {
+                    self.owner_keys.send_if_modified(|counts| {
+                        let changed = counts != owners.leases();
+                        if changed {
+                            counts.clone_from(owners.leases());
+                        }
+                        changed
+                    });
+                    revision
+                }
                 Err(error) => {
                     // Not at once: a pass would follow a pass for as long
                     // as the error lasts.
@@ -210,16 +258,22 @@ impl Ownership {
         scope: &Scope,
     ) -> crate::store::Result<i64> {
         self.metrics.ownership_passes.inc();
-        let (members_read, read_at) = self.read_members().await?;
+        let members = self.read_members().await?;
+        let (members_read, read_at) = (&members.records, members.revision);
         let Some(lease) = self.live_lease() else {
             return Ok(read_at);
         };
-        let live_leases: HashSet<LeaseId> = members_read.iter().map(|m| m.lease).collect();
-        self.say_if_watched(&members_read).await?;
+        if !members.leases.contains(&lease) && !self.is_draining() {
+            // A peer judged this replica crashed and removed its member
+            // key; its lease lives, so it was wrong: be a member again.
+            self.reregister(lease).await?;
+            return Ok(read_at);
+        }
+        self.say_if_watched(members_read).await?;
         // A draining member still owns what it runs, but is preferred for
         // nothing: its idle clusters go to the others. So is a member cut
         // off from a provider while another reaches it (see gray_failure).
-        let live: Vec<Member> = gray_failure::preferable(&members_read)
+        let live: Vec<Member> = gray_failure::preferable(members_read)
             .into_iter()
             .map(|m| (m.id.clone(), m.schema))
             .collect();
@@ -235,7 +289,7 @@ impl Ownership {
         // view's watch may not have delivered those deletes yet (a hand-off
         // would then wait for the next pass).
         pass.owners
-            .await_departed(store, &self.keys, &live_leases)
+            .await_departed(store, &self.keys, &members.leases)
             .await?;
         let owner_of = pass.owners.owners();
         let mut owned: HashMap<String, Claim> = owner_of
@@ -252,8 +306,13 @@ impl Ownership {
             scope => scope,
         };
         pass.memo.begin_pass(&live);
+        let known = Known {
+            owner_of,
+            owned: &owned,
+            live_leases: &members.leases,
+        };
         let decided = self
-            .decide(cache, owner_of, &owned, pass.memo, pass.pending, scope)
+            .decide(cache, known, pass.memo, pass.pending, scope)
             .await?;
         self.release_and_claim(lease, decided, &mut owned, pass.pending)
             .await?;
@@ -273,12 +332,16 @@ impl Ownership {
     async fn decide(
         &self,
         cache: &ClusterCache,
-        owner_of: &HashMap<String, (OwnerRecord, i64)>,
-        owned: &HashMap<String, Claim>,
+        known: Known<'_>,
         memo: &mut StateMemo,
         pending: &mut HashSet<String>,
         scope: &Scope,
     ) -> crate::store::Result<Decided> {
+        let Known {
+            owner_of,
+            owned,
+            live_leases,
+        } = known;
         // Decided anew: the pending clusters are looked at again.
         let mut looked_at = std::mem::take(pending);
         let mut decided = Decided::default();
@@ -296,9 +359,20 @@ impl Ownership {
                 return;
             }
             match owned.get(cluster).copied() {
-                None if mine && !owner_of.contains_key(cluster) => {
-                    decided.to_claim.push(cluster.to_string());
-                }
+                None if mine => match owner_of.get(cluster) {
+                    None => decided.to_claim.push(cluster.to_string()),
+                    // Its member is gone but its lease not yet: drained
+                    // here, batch by batch, rather than all at once by
+                    // the revocation (one etcd apply of every key).
+                    Some((owner, created)) if !live_leases.contains(&owner.lease) => {
+                        decided.to_drain.push(Departed {
+                            cluster: cluster.to_string(),
+                            lease: owner.lease,
+                            created: *created,
+                        });
+                    }
+                    Some(_) => {}
+                },
                 Some(claim) if !mine && state.idle && !self.is_held(cluster) => {
                     let release = (cluster.to_string(), claim, state.revision);
                     decided.to_release.push(release);
@@ -350,12 +424,14 @@ impl Ownership {
         // at a time waited a round trip and a commit each (a takeover of
         // 30,000 clusters is 300 batches). A draining replica starts no
         // more; those in flight end.
-        let mut batches = decided.to_claim.chunks(CLAIM_BATCH);
+        let free = decided.to_claim.chunks(CLAIM_BATCH).map(Batch::Free);
+        let departed = decided.to_drain.chunks(DRAIN_BATCH).map(Batch::Departed);
+        let mut batches = free.chain(departed);
         let mut claims = FuturesUnordered::new();
         loop {
             while claims.len() < CLAIMS_IN_FLIGHT && !self.is_draining() {
                 let Some(batch) = batches.next() else { break };
-                claims.push(self.claim_batch(batch, lease));
+                claims.push(self.take_batch(batch, lease));
             }
             let Some(claimed) = claims.next().await else {
                 break;
@@ -367,6 +443,51 @@ impl Ownership {
             owned.extend(claimed);
         }
         Ok(())
+    }
+
+    /// Claims one batch: free clusters at once, a departed member's after
+    /// draining their owner keys.
+    async fn take_batch(
+        &self,
+        batch: Batch<'_>,
+        lease: LeaseId,
+    ) -> crate::store::Result<Vec<(String, Claim)>> {
+        match batch {
+            Batch::Free(clusters) => self.claim_batch(clusters, lease).await,
+            Batch::Departed(keys) => {
+                if !self.drain(keys).await? {
+                    // Some key changed since the view showed it (revoked
+                    // meanwhile, say): the next pass sees how they stand.
+                    return Ok(Vec::new());
+                }
+                let clusters: Vec<String> = keys.iter().map(|k| k.cluster.clone()).collect();
+                self.claim_batch(&clusters, lease).await
+            }
+        }
+    }
+
+    /// Deletes the owner keys of `keys`, each only while still bound to the
+    /// lease and created at the revision seen (a key claimed anew since is
+    /// another owner's): all of them, or none.
+    async fn drain(&self, keys: &[Departed]) -> crate::store::Result<bool> {
+        let owner = |k: &Departed| self.keys.owner(&k.cluster);
+        let txn = Txn::new()
+            .when(keys.iter().flat_map(|k| {
+                [
+                    Compare::lease(owner(k), CmpOp::Equal, k.lease),
+                    Compare::create_revision(owner(k), CmpOp::Equal, k.created),
+                ]
+            }))
+            .and_then(keys.iter().map(|k| Op::delete(owner(k))));
+        let drained = self.store.txn(txn).await?.succeeded;
+        if drained {
+            self.metrics.owner_keys_drained.inc_by(keys.len() as u64);
+            tracing::info!(
+                clusters = keys.len(),
+                "drained a departed member's owner keys"
+            );
+        }
+        Ok(drained)
     }
 
     /// Releases the owned clusters that no longer exist, or whose records
@@ -403,9 +524,9 @@ impl Ownership {
         Ok(())
     }
 
-    /// Every member record (those this build cannot read left out), and
-    /// the revision they were read at.
-    pub(super) async fn read_members(&self) -> crate::store::Result<(Vec<MemberRecord>, i64)> {
+    /// Every member record (those this build cannot read left out), the
+    /// leases of every member key, and the revision they were read at.
+    pub(super) async fn read_members(&self) -> crate::store::Result<MembersRead> {
         let members = self
             .store
             .range(RangeRequest::prefix(self.keys.members()))
@@ -415,7 +536,11 @@ impl Ownership {
             .iter()
             .filter_map(|kv| from_json::<MemberRecord>(kv).ok())
             .collect();
-        Ok((records, members.revision))
+        Ok(MembersRead {
+            records,
+            leases: members.kvs.iter().map(|kv| kv.lease).collect(),
+            revision: members.revision,
+        })
     }
 
     /// Whether this replica is shutting down (it claims nothing more).
@@ -861,6 +986,57 @@ mod tests {
             .await;
         pass_of.run(&a, &cache, Scope::Some(HashSet::new())).await;
         assert_eq!(owner_lease(&store, &keys, &busy).await, None);
+    }
+
+    /// A member deposed as crashed keeps its lease: the survivor deletes
+    /// its owner keys in transactions of at most [`DRAIN_BATCH`] (not all in
+    /// one apply, as revoking the lease would) and claims the clusters; the
+    /// deposed replica, alive after all, writes its member key back.
+    #[tokio::test]
+    async fn a_deposed_members_keys_are_drained_in_batches_and_claimed() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        let a = replica(&store, &keys, "a", SCHEMA_VERSION).await;
+        let clusters: Vec<String> = (0..150).map(|i| format!("c{i}")).collect();
+        for cluster in &clusters {
+            write_state(&store, &keys, cluster, SCHEMA_VERSION, false).await;
+        }
+        pass(&a, &store, &keys).await;
+        let a_lease = a.live_lease().unwrap();
+        assert_eq!(owner_lease(&store, &keys, "c0").await, Some(a_lease));
+        let b = replica(&store, &keys, "b", SCHEMA_VERSION).await;
+        let deposed = Txn::new().and_then([Op::delete(keys.member("a"))]);
+        let before = store.txn(deposed).await.unwrap().revision;
+
+        pass(&b, &store, &keys).await;
+
+        for cluster in &clusters {
+            assert_eq!(owner_lease(&store, &keys, cluster).await, b.live_lease());
+        }
+        assert!(store.lease_time_to_live(a_lease).await.unwrap().is_some());
+        let mut owners = store.watch(&keys.owners(), before + 1).await.unwrap();
+        let mut deletes_per_revision: HashMap<i64, usize> = HashMap::new();
+        while deletes_per_revision.values().sum::<usize>() < clusters.len() {
+            let event = tokio::time::timeout(Duration::from_secs(5), owners.next())
+                .await
+                .expect("every drain is in the history")
+                .unwrap()
+                .unwrap();
+            if event.kind == crate::store::EventKind::Delete {
+                *deletes_per_revision
+                    .entry(event.kv.mod_revision)
+                    .or_default() += 1;
+            }
+        }
+        assert!(deletes_per_revision.values().all(|n| *n <= DRAIN_BATCH));
+        assert_eq!(
+            deletes_per_revision.len(),
+            clusters.len().div_ceil(DRAIN_BATCH)
+        );
+
+        pass(&a, &store, &keys).await;
+        let member = store.get(&keys.member("a")).await.unwrap().into_single();
+        assert_eq!(member.map(|kv| kv.lease), Some(a_lease));
     }
 
     #[tokio::test]

@@ -185,16 +185,7 @@ impl EtcdProcess {
                 .arg("--key")
                 .arg(&tls.client.key);
         }
-        let output = command
-            .args(args)
-            .output()
-            .expect("etcdctl must be installed");
-        assert!(
-            output.status.success(),
-            "etcdctl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        run_etcdctl(command.args(args), args)
     }
 
     /// Kills etcd (SIGKILL) and waits for it to exit; the data stays.
@@ -519,39 +510,32 @@ impl EtcdCluster {
     /// Runs etcdctl against every running member and returns its standard
     /// output; panics when it fails.
     pub fn etcdctl(&self, args: &[&str]) -> String {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.live_endpoints()])
+            .args(args);
+        run_etcdctl(&mut command, args)
+    }
+
+    /// The client URLs of the running members, comma-separated.
+    fn live_endpoints(&self) -> String {
         let live: Vec<String> = self
             .members
             .iter()
             .filter(|m| m.child.is_some())
             .map(Member::client_url)
             .collect();
-        let output = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &live.join(",")])
-            .args(args)
-            .output()
-            .expect("etcdctl must be installed");
-        assert!(
-            output.status.success(),
-            "etcdctl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        live.join(",")
     }
 
     /// Index of the current leader, as the members report it.
     pub fn leader(&self) -> Option<usize> {
-        let live: Vec<String> = self
-            .members
-            .iter()
-            .filter(|m| m.child.is_some())
-            .map(Member::client_url)
-            .collect();
         let output = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .args([
                 "--endpoints",
-                &live.join(","),
+                &self.live_endpoints(),
                 "endpoint",
                 "status",
                 "-w",
@@ -596,4 +580,16 @@ impl Drop for EtcdCluster {
             member.kill();
         }
     }
+}
+
+/// Runs an etcdctl `command` (made with `args`), asserting it succeeds;
+/// its standard output.
+fn run_etcdctl(command: &mut Command, args: &[&str]) -> String {
+    let output = command.output().expect("etcdctl must be installed");
+    assert!(
+        output.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }

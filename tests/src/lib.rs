@@ -295,6 +295,31 @@ pub async fn rollout_status(
     rollout.status.unwrap_or_default()
 }
 
+/// Creates `count` clusters `<prefix>-000`... (left Created: a fleet to
+/// own, not to run) and returns their names.
+pub async fn create_fleet(
+    client: &mut drover_client::Client,
+    prefix: &str,
+    count: usize,
+) -> Vec<String> {
+    let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:03}")).collect();
+    for name in &names {
+        let request = drover_client::v1::CreateClusterRequest {
+            name: name.clone(),
+            spec: Some(drover_client::v1::ClusterSpec {
+                version: "1.29.0".into(),
+                control_nodes: 1,
+                node_offering: "m".into(),
+                ..Default::default()
+            }),
+            create_only: true,
+            request_id: String::new(),
+        };
+        client.clusters().create_cluster(request).await.unwrap();
+    }
+    names
+}
+
 /// Creates a cluster (version 1.29.0, one control node, `workers` workers)
 /// with its first start, waits for the start to succeed, and returns it.
 pub async fn create_running(

@@ -247,20 +247,7 @@ async fn orphan_of_a_killed_replica(
     let mut lost = ReplicaProcess::serve_with(&etcd.endpoint(), "lost", &args).await;
     let mut client = lost.client().await;
     create_running(&mut client, "a-orphan", 1).await;
-    for i in 0..idle {
-        let request = v1::CreateClusterRequest {
-            name: format!("idle-{i:03}"),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "m".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
-        client.clusters().create_cluster(request).await.unwrap();
-    }
+    drover_tests::create_fleet(&mut client, "idle", idle).await;
     sim.set_latency(Duration::from_secs(60)).await;
     let request = v1::StopClusterRequest {
         name: "a-orphan".into(),

@@ -13,7 +13,7 @@ use drover_tests::history::assert_transitions_are_edges;
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::{
-    create_running, owner, scrape, wait_for_state, wait_running, wait_until, TempDir,
+    create_fleet, create_running, owner, scrape, wait_for_state, wait_running, wait_until, TempDir,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -882,21 +882,7 @@ async fn wait_spread(
 async fn two_hundred_clusters_spread_and_respread_over_membership_changes() {
     let mut c = Cluster3::start(3, TTL_SECONDS).await;
     let mut client = c.replicas[0].1.client().await;
-    let names: Vec<String> = (0..200).map(|i| format!("fleet-{i:03}")).collect();
-    for name in &names {
-        let request = v1::CreateClusterRequest {
-            name: name.clone(),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "m".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
-        client.clusters().create_cluster(request).await.unwrap();
-    }
+    let names = create_fleet(&mut client, "fleet", 200).await;
     let admin = c.admin_avoiding("r3").await;
     wait_spread(&admin, &names, &["r1", "r2", "r3"]).await;
     // The 200 creations queued 200 changes on every replica. A pass takes
@@ -1415,21 +1401,7 @@ async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
 async fn a_killed_owners_keys_are_drained_in_batches_not_in_one_apply() {
     let mut c = Cluster3::start(3, 30).await;
     let mut client = c.replicas[0].1.client().await;
-    let names: Vec<String> = (0..300).map(|i| format!("drain-{i:03}")).collect();
-    for name in &names {
-        let request = v1::CreateClusterRequest {
-            name: name.clone(),
-            spec: Some(v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "m".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
-        client.clusters().create_cluster(request).await.unwrap();
-    }
+    let names = create_fleet(&mut client, "drain", 300).await;
     let admin = c.admin_avoiding("r3").await;
     wait_spread(&admin, &names, &["r1", "r2", "r3"]).await;
     wait_liveness_connected(&c).await;

@@ -1067,18 +1067,7 @@ async fn label_share(bench: &Bench, clusters: usize, clients: usize) -> usize {
         let chunk = chunk.to_vec();
         tasks.push(tokio::spawn(async move {
             for name in chunk {
-                let (key, value) = SHARE_LABEL;
-                let request = v1::UpdateClusterRequest {
-                    name,
-                    labels: [(key.to_string(), value.to_string())].into_iter().collect(),
-                    update_labels: true,
-                    ..Default::default()
-                };
-                client
-                    .clusters()
-                    .update_cluster(request)
-                    .await
-                    .expect("label a cluster");
+                relabel(&mut client, &name, SHARE_LABEL).await;
             }
         }));
     }
@@ -1088,15 +1077,11 @@ async fn label_share(bench: &Bench, clusters: usize, clients: usize) -> usize {
     labelled
 }
 
-/// Changes the labels of `name`, then opens WatchClusters from `from`;
-/// the time from the change until its event arrived.
-async fn watch_change(client: &mut Client, name: &str, from: i64) -> Duration {
-    let started = Instant::now();
+/// Sets the labels of `name` to the one `label` (UpdateCluster).
+async fn relabel(client: &mut Client, name: &str, (key, value): (&str, &str)) {
     let request = v1::UpdateClusterRequest {
         name: name.into(),
-        labels: [("bench-watch".to_string(), "seen".to_string())]
-            .into_iter()
-            .collect(),
+        labels: [(key.to_string(), value.to_string())].into_iter().collect(),
         update_labels: true,
         ..Default::default()
     };
@@ -1104,7 +1089,14 @@ async fn watch_change(client: &mut Client, name: &str, from: i64) -> Duration {
         .clusters()
         .update_cluster(request)
         .await
-        .expect("change a cluster");
+        .expect("relabel a cluster");
+}
+
+/// Changes the labels of `name`, then opens WatchClusters from `from`;
+/// the time from the change until its event arrived.
+async fn watch_change(client: &mut Client, name: &str, from: i64) -> Duration {
+    let started = Instant::now();
+    relabel(client, name, ("bench-watch", "seen")).await;
     let request = v1::WatchClustersRequest {
         from_revision: from,
         name: String::new(),

@@ -3,7 +3,7 @@
 //! operation, sent and followed by one helper ([`Lifecycle::run`]); how
 //! clusters are printed.
 
-use crate::output::{age, Listing, Output, Table};
+use crate::output::{age, label_pairs, Listing, Output, Table};
 use crate::policy::{parse_health, parse_upgrade_policy};
 use crate::{op, send};
 use clap::Subcommand;
@@ -861,12 +861,7 @@ fn cluster_row(output: Output, cluster: &v1::Cluster) -> Vec<String> {
         age(cluster.created_at.as_ref()),
     ];
     if output.is_wide() {
-        let mut labels: Vec<String> = spec
-            .labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        labels.sort();
+        let labels = label_pairs(&spec.labels);
         row.extend([
             spec.node_offering,
             status.current_operation.unwrap_or_else(|| "-".into()),

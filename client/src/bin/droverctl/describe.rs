@@ -3,7 +3,7 @@
 //! steps and the epochs that ran them, tasks, and the state changes the
 //! operations made.
 
-use crate::output::{age, field, Output, Table};
+use crate::output::{age, field, label_pairs, Output, Table};
 use crate::{enum_name, op, policy, send, task};
 use drover_client::{v1, Client, ClientError};
 
@@ -54,12 +54,7 @@ fn print(d: &Described) {
     let c = &d.cluster;
     let spec = c.spec.clone().unwrap_or_default();
     let status = c.status.clone().unwrap_or_default();
-    let mut labels: Vec<String> = spec
-        .labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    labels.sort();
+    let labels = label_pairs(&spec.labels);
     field(0, "Name", &c.name);
     field(0, "UID", &c.uid);
     field(0, "Generation", &c.generation.to_string());

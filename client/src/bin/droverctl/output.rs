@@ -228,6 +228,13 @@ pub fn field(indent: usize, key: &str, value: &str) {
     outln!("{key:<18}{}", if value.is_empty() { "-" } else { value });
 }
 
+/// Labels as `key=value`, sorted.
+pub fn label_pairs(labels: &std::collections::HashMap<String, String>) -> Vec<String> {
+    let mut pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    pairs
+}
+
 /// Time since `at`, as kubectl shows ages: `42s`, `7m`, `5h`, `3d`.
 pub fn age(at: Option<&drover_proto::Timestamp>) -> String {
     let Some(at) = at else {

@@ -33,7 +33,12 @@
 //!   step of its plan (an upgrade is never planned from a describe that
 //!   failed);
 //! - no owner write (claim, accept that claims, step record, completion,
-//!   release) takes effect after etcd dropped the writer's lease;
+//!   release) takes effect after etcd dropped the writer's lease, nor,
+//!   while etcd holds it, once the owner key is no longer the one its claim
+//!   was made with: an owner deposed while alive keeps its lease, and its
+//!   owner key's compare (lease and create revision) is what stops it once
+//!   the key is drained, so two owners' fenced writes never both take
+//!   effect, the older one's after the newer one's key exists;
 //! - every new owner's epoch is above every epoch the provider has seen
 //!   for its cluster, through joins that take a lagging etcd member for a
 //!   restore (every replica claims under the one fence record, compared
@@ -50,9 +55,16 @@
 //! its way to a refusal, that an accept on the owner claims its operation,
 //! that a drive that ended early is resumed, that idle clusters move to
 //! their preferred member and that an owner hands over a cluster whose
-//! operation it drives (a gray failure). Each negative test seeds one [`Flaw`] and the
+//! operation it drives (a gray failure), that a departed incarnation's
+//! owner key is drained, that a replica deposed while alive becomes a
+//! member again and that such an owner, its lease alive, believes it owns a
+//! cluster claimed anew. Each negative test seeds one [`Flaw`] and the
 //! checker finds its counterexample: without the owner-key compare (in the
-//! executor's writes or in the accept's claim) a dead lease's write lands;
+//! executor's writes or in the accept's claim) a dead lease's write lands,
+//! and so does the write of an owner deposed while alive after its key was
+//! drained; a takeover that puts its owner key over the departed one
+//! instead of draining it and claiming afresh repeats the deposed owner's
+//! epoch;
 //! without orphan recovery an operation never ends; failing an orphan
 //! without a fence, or when the fence fails (as Drover did), lets the old
 //! owner's call land after the operation ended; planning from a failed
@@ -75,13 +87,40 @@
 //!   successful keep-alive is not a step of the model (it only postpones an
 //!   expiry the model may take or not), and a paused replica is one that
 //!   acts on its beliefs while its lease is already gone.
-//! - A live peer may revoke any other replica's lease at any step (fast
-//!   crash detection, `server/src/replication/liveness.rs`): to etcd that
-//!   is an expiry, and it is drawn from the same budget of lease losses.
-//!   The model lets a peer revoke a lease whose replica is alive and well,
-//!   which Drover never does on purpose: safety must not rest on the
-//!   evidence being right. A replica that rejoins revokes its previous
-//!   incarnation's lease first if etcd still holds it.
+//! - A live peer may depose any other replica at any step (fast crash
+//!   detection, `server/src/replication/liveness.rs`): it deletes the
+//!   replica's member key, comparing it bound to the replica's lease, and
+//!   leaves the lease and its owner keys (revoking the lease at once
+//!   deleted every owner key in one etcd apply). A depose is drawn from its
+//!   own budget and, when the replica's session is alive, from the budget
+//!   of lease losses too. The model lets a peer depose a replica that is
+//!   alive and well, which Drover never does on purpose: safety must not
+//!   rest on the evidence being right. The deposer revokes the lease once
+//!   no owner key is bound to it (to etcd an expiry; no fault of its own,
+//!   the depose was); a revoke at any other time, as after the deadline
+//!   with keys left, is a lease loss from the budget, as it was. A replica
+//!   that rejoins revokes its previous incarnation's lease first if its
+//!   member key still holds it; a deposed incarnation's is left to the
+//!   deposer's revoke or to its expiry.
+//! - A takeover: in an ownership pass, the preferred member deletes a
+//!   cluster's owner key bound to a lease no member key holds (a deposed
+//!   incarnation's), comparing the key's lease and create revision as it
+//!   read them, and claims the cluster in a later step, as any claim: a new
+//!   key, so a new create revision and a new epoch. The read and the delete
+//!   are one step (a transaction that misses writes nothing), so to keep
+//!   the race of a drain read before the deposed replica wrote its member
+//!   key back, a key stays drainable once its lease lost its member key,
+//!   for as long as it is the same key. Who drains is judged at that step
+//!   (member, preferred, its session alive as far as it knows): the delete
+//!   is the same whoever makes it.
+//! - A replica deposed while alive finds its member key gone at its next
+//!   pass and writes it again, bound to the same lease (a put that fails
+//!   if etcd dropped the lease); while not a member it claims and releases
+//!   nothing. Its drives go on, fenced by the owner key's compare: a drained
+//!   key makes its next write miss. A member whose pass finds the owner key
+//!   it believes its own gone or another's, its lease alive, forgets the
+//!   claim, and its drive stops at its claim check (the real pass derives
+//!   what it owns from the owner keys each time).
 //! - A gray failure's hand-over: an owner whose lease lives releases a
 //!   cluster whose operation it drives (fenced, as any release) and stops
 //!   driving it; the call it sent goes on. The next owner finds the
@@ -118,6 +157,8 @@
 //! # Caveats
 //!
 //! - Bounds: 2–3 replicas, 1–2 clusters, 1–2 requests, 1–2 lease losses,
+//!   at most one depose (in the checks that have one, and with one lease
+//!   loss: a depose multiplies the states by about six),
 //!   one failed provider read, at most one drive ending early and one slow
 //!   call, orphans resumed once (Drover's default is three; see the
 //!   tests: not every combination, or the states run into tens of
@@ -178,7 +219,8 @@
 //!   a read error; once they are spent, fences succeed). At its ends nothing
 //!   is enabled: the faults are spent, every replica has rejoined, every
 //!   given-up lease has expired, every call has landed and no request is
-//!   left. The property is stable once true, so stateright not following a
+//!   left (a forgotten claim comes back only through a claim, which bumps
+//!   the revision). The property is stable once true, so stateright not following a
 //!   second path into a state it has already seen misses nothing. What it
 //!   shows is therefore: after at most the budgeted faults, in every run
 //!   where each replica keeps taking the steps open to it, every request is
@@ -231,8 +273,9 @@ pub struct Drover {
     pub clusters: usize,
     /// Client requests made in all, over every cluster.
     pub requests: u8,
-    /// Lease losses: expiries of a lease its replica still uses, and
-    /// replicas giving theirs up after failed keep-alives.
+    /// Lease losses: expiries of a lease its replica still uses, replicas
+    /// giving theirs up after failed keep-alives, and peers deposing, or
+    /// revoking the lease of, a replica whose session is alive.
     pub faults: u8,
     /// Provider reads that fail: the fencing describe of orphan recovery and
     /// the describe an upgrade is planned from.
@@ -255,6 +298,11 @@ pub struct Drover {
     /// Restores of etcd from a snapshot of the deployment as it began
     /// (two: the same snapshot restored twice).
     pub restores: u8,
+    /// Deposes: a peer, on evidence that a replica crashed, removes its
+    /// member key and leaves its lease and owner keys to be drained. One
+    /// of a replica whose session is alive (the evidence was wrong) also
+    /// spends a lease loss.
+    pub deposes: u8,
     pub orphans: OrphanPolicy,
     pub flaw: Option<Flaw>,
 }
@@ -305,6 +353,11 @@ pub enum Flaw {
     /// generation Drover had): restoring one snapshot twice repeats the
     /// first restore's epochs.
     BaseFromRestoredRecord,
+    /// A takeover puts its owner key over a departed incarnation's (its
+    /// lease and create revision compared) in one transaction instead of
+    /// draining it and claiming afresh: etcd keeps a key's create
+    /// revision across puts, so the new owner's epoch is the old one's.
+    TakeoverByOverwrite,
 }
 
 impl Drover {
@@ -324,6 +377,7 @@ impl Drover {
             handovers: 0,
             rebases: 0,
             restores: 0,
+            deposes: 0,
             orphans: OrphanPolicy::Resume { limit: 1 },
             flaw: None,
         }

@@ -13,6 +13,8 @@ pub const EDGES_ONLY: &str = "every state change is an edge of the table";
 pub const EPOCHS_GROW: &str = "the provider never takes an older epoch";
 pub const NONE_BESIDE: &str = "no call runs beside a newer epoch's";
 pub const LIVE_LEASE_WRITES: &str = "no owner write takes effect without its lease";
+pub const OWNER_KEY_WRITES: &str =
+    "no owner write of a live lease takes effect without its owner key";
 pub const MISSES_ARE_DEAD: &str = "a missed compare comes from a dead claim";
 pub const EVERYTHING_ENDS: &str = "every request is made and every operation ends";
 pub const ORPHAN_FAILED: &str = "a new owner fails an orphaned operation";
@@ -34,6 +36,9 @@ pub const CLAIMS_ABOVE_SEEN: &str =
     "a new owner's epoch is above every epoch the provider saw for the cluster";
 pub const BASE_FOLLOWED: &str = "a replica takes up the epoch base another replica set";
 pub const CLAIMED_AFTER_RESTORE: &str = "a cluster is claimed after a restore";
+pub const OWNER_DRAINED: &str = "a departed incarnation's owner key is drained";
+pub const REREGISTERED: &str = "a replica deposed while alive is a member again";
+pub const OUTLIVED: &str = "an owner whose lease lives believes it owns a cluster claimed anew";
 
 pub fn all() -> Vec<Property<Drover>> {
     vec![
@@ -42,6 +47,7 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::always(EPOCHS_GROW, epochs_grow),
         Property::always(NONE_BESIDE, none_beside),
         Property::always(LIVE_LEASE_WRITES, live_lease_writes),
+        Property::always(OWNER_KEY_WRITES, |_, s: &State| !s.history.write_off_key),
         Property::always(MISSES_ARE_DEAD, misses_are_dead),
         Property::eventually(EVERYTHING_ENDS, everything_ends),
         Property::sometimes(ORPHAN_FAILED, |_, s: &State| {
@@ -76,6 +82,9 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::sometimes(CLAIMED_AFTER_RESTORE, |_, s: &State| {
             s.history.claimed_after_restore
         }),
+        Property::sometimes(OWNER_DRAINED, |_, s: &State| s.history.owner_drained),
+        Property::sometimes(REREGISTERED, |_, s: &State| s.history.reregistered),
+        Property::sometimes(OUTLIVED, outlived),
     ]
 }
 
@@ -152,7 +161,9 @@ fn success_shown(_: &Drover, state: &State) -> bool {
 }
 
 /// Every owner write (claim, start, completion, release) that took effect
-/// did so while etcd still held the writer's lease.
+/// did so while etcd still held the writer's lease. Since a depose leaves
+/// a live replica its lease, that no longer keeps out the owner it
+/// deposed: [`OWNER_KEY_WRITES`] does (its key drained, its writes miss).
 fn live_lease_writes(_: &Drover, state: &State) -> bool {
     !state.history.write_without_lease
 }
@@ -170,9 +181,11 @@ fn everything_ends(_: &Drover, state: &State) -> bool {
 
 /// The model turns a transaction whose compares miss, and a fenced read
 /// the provider refuses, into no step, and its replica then holds the
-/// operation until it drops its session. That loses no behaviour only if a
-/// miss means the claim is dead for good: the owner key it compares is gone
-/// and, its create revision being in the past, can never come back.
+/// operation until it drops its session, or until its pass finds its owner
+/// key drained (its lease alive: it was deposed) and forgets the claim.
+/// That loses no behaviour only if a miss means the claim is dead for
+/// good: the owner key it compares is gone and, its create revision being
+/// in the past, can never come back.
 fn misses_are_dead(model: &Drover, state: &State) -> bool {
     let fencing = !model.has(Flaw::NoOwnerCompare);
     state.replicas.iter().all(|replica| {
@@ -191,7 +204,8 @@ fn misses_are_dead(model: &Drover, state: &State) -> bool {
     })
 }
 
-/// Two replicas believe they own the same cluster (one is a zombie).
+/// Two replicas believe they own the same cluster (one is a zombie, or
+/// deposed and its key drained).
 fn two_believers(_: &Drover, state: &State) -> bool {
     (0..state.store.states.len()).any(|cluster| {
         state
@@ -225,6 +239,23 @@ fn call_outlives_drive(_: &Drover, state: &State) -> bool {
             .iter()
             .filter_map(|r| r.holding[call.cluster])
             .any(|h| h.awaits(call))
+    })
+}
+
+/// A replica whose lease etcd still holds believes it owns a cluster whose
+/// owner key is another replica's: it was deposed while alive, its key
+/// drained and the cluster claimed anew. Its lease does not fence it; its
+/// owner key's compare does (every fenced write compares lease and create
+/// revision, [`OWNER_KEY_WRITES`]).
+fn outlived(_: &Drover, state: &State) -> bool {
+    state.replicas.iter().enumerate().any(|(replica, local)| {
+        local
+            .session
+            .is_some_and(|l| state.store.leases.contains(&l))
+            && (0..state.store.owners.len()).any(|cluster| {
+                local.claim(cluster).is_some()
+                    && state.store.owners[cluster].is_some_and(|o| o.replica != replica)
+            })
     })
 }
 

@@ -43,6 +43,9 @@ pub struct State {
     pub rebases_left: u8,
     /// Restores of the snapshot still to happen.
     pub restores_left: u8,
+    /// Deposes still to happen (one of a replica whose session is alive
+    /// spends a lease loss too).
+    pub deposes_left: u8,
     /// The snapshot restores go back to: the revision and the fence record
     /// of the deployment as it began.
     pub snapshot: (Revision, Fence),
@@ -78,6 +81,14 @@ pub struct History {
     pub followed_base: bool,
     /// A cluster was claimed after a restore.
     pub claimed_after_restore: bool,
+    /// An owner write took effect while etcd held the writer's lease but
+    /// the cluster's owner key was not the one its claim was made with
+    /// (gone, or another's).
+    pub write_off_key: bool,
+    /// A departed incarnation's owner key was drained.
+    pub owner_drained: bool,
+    /// A replica deposed while alive wrote its member key again.
+    pub reregistered: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -266,10 +277,37 @@ pub enum Action {
     /// etcd drops the lease and every key bound to it; its replica does not
     /// know.
     LeaseExpires { lease: LeaseId },
-    /// A live peer revokes another replica's lease early (fast crash
-    /// detection): to etcd an expiry, at any step, whatever the keep-alives
-    /// did; the replica does not know.
+    /// A live peer revokes another replica's lease: a deposed incarnation's
+    /// once no owner key is bound to it, or any at any step, whatever the
+    /// keep-alives did (after the deadline, or a wrong judgement): to etcd
+    /// an expiry; the replica does not know.
     Revoke { by: ReplicaId, lease: LeaseId },
+    /// A live peer, on evidence that the replica of `lease` crashed,
+    /// deletes its member key only (compared bound to `lease`), leaving
+    /// the lease and its owner keys: the survivors drain those and claim
+    /// its clusters, and the lease is revoked later. Like a revoke, it may
+    /// hit a replica that is alive; the replica does not know.
+    Depose { by: ReplicaId, lease: LeaseId },
+    /// In an ownership pass, the preferred member deletes a cluster's
+    /// owner key bound to a departed incarnation's lease (one that no
+    /// member key held when the drainer read the key: [`OwnerKey::departed`]),
+    /// comparing the key's lease and create revision as read; it claims
+    /// the cluster in a later step.
+    Drain {
+        replica: ReplicaId,
+        cluster: ClusterId,
+    },
+    /// A replica whose lease lives as far as it knows finds its member key
+    /// gone (deposed while alive) and puts it again, bound to that lease.
+    Reregister { replica: ReplicaId },
+    /// A member's ownership pass finds the owner key it believes its own
+    /// gone or another's (drained while it was deposed) and forgets the
+    /// claim; its drive stops at its claim check, its call in flight goes
+    /// on.
+    Forget {
+        replica: ReplicaId,
+        cluster: ClusterId,
+    },
     /// A keep-alive answers "lease not found": the replica drops its
     /// session, its claims and its drives.
     LeaseNotFound { replica: ReplicaId },
@@ -278,7 +316,8 @@ pub enum Action {
     KeepAliveTimeout { replica: ReplicaId },
     /// A replica without a session grants a new lease and rebinds its
     /// member key to it, having revoked its previous incarnation's lease
-    /// if etcd still holds it, and reads the fence record: when it was
+    /// if its member key still holds it (a deposed incarnation's is left
+    /// to the deposer), and reads the fence record: when it was
     /// written in another history of etcd (a restore since), the replica
     /// writes it anew with a new base (`restore::fence_at_join`).
     Rejoin { replica: ReplicaId },
@@ -352,6 +391,7 @@ impl State {
             handovers_left: model.handovers,
             rebases_left: model.rebases,
             restores_left: model.restores,
+            deposes_left: model.deposes,
             snapshot: (store.revision, store.fence),
             history: History::default(),
             store,
@@ -369,8 +409,13 @@ impl State {
             };
             if !self.store.leases.contains(&lease) {
                 actions.push(Action::LeaseNotFound { replica });
-            } else if self.faults_left > 0 {
-                actions.push(Action::KeepAliveTimeout { replica });
+            } else {
+                if self.faults_left > 0 {
+                    actions.push(Action::KeepAliveTimeout { replica });
+                }
+                if self.store.members[replica].is_none() {
+                    actions.push(Action::Reregister { replica });
+                }
             }
             if self.rebases_left > 0 {
                 actions.push(Action::Rebase { replica });
@@ -415,22 +460,36 @@ impl State {
             && self.store.operations.iter().all(|o| o.status.is_terminal())
     }
 
-    /// Leases etcd drops: a lease its replica has given up on expires for
-    /// sure; one still in use expires, or a live peer revokes it, only as
-    /// one of the budgeted faults.
+    /// Leases etcd drops, and member keys peers delete: a lease its
+    /// replica has given up on expires for sure; one still in use expires,
+    /// or a live peer deposes its replica or revokes it, only as one of the
+    /// budgeted faults. A revoke of a lease no member key holds, once no
+    /// owner key is bound to it either, is free: the deposer's, once the
+    /// owner keys are drained (the depose was the fault, if its replica was
+    /// alive; a revoke after the deadline, keys left, is a fault of its
+    /// own).
     fn lease_losses(&self, actions: &mut Vec<Action>) {
         for &lease in &self.store.leases {
             let in_use = self.replicas.iter().any(|r| r.session == Some(lease));
-            if in_use && self.faults_left == 0 {
-                continue;
+            let member = self.store.is_member_lease(lease);
+            let budget = !in_use || self.faults_left > 0;
+            if budget {
+                actions.push(Action::LeaseExpires { lease });
             }
-            actions.push(Action::LeaseExpires { lease });
             // A peer acts on its own member key's lease being alive.
-            let peers = self.store.members.iter().enumerate().filter(|(by, m)| {
+            let mut peers = self.store.members.iter().enumerate().filter(|(by, m)| {
                 m.is_some_and(|m| m != lease && self.replicas[*by].session == Some(m))
             });
-            for (by, _) in peers {
-                actions.push(Action::Revoke { by, lease });
+            let drained = !member && !self.store.binds_owner_key(lease);
+            if budget || drained {
+                for (by, _) in peers.clone() {
+                    actions.push(Action::Revoke { by, lease });
+                }
+            }
+            // Which peer deposes changes nothing: the first stands for all.
+            let depose = budget && member && self.deposes_left > 0;
+            if let Some((by, _)) = peers.next().filter(|_| depose) {
+                actions.push(Action::Depose { by, lease });
             }
         }
     }
@@ -472,25 +531,30 @@ impl State {
         // Reconciling needs the replica in the member list it reads.
         let member = self.store.members[replica].is_some();
         let mine = preferred(&self.store, cluster) == Some(replica);
+        let owner = self.store.owners[cluster];
         let holding = match (local.owned[cluster], local.holding[cluster]) {
             (None, _) => {
-                if member && mine && self.store.owners[cluster].is_none() {
-                    actions.push(Action::Claim { replica, cluster });
+                match owner {
+                    _ if !member || !mine => {}
+                    None => actions.push(Action::Claim { replica, cluster }),
+                    // A departed incarnation's key: drained, then claimed.
+                    Some(owner) if owner.departed => {
+                        actions.push(Action::Drain { replica, cluster });
+                    }
+                    Some(_) => {}
                 }
                 return;
             }
+            (Some(_), _) if member && self.lost(replica, cluster) => {
+                actions.push(Action::Forget { replica, cluster });
+                // Until then it goes on as before (its writes miss).
+                match local.holding[cluster] {
+                    None => return self.idle_owner(replica, cluster, false, actions),
+                    Some(holding) => holding,
+                }
+            }
             (Some(_), None) => {
-                if member && !mine {
-                    // The real reconcile reads the slot empty and then
-                    // releases without comparing it, so a request accepted
-                    // in between is released with the cluster: offered
-                    // whenever nothing is in flight here.
-                    actions.push(Action::Release { replica, cluster });
-                }
-                if self.store.states[cluster].slot.is_some() {
-                    actions.push(Action::Read { replica, cluster });
-                }
-                return;
+                return self.idle_owner(replica, cluster, member && !mine, actions);
             }
             (Some(_), Some(holding)) => holding,
         };
@@ -522,6 +586,42 @@ impl State {
         if self.stalls_left > 0 && stalls && holding.step > 1 {
             actions.push(Action::Stall { replica, cluster });
         }
+    }
+
+    /// What an owner that drives nothing on `cluster` does: releases it
+    /// (`release`: a member another is preferred for) or drives the
+    /// slot's operation.
+    fn idle_owner(
+        &self,
+        replica: ReplicaId,
+        cluster: ClusterId,
+        release: bool,
+        actions: &mut Vec<Action>,
+    ) {
+        if release {
+            // The real reconcile reads the slot empty and then releases
+            // without comparing it, so a request accepted in between is
+            // released with the cluster: offered whenever nothing is in
+            // flight here.
+            actions.push(Action::Release { replica, cluster });
+        }
+        if self.store.states[cluster].slot.is_some() {
+            actions.push(Action::Read { replica, cluster });
+        }
+    }
+
+    /// Whether `replica` believes it owns `cluster` under an owner key that
+    /// is gone or another's while etcd still holds its lease (its key was
+    /// drained while it was deposed). One whose lease is gone drops its
+    /// session instead.
+    fn lost(&self, replica: ReplicaId, cluster: ClusterId) -> bool {
+        let local = &self.replicas[replica];
+        local
+            .claim(cluster)
+            .is_some_and(|claim| !self.store.owner_is(cluster, claim))
+            && local
+                .session
+                .is_some_and(|lease| self.store.leases.contains(&lease))
     }
 
     /// The state after `action`, or `None` when it changes nothing (a
@@ -557,11 +657,14 @@ impl State {
                 next.stalls_left -= 1;
                 next.replicas[replica].holding[cluster] = None;
             }
-            Action::LeaseExpires { lease } | Action::Revoke { lease, .. } => {
-                if self.replicas.iter().any(|r| r.session == Some(lease)) {
-                    next.faults_left -= 1;
-                }
-                next.store.expire(lease);
+            Action::LeaseExpires { lease } => next.lose_lease(lease, false),
+            Action::Revoke { lease, .. } => next.lose_lease(lease, true),
+            Action::Depose { lease, .. } => next.depose(lease)?,
+            Action::Drain { replica, cluster } => next.drain(model, replica, cluster)?,
+            Action::Reregister { replica } => next.reregister(replica)?,
+            Action::Forget { replica, cluster } => {
+                next.replicas[replica].owned[cluster] = None;
+                next.replicas[replica].holding[cluster] = None;
             }
             Action::LeaseNotFound { replica } => next.replicas[replica].drop_session(),
             Action::KeepAliveTimeout { replica } => {
@@ -612,11 +715,70 @@ impl State {
         };
     }
 
+    /// etcd drops `lease` and every key bound to it: a fault if its
+    /// replica still uses it, except a peer's revoke of a lease no key is
+    /// bound to (the deposer's, once the owner keys are drained: the
+    /// depose was the fault).
+    fn lose_lease(&mut self, lease: LeaseId, revoke: bool) {
+        let in_use = self.replicas.iter().any(|r| r.session == Some(lease));
+        let drained = !self.store.is_member_lease(lease) && !self.store.binds_owner_key(lease);
+        if in_use && !(revoke && drained) {
+            self.faults_left -= 1;
+        }
+        self.store.expire(lease);
+    }
+
+    /// A peer deletes the member key bound to `lease`: spends a depose, and
+    /// a lease loss if its replica still uses the lease.
+    fn depose(&mut self, lease: LeaseId) -> Option<()> {
+        let in_use = self.replicas.iter().any(|r| r.session == Some(lease));
+        self.store.depose(lease).then_some(())?;
+        self.deposes_left -= 1;
+        if in_use {
+            self.faults_left -= 1;
+        }
+        Some(())
+    }
+
+    /// Deletes the departed owner key of `cluster` if it is still the key
+    /// read (one step: read and transaction collapsed, as a transaction
+    /// whose compares miss writes nothing); the claim follows later.
+    fn drain(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+        let seen = self.store.owners[cluster]?;
+        if model.has(Flaw::TakeoverByOverwrite) {
+            self.take(model, replica, cluster, Some(seen.create_revision))?;
+        } else {
+            self.store.drain(cluster, seen).then_some(())?;
+        }
+        self.history.owner_drained = true;
+        Some(())
+    }
+
+    /// `Ownership::reregister`: puts the member key again, bound to the
+    /// session's lease, which fails if etcd no longer holds it.
+    fn reregister(&mut self, replica: ReplicaId) -> Option<()> {
+        let lease = self.replicas[replica].session?;
+        self.store.reregister(replica, lease).then_some(())?;
+        self.history.reregistered = true;
+        Some(())
+    }
+
     /// Records an owner write taking effect, and whether etcd still held
     /// the writer's lease at that moment.
     fn owner_wrote(&mut self, lease: LeaseId) {
         if !self.store.leases.contains(&lease) {
             self.history.write_without_lease = true;
+        }
+    }
+
+    /// Records a fenced owner write under `claim` taking effect, and
+    /// whether, etcd holding the lease, the owner key was still the one
+    /// `claim` was made with (a deposed owner's lease lives on: the key is
+    /// its only fence). Without the lease it is a write without its lease.
+    fn fenced_wrote(&mut self, cluster: ClusterId, claim: Claim) {
+        self.owner_wrote(claim.lease);
+        if self.store.leases.contains(&claim.lease) && !self.store.owner_is(cluster, claim) {
+            self.history.write_off_key = true;
         }
     }
 
@@ -673,7 +835,7 @@ impl State {
         if fenced && !self.store.owner_is(cluster, claim) {
             return None;
         }
-        self.owner_wrote(claim.lease);
+        self.fenced_wrote(cluster, claim);
         let status = Status::Running {
             epoch: claim.epoch,
             step: 1,
@@ -698,6 +860,19 @@ impl State {
     /// create revision. The replica is in the member list, so etcd still
     /// holds that lease (its member key is bound to it).
     fn claim(&mut self, model: &Drover, replica: ReplicaId, cluster: ClusterId) -> Option<()> {
+        self.take(model, replica, cluster, None)
+    }
+
+    /// Puts the owner key of `cluster` bound to `replica`'s lease: a new
+    /// key, or (`over`, a flaw) one put over the departed key, which keeps
+    /// that key's create revision.
+    fn take(
+        &mut self,
+        model: &Drover,
+        replica: ReplicaId,
+        cluster: ClusterId,
+        over: Option<Revision>,
+    ) -> Option<()> {
         let local = &self.replicas[replica];
         let lease = local.session?;
         let view = local.fence;
@@ -705,7 +880,9 @@ impl State {
             return None;
         }
         self.owner_wrote(lease);
-        let create_revision = self.store.commit();
+        // A put, new key or not, is a write.
+        let revision = self.store.commit();
+        let create_revision = over.unwrap_or(revision);
         let epoch = view.base + create_revision;
         if self
             .provider
@@ -719,6 +896,7 @@ impl State {
             replica,
             lease,
             create_revision,
+            departed: false,
         });
         self.replicas[replica].owned[cluster] = Some((create_revision, epoch));
         Some(())
@@ -749,7 +927,7 @@ impl State {
         if !self.store.owner_is(cluster, claim) {
             return None;
         }
-        self.owner_wrote(claim.lease);
+        self.fenced_wrote(cluster, claim);
         self.store.commit();
         self.store.owners[cluster] = None;
         self.replicas[replica].owned[cluster] = None;
@@ -875,7 +1053,7 @@ impl State {
         if !self.store.holds(&holding.guard(cluster, fencing)) {
             return None;
         }
-        self.owner_wrote(holding.claim.lease);
+        self.fenced_wrote(cluster, holding.claim);
         Some(holding)
     }
 

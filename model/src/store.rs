@@ -95,6 +95,12 @@ pub struct OwnerKey {
     pub lease: LeaseId,
     /// The epoch: a new owner key always has a newer create revision.
     pub create_revision: Revision,
+    /// Not etcd's: whether the key was ever bound to a lease no member
+    /// key held (its replica deposed), so that a drainer may have read it
+    /// as a departed incarnation's. It stays set when the replica writes
+    /// its member key again: a drain read before that still deletes it,
+    /// as its compares (lease, create revision) still hold.
+    pub departed: bool,
 }
 
 /// A replica's ownership of one cluster, as the replica believes it.
@@ -286,6 +292,57 @@ impl Store {
         if deleted {
             self.commit();
         }
+    }
+
+    /// A peer removes the member key bound to `lease` (compared), leaving
+    /// the lease and its owner keys: whether it was there.
+    pub fn depose(&mut self, lease: LeaseId) -> bool {
+        let Some(member) = self.members.iter_mut().find(|m| **m == Some(lease)) else {
+            return false;
+        };
+        *member = None;
+        for owner in self.owners.iter_mut().flatten() {
+            owner.departed |= owner.lease == lease;
+        }
+        self.commit();
+        true
+    }
+
+    /// Deletes `owners/<cluster>` if it is still `seen` (its lease and
+    /// create revision compared): whether it was.
+    pub fn drain(&mut self, cluster: ClusterId, seen: OwnerKey) -> bool {
+        let same = self.owners[cluster].is_some_and(|owner| {
+            owner.lease == seen.lease && owner.create_revision == seen.create_revision
+        });
+        if same {
+            self.owners[cluster] = None;
+            self.commit();
+        }
+        same
+    }
+
+    /// Puts `members/<replica>` again, bound to `lease`, which fails if
+    /// etcd no longer holds the lease: whether it took.
+    pub fn reregister(&mut self, replica: ReplicaId, lease: LeaseId) -> bool {
+        if !self.leases.contains(&lease) || self.members[replica].is_some() {
+            return false;
+        }
+        self.members[replica] = Some(lease);
+        self.commit();
+        true
+    }
+
+    /// Whether a member key is bound to `lease`.
+    pub fn is_member_lease(&self, lease: LeaseId) -> bool {
+        self.members.contains(&Some(lease))
+    }
+
+    /// Whether an owner key is bound to `lease`.
+    pub fn binds_owner_key(&self, lease: LeaseId) -> bool {
+        self.owners
+            .iter()
+            .flatten()
+            .any(|owner| owner.lease == lease)
     }
 
     /// Replicas with a member key, in id order.

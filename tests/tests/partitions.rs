@@ -430,11 +430,16 @@ async fn a_prober_whose_own_network_refuses_revokes_no_lease() {
     )
     .await;
     let samples = drover_tests::scrape::metrics(&r1).await;
-    let revoked = drover_tests::scrape::sum(&samples, "drover_peer_leases_revoked_total", "");
-    assert_eq!(
-        revoked, 0.0,
-        "r1 revoked a peer's lease over its own network"
-    );
+    for taken in [
+        "drover_peer_members_deposed_total",
+        "drover_peer_leases_revoked_total",
+    ] {
+        let count = drover_tests::scrape::sum(&samples, taken, "");
+        assert_eq!(
+            count, 0.0,
+            "{taken}: r1 took a peer for crashed over its own network"
+        );
+    }
     assert_eq!(owner_changes(&world).await, before, "a cluster moved");
 
     world.net.stop_rejecting("r1");

@@ -9,12 +9,11 @@
 //! cluster, and the time from the kill of the rollout's owner to the next
 //! target's operation accepted (by the owner that took the rollout over).
 
-use crate::etcd::EtcdProcess;
 use crate::procfs::cpu_time;
 use crate::provider::SimProcess;
 use crate::replica::ReplicaProcess;
 use drover_client::v1;
-use drover_server::store::Store;
+use drover_server::store::{EtcdStore, Store};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -157,7 +156,7 @@ impl RolloutPhase {
     /// Runs the phase on `replicas` (one of which it kills and removes).
     pub async fn run(
         &self,
-        etcd: &EtcdProcess,
+        store: &EtcdStore,
         sim: &SimProcess,
         replicas: &mut Vec<(String, ReplicaProcess)>,
     ) -> RolloutFigures {
@@ -167,7 +166,6 @@ impl RolloutPhase {
         sim.set_latency(self.latency).await;
         let mut client = replicas[0].1.client().await;
         let one_upgrade = one_upgrade(&mut client).await;
-        let store = etcd.store().await;
         eprintln!(
             "rollout: {} clusters at {}...",
             self.clusters, self.concurrency
@@ -177,7 +175,7 @@ impl RolloutPhase {
         let from = unix_ms();
         let started = Instant::now();
         create_rollout(&mut client, "bench", "1.30.0", self.concurrency).await;
-        wait_succeeded(&store, "bench").await;
+        wait_succeeded(store, "bench").await;
         let wall = started.elapsed();
         let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
         let reconciles = reconciles(replicas).await;
@@ -188,8 +186,8 @@ impl RolloutPhase {
         let kill_after = one_upgrade * (self.clusters.div_ceil(self.concurrency) as u32) / 3;
         create_rollout(&mut client, "bench-kill", "1.31.0", self.concurrency).await;
         tokio::time::sleep(kill_after).await;
-        let killed_at = kill_owner(&store, "bench-kill", replicas).await;
-        wait_succeeded(&store, "bench-kill").await;
+        let killed_at = kill_owner(store, "bench-kill", replicas).await;
+        wait_succeeded(store, "bench-kill").await;
         RolloutFigures {
             clusters: self.clusters,
             concurrency: self.concurrency,
@@ -200,7 +198,7 @@ impl RolloutPhase {
             busy: upgrades_after.since(&upgrades_before),
             replica_cpu: cpu_after.saturating_sub(cpu_before),
             reconciles,
-            kill_to_next_start: next_accept_after(&store, "bench-kill", killed_at).await,
+            kill_to_next_start: next_accept_after(store, "bench-kill", killed_at).await,
         }
     }
 
@@ -347,7 +345,7 @@ async fn reconciles(replicas: &[(String, ReplicaProcess)]) -> (f64, Duration) {
 
 /// The rollout's status record, read from etcd (not through a replica,
 /// whose CPU the phase measures).
-async fn status(store: &drover_server::store::EtcdStore, name: &str) -> Value {
+async fn status(store: &EtcdStore, name: &str) -> Value {
     let key = format!("/drover/v1/rollout-status/{name}");
     let kv = store
         .get(&key)

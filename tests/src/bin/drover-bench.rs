@@ -16,8 +16,7 @@
 //! The bulk phase also lists the whole fleet with ListClusters (500 a page,
 //! from the watch cache and from etcd, and a filtered share of it), each
 //! page timed, and resumes WatchClusters from the listing's revision.
-//! `--etcd-members 3` runs everything on a three-member etcd on loopback
-//! (the rollout phase, which takes a single etcd, says it is skipped).
+//! `--etcd-members 3` runs everything on a three-member etcd on loopback.
 //!
 //! `--phases` runs only some of them (throughput, tracing, failover,
 //! handoff, crash, bulk, rollout). Each prints its figures under a heading
@@ -230,14 +229,6 @@ impl BenchEtcd {
         match self {
             Self::One(etcd) => etcd.cpu_profile(seconds).await,
             Self::Many(cluster) => cluster.cpu_profile(self.leader(), seconds).await,
-        }
-    }
-
-    /// The single member, for what takes one (the rollout phase).
-    fn single(&self) -> Option<&EtcdProcess> {
-        match self {
-            Self::One(etcd) => Some(etcd),
-            Self::Many(_) => None,
         }
     }
 }
@@ -1767,16 +1758,14 @@ async fn rollout(bench: &mut Bench, args: &Args) -> Option<RolloutFigures> {
     while bench.replicas.len() < 3 {
         bench.add_replica().await;
     }
-    // Skipped (and said so) with several members: the rollout phase's
-    // code takes a single etcd process.
-    let etcd = bench.etcd.single()?;
+    let store = bench.etcd.store().await;
     let phase = RolloutPhase {
         clusters: args.rollout_clusters,
         concurrency: args.rollout_concurrency,
         latency: Duration::from_millis(args.rollout_latency_ms),
         clients: args.clients,
     };
-    Some(phase.run(etcd, &bench.sim, &mut bench.replicas).await)
+    Some(phase.run(&store, &bench.sim, &mut bench.replicas).await)
 }
 
 /// The bench's phases, in the order they run.
@@ -2130,9 +2119,6 @@ impl Report {
         match phase {
             Phase::Tracing if args.trace_sample <= 0.0 => Some("--trace-sample 0"),
             Phase::Rollout if args.rollout_clusters == 0 => Some("--rollout-clusters 0"),
-            Phase::Rollout if args.etcd_members > 1 => Some(
-                "it takes a single-member etcd (drover_tests::rollout_bench); run it with --etcd-members 1",
-            ),
             _ => None,
         }
     }

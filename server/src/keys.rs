@@ -3,8 +3,6 @@
 //! Every cluster key ends its name with `/`, so `clusters/foo/` is never a
 //! prefix of `clusters/foobar/`.
 
-use crate::store::KeyRange;
-
 /// The leaf names under `clusters/<name>/`: the rest of a cluster key, as
 /// [`KeyLayout::split_cluster_key`](crate::keys::KeyLayout::split_cluster_key)
 /// returns it.
@@ -39,22 +37,6 @@ impl KeyLayout {
     /// covers).
     pub fn all(&self) -> &str {
         &self.prefix
-    }
-
-    /// What a replica's watch follows: every key but the operation
-    /// records, as two ranges (the keys before `operations/` and those
-    /// after). Nobody follows every record: the owner, a waiter and the
-    /// console read the ones they need (the cluster's state says when).
-    pub fn followed(&self) -> [KeyRange; 2] {
-        let records = self.all_operations();
-        let after_records = format!("{}operations0", self.prefix);
-        [
-            KeyRange::between(&self.prefix, &records),
-            KeyRange {
-                start: after_records,
-                end: KeyRange::prefix(&self.prefix).end,
-            },
-        ]
     }
 
     /// `<prefix>clusters/`: every key of every cluster.
@@ -253,19 +235,6 @@ mod tests {
         assert!(keys.cluster_spec("foo0") >= after);
         assert!(keys.cluster_spec("fooa") > after);
         assert!(keys.cluster_spec("foo-bar") < keys.cluster_spec("foo"));
-    }
-
-    #[test]
-    fn the_followed_ranges_hold_every_key_but_the_operation_records() {
-        let keys = KeyLayout::new("/d/");
-        let followed = |key: &str| keys.followed().iter().any(|range| range.contains(key));
-        assert!(followed(&keys.cluster_state("c")));
-        assert!(followed(&keys.member("r")));
-        assert!(followed(&keys.owner("c")));
-        assert!(followed(&keys.rollout_status("r")));
-        assert!(followed(&keys.fence()));
-        assert!(!followed(&keys.operation("c", "op")));
-        assert!(!followed("/e/clusters/c/state"));
     }
 
     #[test]

@@ -407,12 +407,7 @@ fn start_console(
     let feed = ConsoleFeed::new();
     tasks.spawn(
         "console-feed",
-        Arc::clone(&feed).run(
-            Arc::clone(cache),
-            operations.store().clone(),
-            keys.clone(),
-            work_stopped.clone(),
-        ),
+        Arc::clone(&feed).run(Arc::clone(cache), keys.clone(), work_stopped.clone()),
     );
     Console::new(
         config.security.tokens.as_ref(),

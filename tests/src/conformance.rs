@@ -6,8 +6,8 @@
 
 use crate::wait_until;
 use drover_server::store::{
-    CmpOp, Compare, EventKind, KeyRange, Op, OpResult, RangeRequest, Store, StoreError, Txn,
-    WatchEvent, WatchStream,
+    CmpOp, Compare, EventKind, Op, OpResult, RangeRequest, Store, StoreError, Txn, WatchEvent,
+    WatchStream,
 };
 use std::time::Duration;
 
@@ -361,24 +361,6 @@ pub async fn watch_replays_from_revision_then_follows(store: &dyn Store) {
     );
 }
 
-/// A watch of a key range sees the keys from its start up to, not
-/// including, its end, and no other.
-pub async fn watch_range_sees_only_its_keys(store: &dyn Store) {
-    let range = KeyRange::between("/t/r/b", "/t/r/d");
-    let mut watch = store.watch_range(range, 0).await.unwrap();
-    for key in ["/t/r/a", "/t/r/b", "/t/r/c/x", "/t/r/d", "/t/r/e"] {
-        put(store, key, "1").await;
-    }
-    assert_eq!(next_event(&mut watch).await.kv.key, "/t/r/b");
-    assert_eq!(next_event(&mut watch).await.kv.key, "/t/r/c/x");
-    put(store, "/t/r/bb", "2").await;
-    assert_eq!(
-        next_event(&mut watch).await.kv.key,
-        "/t/r/bb",
-        "nothing from /t/r/d on"
-    );
-}
-
 /// A watch from revision 0 sees only later changes.
 pub async fn watch_from_now_skips_history(store: &dyn Store) {
     put(store, "/t/n/old", "1").await;
@@ -451,7 +433,6 @@ macro_rules! for_each_conformance_case {
             lease_expiry_deletes_bound_keys,
             watch_replays_from_revision_then_follows,
             watch_from_now_skips_history,
-            watch_range_sees_only_its_keys,
             watch_puts_skips_deletes,
             watch_reports_compaction,
         }

@@ -10,8 +10,8 @@ use drover_client::Client;
 use drover_server::config::{Config, ServeArgs, Settings};
 use drover_server::server::ServeError;
 use drover_server::store::{
-    EtcdStore, GetResult, KeyRange, LeaseId, Op, RangeRequest, Result, Store, StoreError, Txn,
-    TxnResult, WatchStream,
+    EtcdStore, GetResult, LeaseId, Op, RangeRequest, Result, Store, StoreError, Txn, TxnResult,
+    WatchStream,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -161,8 +161,8 @@ impl Store for InjectingStore {
     async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
         self.etcd.lease_time_to_live(lease).await
     }
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream> {
-        self.etcd.watch_range(range, from_revision).await
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.etcd.watch(prefix, from_revision).await
     }
     async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
         self.etcd.watch_puts(prefix, from_revision).await

@@ -23,8 +23,8 @@ use drover_client::Client;
 use drover_server::config::{Cli, Command, Config};
 use drover_server::provider::Providers;
 use drover_server::store::{
-    EtcdOptions, EtcdStore, GetResult, KeyRange, LeaseId, RaftProgress, RangeRequest, Result,
-    SharedStore, Store, Txn, TxnResult, WatchStream,
+    EtcdOptions, EtcdStore, GetResult, LeaseId, RaftProgress, RangeRequest, Result, SharedStore,
+    Store, Txn, TxnResult, WatchStream,
 };
 use drover_tests::etcd::EtcdCluster;
 use drover_tests::history::{ends, provider_violations};
@@ -63,8 +63,8 @@ impl Store for Lagging {
     async fn lease_time_to_live(&self, lease: LeaseId) -> Result<Option<i64>> {
         self.0.lease_time_to_live(lease).await
     }
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream> {
-        self.0.watch_range(range, from_revision).await
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.0.watch(prefix, from_revision).await
     }
     async fn compact(&self, revision: i64) -> Result<()> {
         self.0.compact(revision).await

@@ -1093,9 +1093,8 @@ async fn a_new_cluster_is_claimed_without_waiting_for_the_periodic_pass() {
 
 /// A replica follows etcd through one watch of the key prefix (its cluster
 /// cache's), which also feeds its operation waits, its owners view and its
-/// ownership loop's member changes: etcd holds one watch per replica, not
-/// one per consumer. The watch leaves out the operation records, so it is
-/// two etcd watchers, the keys before `operations/` and those after.
+/// ownership loop's member changes: etcd holds one watcher per replica,
+/// not one per consumer.
 #[tokio::test]
 async fn each_replica_holds_one_etcd_watch() {
     let env = Cluster3::start(2, TTL_SECONDS).await;
@@ -1105,16 +1104,16 @@ async fn each_replica_holds_one_etcd_watch() {
         create_running(&mut replica.client().await, &format!("watched-{i}"), 1).await;
     }
     let etcd = env.etcd.endpoint();
-    wait_until(Duration::from_secs(10), "two watchers per replica", || {
+    wait_until(Duration::from_secs(10), "one watcher per replica", || {
         let etcd = etcd.clone();
-        async move { etcd_watchers(&etcd).await == 4.0 }
+        async move { etcd_watchers(&etcd).await == 2.0 }
     })
     .await;
     // And no other comes and goes with the passes (they run every 100 ms
     // at most, and at least every TTL/3).
     let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS);
     while Instant::now() < deadline {
-        assert_eq!(etcd_watchers(&etcd).await, 4.0, "etcd's watchers");
+        assert_eq!(etcd_watchers(&etcd).await, 2.0, "etcd's watchers");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

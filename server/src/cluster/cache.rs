@@ -1,19 +1,15 @@
 //! A watch cache of every cluster's records, serving Get and List without a
-//! round trip to etcd, and the replica's etcd watch.
+//! round trip to etcd, and the replica's one etcd watch.
 //!
-//! It lists `clusters/` at revision R, then watches every key but the
-//! operation records from R + 1 ([`KeyLayout::followed`]: two ranges, the
-//! keys before `operations/` and those after): it applies each change of a
-//! cluster key itself and hands the other changes to whoever subscribed to
-//! their prefix ([`ClusterCache::watch_keys`]: the owners view, the
-//! ownership loop's member changes, the rollouts); the rest (request
-//! entries, task runs) it drops. One watch per replica, as Kubernetes'
-//! shared informers do: etcd matches and sends each change once per
-//! replica instead of once per consumer. The records, three writes and a
-//! delete per operation, are left out: only the owner and a waiter need
-//! one, and the cluster's state key says when (see `operation::feed`).
-//! When the watch fails (compaction, etcd restart) it ends every
-//! subscription and lists again.
+//! It lists `clusters/` at revision R, then watches the whole key prefix
+//! from R + 1: it applies each change of a cluster key itself and hands the
+//! other changes to whoever subscribed to their prefix ([`ClusterCache::watch_keys`]:
+//! the operation feed, the owners view, the ownership loop's member
+//! changes); the rest (request entries, task runs) it drops. One watch per
+//! replica, as Kubernetes' shared informers do: etcd matches and sends each
+//! change once per replica instead of once per consumer. When the watch
+//! fails (compaction, etcd restart) it ends every subscription and lists
+//! again.
 //!
 //! # Guarantees
 //! - The cache only ever moves forward through etcd's history: a read never
@@ -207,8 +203,10 @@ impl ClusterCache {
                     continue;
                 }
             };
-            let mut watches = match self.watch_followed(listed.revision + 1).await {
-                Ok(watches) => watches,
+            // Every key, not only the clusters': the replica's one watch.
+            let all = self.keys.all();
+            let mut watch = match self.store.watch(all, listed.revision + 1).await {
+                Ok(watch) => watch,
                 Err(error) => {
                     tracing::warn!(%error, "cache watch failed; retrying");
                     tokio::time::sleep(RELIST_DELAY).await;
@@ -232,7 +230,7 @@ impl ClusterCache {
                 fanout.revision = listed.revision;
             }
             let _ = self.changes.send(CacheChange::Relisted);
-            let stopped = self.follow(&mut watches, &mut shutdown).await;
+            let stopped = self.follow(&mut watch, &mut shutdown).await;
             // Until the next list completes, reads go to etcd, and
             // subscribers list again or subscribe anew.
             self.write().ready = false;
@@ -243,22 +241,10 @@ impl ClusterCache {
         }
     }
 
-    /// Every key but the operation records, not only the clusters': the
-    /// replica's watch, in two ranges ([`KeyLayout::followed`]).
-    async fn watch_followed(&self, from: i64) -> crate::store::Result<[WatchStream; 2]> {
-        let [before, after] = self.keys.followed();
-        let before = self.store.watch_range(before, from).await?;
-        Ok([before, self.store.watch_range(after, from).await?])
-    }
-
-    /// Applies the watches' changes until one fails (`false`: list again)
-    /// or, once `shutdown` turned true, until nobody subscribes any more
+    /// Applies the watch's changes until it fails (`false`: list again) or,
+    /// once `shutdown` turned true, until nobody subscribes any more
     /// (`true`).
-    async fn follow(
-        &self,
-        [before, after]: &mut [WatchStream; 2],
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> bool {
+    async fn follow(&self, watch: &mut WatchStream, shutdown: &mut watch::Receiver<bool>) -> bool {
         let mut serving = true;
         let mut check = tokio::time::interval(SUBSCRIBERS_CHECK);
         loop {
@@ -277,45 +263,26 @@ impl ClusterCache {
                         return true;
                     }
                 }
-                event = before.next() => if let Some(ended) = self.take(event, serving) {
-                    return ended;
-                },
-                event = after.next() => if let Some(ended) = self.take(event, serving) {
-                    return ended;
+                event = watch.next() => match event {
+                    // Nobody subscribes to cluster keys (see `watch_keys`).
+                    Some(Ok(event)) if event.kv.key.starts_with(&self.clusters) => {
+                        if serving {
+                            self.apply(event.kind, event.kv);
+                        }
+                    }
+                    Some(Ok(event)) => self.fanout().dispatch(&event),
+                    Some(Err(error)) => {
+                        tracing::info!(%error, "cache watch ended; re-listing");
+                        return !serving;
+                    }
+                    None => return !serving,
                 },
             }
         }
     }
 
-    /// Applies a change of either watch, or hands it to its subscribers;
-    /// `Some` when the watch ended, with what [`Self::follow`] returns.
-    fn take(&self, event: Option<crate::store::Result<WatchEvent>>, serving: bool) -> Option<bool> {
-        match event {
-            // Applied first: a subscriber hears of a change once the cache
-            // shows it. Draining, the cache stops showing changes, but its
-            // subscribers (the operation feed's waits) still hear of them.
-            Some(Ok(event)) if event.kv.key.starts_with(&self.clusters) => {
-                if serving {
-                    self.apply(event.kind, event.kv.clone());
-                }
-                self.fanout().dispatch(&event);
-                None
-            }
-            Some(Ok(event)) => {
-                self.fanout().dispatch(&event);
-                None
-            }
-            Some(Err(error)) => {
-                tracing::info!(%error, "cache watch ended; re-listing");
-                Some(!serving)
-            }
-            None => Some(!serving),
-        }
-    }
-
-    /// Follows the watch's changes of the keys under `prefix` from now on
-    /// (a change of a cluster key once the cache shows it; never an
-    /// operation record: the watch leaves them out). Returns the
+    /// Follows the watch's changes of the keys under `prefix` (keys outside
+    /// `clusters/`: the cache applies those itself) from now on. Returns the
     /// changes and the revision from which they are complete: every change
     /// under `prefix` from it on is delivered, in order. `None` while the
     /// watch is not live (starting, or listing again).

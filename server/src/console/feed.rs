@@ -1,11 +1,10 @@
 //! The console's live feed: the cluster cache's state changes and every
-//! operation write, turned into server-sent events for every open page,
-//! and the steps of recent operations with the time each was first seen.
+//! operation write the replica's one watch delivers, turned into
+//! server-sent events for every open page, and the steps of recent
+//! operations with the time each was first seen.
 //!
 //! One follower per replica, not per page: the pages share a broadcast
-//! channel of ready-made event frames. It follows only while a page is
-//! open: the operation records through a watch of its own (the replica's
-//! watch leaves them out), and nothing at all with no page open.
+//! channel of ready-made event frames.
 //!
 //! # Guarantees
 //! - After a `reset` event a page has missed nothing it does not read
@@ -20,13 +19,13 @@ use crate::api::convert::{operation_to_proto, state_to_proto};
 use crate::cluster::{from_json, CacheChange, ClusterCache, StateRecord};
 use crate::keys::KeyLayout;
 use crate::operation::OperationRecord;
-use crate::store::{EventKind, KeyValue, SharedStore, WatchStream};
+use crate::store::{EventKind, KeyValue};
 use hyper::body::Bytes;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, watch};
 
 /// Frames buffered per page; a page further behind is sent `reset`.
 const EVENTS_BUFFER: usize = 1024;
@@ -35,8 +34,6 @@ const REMEMBERED_OPERATIONS: usize = 1024;
 /// Steps remembered per operation (a provider's plans have a few dozen).
 const REMEMBERED_STEPS: usize = 256;
 const RESUBSCRIBE_DELAY: Duration = Duration::from_millis(200);
-/// How often the feed looks whether any page is still open.
-const FOLLOWED_CHECK: Duration = Duration::from_secs(1);
 
 /// When this replica first saw an operation at a step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -88,8 +85,6 @@ impl StepLog {
 pub struct ConsoleFeed {
     events: broadcast::Sender<Bytes>,
     steps: Mutex<StepLog>,
-    /// Told when a page subscribes.
-    page_opened: Notify,
 }
 
 /// One server-sent event frame.
@@ -111,16 +106,12 @@ impl ConsoleFeed {
         Arc::new(Self {
             events: broadcast::channel(EVENTS_BUFFER).0,
             steps: Mutex::default(),
-            page_opened: Notify::new(),
         })
     }
 
     /// The event frames from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Bytes> {
-        let events = self.events.subscribe();
-        // A permit is kept if the feed is not waiting yet: never missed.
-        self.page_opened.notify_one();
-        events
+        self.events.subscribe()
     }
 
     /// The steps seen of operation `id` of `cluster`, oldest first.
@@ -137,81 +128,51 @@ impl ConsoleFeed {
         let _ = self.events.send(frame);
     }
 
-    /// Follows `cache`'s state changes and the operation records in
-    /// `store` while a page is open, until `stop` turns true or its sender
-    /// goes.
+    /// Follows `cache` until `stop` turns true or its sender goes.
     pub async fn run(
         self: Arc<Self>,
         cache: Arc<ClusterCache>,
-        store: SharedStore,
         keys: KeyLayout,
         mut stop: watch::Receiver<bool>,
     ) {
+        let prefix = keys.all_operations();
         while !*stop.borrow() {
-            if !self.followed() {
-                // No page open: the replica's watch leaves the operation
-                // records out, and nobody needs them here.
+            let mut states = cache.subscribe();
+            let Some((mut operations, _)) = cache.watch_keys(&prefix) else {
+                // The watch is starting or listing again.
                 tokio::select! {
                     _ = stop.changed() => {}
-                    _ = self.page_opened.notified() => {}
+                    _ = tokio::time::sleep(RESUBSCRIBE_DELAY) => {}
                 }
                 continue;
-            }
-            let states = cache.subscribe();
-            let operations = match store.watch(&keys.all_operations(), 0).await {
-                Ok(operations) => operations,
-                Err(error) => {
-                    tracing::debug!(%error, "console feed's watch failed; retrying");
-                    tokio::select! {
-                        _ = stop.changed() => {}
-                        _ = tokio::time::sleep(RESUBSCRIBE_DELAY) => {}
-                    }
-                    continue;
-                }
             };
             self.send(frame("reset", &serde_json::json!({})));
-            self.follow(&keys, states, operations, &mut stop).await;
-        }
-    }
-
-    /// Turns changes into frames until `stop`, the watch ends, or the last
-    /// page closed.
-    async fn follow(
-        &self,
-        keys: &KeyLayout,
-        mut states: broadcast::Receiver<CacheChange>,
-        mut operations: WatchStream,
-        stop: &mut watch::Receiver<bool>,
-    ) {
-        let mut check = tokio::time::interval(FOLLOWED_CHECK);
-        loop {
-            tokio::select! {
-                _ = stop.changed() => return,
-                _ = check.tick() => if !self.followed() {
-                    return;
-                },
-                change = states.recv() => match change {
-                    Ok(CacheChange::State(kv)) => self.state_changed(keys, &kv),
-                    Ok(CacheChange::Tasks(_)) => {}
-                    Ok(CacheChange::Relisted) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                        self.send(frame("reset", &serde_json::json!({})));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                event = operations.next() => match event {
-                    Some(Ok(event)) if event.kind == EventKind::Put => {
-                        self.operation_written(&event.kv);
-                    }
-                    Some(Ok(_)) => {}
-                    // The watch ended: follow anew.
-                    Some(Err(_)) | None => return,
-                },
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    change = states.recv() => match change {
+                        Ok(CacheChange::State(kv)) => self.state_changed(&keys, &kv),
+                        Ok(CacheChange::Tasks(_)) => {}
+                        Ok(CacheChange::Relisted) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            self.send(frame("reset", &serde_json::json!({})));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    event = operations.next() => match event {
+                        Some(Ok(event)) if event.kind == EventKind::Put => {
+                            self.operation_written(&event.kv);
+                        }
+                        Some(Ok(_)) => {}
+                        // The watch restarted: subscribe again.
+                        Some(Err(_)) | None => break,
+                    },
+                }
             }
         }
     }
 
     /// Whether a console page follows the feed: without one, a change is
-    /// not worth a frame.
+    /// not worth a frame (every replica sees every operation's writes).
     fn followed(&self) -> bool {
         self.events.receiver_count() > 0
     }

@@ -14,7 +14,9 @@ use crate::cluster::machine::Event;
 use crate::cluster::{from_json, now_rfc3339, to_json, StateBrief, StateRecord};
 use crate::config::OrphanPolicy;
 use crate::metrics::Running;
-use crate::operation::{Accepted, LifecycleError, OperationRecord, OperationState, Versioned};
+use crate::operation::{
+    Accepted, LifecycleError, OperationRecord, OperationState, Seen, Versioned,
+};
 use crate::owner_work::{Controller, InFlight, Next, ReconcileError, Reconciler, Triggers};
 use crate::replication::Claim;
 use crate::store::Op;
@@ -25,6 +27,10 @@ use tracing::Instrument;
 
 /// How often every owned slot is looked at, whatever the triggers.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+/// How long the executor waits for the operation feed to deliver an
+/// operation whose accept the watch cache already showed, before reading it
+/// from etcd instead.
+const FEED_CATCH_UP: Duration = Duration::from_millis(50);
 
 /// Where an operation to run comes from.
 pub(super) enum Origin {
@@ -346,26 +352,24 @@ impl Executor {
     }
 
     /// Claims a PENDING operation another replica accepted from what this
-    /// replica's watch cache holds and the operation record alone (read
-    /// unless this replica wrote it). The claim compares every key the
-    /// views came from (state, operation, spec, status), so a view that is
-    /// not current only loses the compare-and-swap. `None` when the views
-    /// do not show the cluster as the accept left it, or the claim lost:
-    /// the caller reads etcd instead.
+    /// replica's watch cache and operation feed already hold, without
+    /// reading etcd first. The claim compares every key the views came
+    /// from (state, operation, spec, status), so a view that is not current
+    /// only loses the compare-and-swap. `None` when the views do not both
+    /// show the cluster as the accept left it, or the claim lost: the
+    /// caller reads etcd instead.
     async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
         let current = self.cache.get(cluster)?.ok()?;
         if current.state.operation.as_ref()?.id != id {
             return None;
         }
         let accepted_at = current.state_revision;
-        let Versioned {
-            record: mut operation,
-            revision,
-        } = self.accepted_record(cluster, id, accepted_at).await?;
+        let kv = self.accepted_record(cluster, id, accepted_at).await?;
         // Written by the accept, and not since (a cancel request would be).
-        if revision != accepted_at {
+        if kv.mod_revision != accepted_at {
             return None;
         }
+        let mut operation: OperationRecord = from_json(&kv).ok()?;
         if operation.state != OperationState::Pending || operation.cancel_requested {
             return None;
         }
@@ -379,25 +383,32 @@ impl Executor {
         Some(holding)
     }
 
-    /// The operation record at or after `accepted_at`: remembered when this
-    /// replica wrote it, read otherwise (the watch leaves records out).
+    /// The operation record as the operation feed has it at or after
+    /// `accepted_at`, waiting briefly when the cache's watch delivered the
+    /// accept before the feed's did.
     async fn accepted_record(
         &self,
         cluster: &str,
         id: &str,
         accepted_at: i64,
-    ) -> Option<Versioned> {
-        let key = self.operations.keys().operation(cluster, id);
-        match self.operations.remembered(&key) {
-            Some(kv) if kv.mod_revision >= accepted_at => Some(Versioned {
-                record: from_json(&kv).ok()?,
-                revision: kv.mod_revision,
-            }),
-            _ => self
-                .operations
-                .get_at_least(cluster, id, accepted_at)
-                .await
-                .ok(),
+    ) -> Option<Arc<crate::store::KeyValue>> {
+        let operation_key = self.operations.keys().operation(cluster, id);
+        let mut follower = self.operations.follow(&operation_key);
+        match follower.known.take() {
+            Some(kv) if kv.mod_revision >= accepted_at => Some(kv),
+            // The feed is past the accept and does not know the record.
+            _ if self.operations.feed_revision() >= accepted_at => None,
+            _ => tokio::time::timeout(FEED_CATCH_UP, async {
+                loop {
+                    match follower.next().await? {
+                        Seen::Record(kv) if kv.mod_revision >= accepted_at => return Some(kv),
+                        Seen::Record(_) | Seen::Nothing => {}
+                        Seen::Resync => return None,
+                    }
+                }
+            })
+            .await
+            .ok()?,
         }
     }
 }

@@ -1,36 +1,35 @@
-//! When to read an operation record: what a replica's waiters and its
-//! executor know of the operations they follow, without following every
-//! record.
+//! Every write of an operation record, as the replica's one watch delivers
+//! them, shared by every waiter and by the executor.
 //!
-//! The replica's watch leaves the operation records out (three writes and
-//! a delete per operation, which every replica used to receive). What a
-//! waiter needs is when to read its record, and the cluster's state key
-//! says it: the feed follows the watch cache's cluster changes and tells an
-//! operation's followers to read again whenever their cluster's state is
-//! written with a slot that does not hold their operation (it ended, or the
-//! cluster went). The records this replica writes itself (the accept, the
-//! owner's claim, progress and completion) are remembered and handed to
-//! their followers at once, so a waiter on the owner reads nothing.
+//! The feed subscribes to the cluster cache's watch of the whole key prefix
+//! ([`ClusterCache::watch_keys`]) once, on first use, rather than watching
+//! etcd itself: a watch created per wait starts "in the past" whenever
+//! anything was written between the read and the watch, and etcd serves
+//! such watches from a catch-up loop that runs every 100 ms; and a watch of
+//! its own would have etcd send every operation write once more to each
+//! replica.
+//!
+//! The feed also remembers the newest record it has seen of each recently
+//! written operation, so a waiter (or the executor picking up an operation
+//! another replica accepted) usually needs no read at all; and it wakes only
+//! the followers of the key that changed.
 //!
 //! # Guarantees
-//! - A follower is told, from when it began following, of every record of
-//!   its key this replica writes (`Record`) and of every state write of its
-//!   cluster whose slot does not hold its operation (`Moved`).
-//! - When the watch restarts (or the feed first goes live), every follower
-//!   is told to read again: changes may have been missed.
+//! - While the feed is live, a remembered record is the newest the feed has
+//!   seen of its key, and every later write of that key reaches the key's
+//!   followers. A record is only remembered if it was written after the
+//!   feed's subscription began, so no write between the two can be missed.
+//! - When the watch restarts, everything remembered is forgotten and every
+//!   follower is told to read again.
 //!
 //! # Caveats
-//! - A remembered record is the newest this replica wrote of its key, not
-//!   necessarily the newest there is: a caller that starts from it checks
-//!   first that the cluster has not moved on since (see
-//!   `Operations::wait`).
-//! - Progress another replica writes is not followed: a waiter sees it when
-//!   it reads.
+//! - The feed ignores deletes (only finished operations are collected): a
+//!   collected record stays remembered until it is forgotten in turn.
+//! - A key not remembered (evicted, or last written before the feed began)
+//!   says nothing: the caller reads etcd.
 
 use crate::cluster::ClusterCache;
-use crate::keys::{leaf, KeyLayout};
 use crate::store::{EventKind, KeyValue};
-use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -46,30 +45,36 @@ const RESTART_DELAY: Duration = Duration::from_millis(200);
 pub enum Seen {
     /// Nothing known beyond what the follower started from.
     Nothing,
-    /// This replica wrote the key.
+    /// The key was written.
     Record(Arc<KeyValue>),
-    /// The cluster's state was written at this revision, its slot not
-    /// holding the operation: it may have ended then. Read it.
-    Moved(i64),
-    /// Changes may have been missed: read again.
+    /// The feed restarted and may have missed writes: read again.
     Resync,
 }
 
 #[derive(Default)]
 struct Memory {
-    /// Newest record written here per key, with its place in `order`.
+    /// The subscription's first revision while it is live.
+    live_from: Option<i64>,
+    /// The newest revision the watch has delivered.
+    seen: i64,
+    /// Newest record per key, with its place in `order`.
     records: HashMap<String, (u64, Arc<KeyValue>)>,
     /// Keys by when they were last written, oldest first.
     order: BTreeMap<u64, String>,
     next_seq: u64,
-    /// In key order, so a cluster's operations are one range.
-    followers: BTreeMap<String, Weak<watch::Sender<Seen>>>,
+    followers: HashMap<String, Weak<watch::Sender<Seen>>>,
 }
 
 impl Memory {
     /// Remembers `kv` if it is newer than what is known of its key, and
     /// tells its followers. Returns whether it was newer.
     fn remember(&mut self, kv: Arc<KeyValue>) -> bool {
+        let Some(live_from) = self.live_from else {
+            return false;
+        };
+        if kv.mod_revision < live_from {
+            return false;
+        }
         if let Some((seq, known)) = self.records.get(&kv.key) {
             if known.mod_revision >= kv.mod_revision {
                 return false;
@@ -101,39 +106,12 @@ impl Memory {
         }
     }
 
-    /// Whether any key under `prefix` (one cluster's operations) is
-    /// followed.
-    fn follows_any(&self, prefix: &str) -> bool {
-        self.followers
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .next()
-            .is_some_and(|(key, _)| key.starts_with(prefix))
-    }
-
-    /// The cluster whose operations are under `prefix` had its state
-    /// written at `revision` with `slot` (the operation id it holds, if
-    /// any): every other of its operations followed is told to read.
-    fn state_written(&mut self, prefix: &str, slot: Option<&str>, revision: i64) {
-        let moved_on: Vec<String> = self
-            .followers
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .filter(|(key, _)| slot != Some(&key[prefix.len()..]))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in moved_on {
-            self.tell(&key, Seen::Moved(revision));
-        }
-    }
-
-    /// Tells every follower to read again.
-    fn resync_all(&mut self) {
+    /// Forgets everything and tells every follower to read again.
+    fn reset(&mut self, live_from: Option<i64>) {
+        self.live_from = live_from;
+        self.seen = live_from.map_or(0, |from| from - 1);
+        self.records.clear();
+        self.order.clear();
         self.followers.retain(|_, sender| match sender.upgrade() {
             Some(sender) => {
                 sender.send_replace(Seen::Resync);
@@ -156,8 +134,7 @@ pub struct Follower {
     /// Shared by every follower of the key; `None` once dropped.
     sender: Option<Arc<watch::Sender<Seen>>>,
     receiver: watch::Receiver<Seen>,
-    /// The newest record of the key this replica wrote, when following
-    /// began (see the caveats).
+    /// The newest record the feed knew when following began.
     pub known: Option<Arc<KeyValue>>,
 }
 
@@ -198,15 +175,16 @@ impl OperationFeed {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts following `cache`'s cluster changes, once.
-    pub fn start(self: &Arc<Self>, cache: &Arc<ClusterCache>) {
+    /// Starts the feed of every operation write under `prefix`, from
+    /// `cache`'s watch, once.
+    pub fn start(self: &Arc<Self>, cache: &Arc<ClusterCache>, prefix: &str) {
         self.started.get_or_init(|| {
             let cache = Arc::clone(cache);
-            tokio::spawn(run(cache, Arc::downgrade(self)));
+            tokio::spawn(run(cache, prefix.to_string(), Arc::downgrade(self)));
         });
     }
 
-    /// Follows `key` from now on, with what this replica wrote of it.
+    /// Follows `key` from now on, with what is known of it now.
     pub fn follow(self: &Arc<Self>, key: &str) -> Follower {
         let mut memory = self.memory();
         let existing = memory.followers.get(key).and_then(Weak::upgrade);
@@ -228,39 +206,23 @@ impl OperationFeed {
         }
     }
 
-    /// The newest record of `key` this replica wrote, if remembered.
-    pub fn remembered(&self, key: &str) -> Option<Arc<KeyValue>> {
-        self.memory().records.get(key).map(|(_, kv)| Arc::clone(kv))
+    /// The newest revision the feed's watch has delivered; 0 when it is not
+    /// live. A record written at or before it, and not remembered, was not
+    /// written since the feed began (or was forgotten).
+    pub fn revision(&self) -> i64 {
+        self.memory().seen
     }
 
     /// A record this replica just wrote itself: its followers here learn of
-    /// it at once.
+    /// it without waiting for the watch to deliver it.
     pub fn record_own_write(&self, kv: KeyValue) {
         self.memory().remember(Arc::new(kv));
     }
 }
 
-/// The operation a cluster's state record holds in its slot, read without
-/// parsing the rest.
-pub(crate) fn slot_of(state_json: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Slot {
-        id: String,
-    }
-    #[derive(Deserialize)]
-    struct State {
-        operation: Option<Slot>,
-    }
-    serde_json::from_slice::<State>(state_json)
-        .ok()?
-        .operation
-        .map(|slot| slot.id)
-}
-
-async fn run(cache: Arc<ClusterCache>, feed: Weak<OperationFeed>) {
-    let keys = cache.keys().clone();
+async fn run(cache: Arc<ClusterCache>, prefix: String, feed: Weak<OperationFeed>) {
     loop {
-        let Some((mut watch, _)) = cache.watch_keys(&keys.clusters()) else {
+        let Some((mut watch, live_from)) = cache.watch_keys(&prefix) else {
             // The replica's watch is starting or listing again.
             tokio::time::sleep(RESTART_DELAY).await;
             if feed.strong_count() == 0 {
@@ -268,39 +230,24 @@ async fn run(cache: Arc<ClusterCache>, feed: Weak<OperationFeed>) {
             }
             continue;
         };
-        // Whoever followed before now may have missed a change.
         let Some(this) = feed.upgrade() else { return };
-        this.memory().resync_all();
+        this.memory().reset(Some(live_from));
         drop(this);
         while let Some(Ok(event)) = watch.next().await {
             let Some(this) = feed.upgrade() else { return };
-            this.cluster_written(&keys, event.kind, &event.kv);
+            let mut memory = this.memory();
+            memory.seen = memory.seen.max(event.kv.mod_revision);
+            // Only finished operations are deleted (collected), and what is
+            // remembered of one stays true.
+            if event.kind == EventKind::Put {
+                memory.remember(Arc::new(event.kv));
+            }
         }
         tracing::info!("operation feed's watch ended; following it again");
         match feed.upgrade() {
-            Some(this) => this.memory().resync_all(),
+            Some(this) => this.memory().reset(None),
             None => return,
         }
-    }
-}
-
-impl OperationFeed {
-    /// A change of a cluster key: when it is the state of a cluster with
-    /// operations followed, those it does not hold are told to read.
-    fn cluster_written(&self, keys: &KeyLayout, kind: EventKind, kv: &KeyValue) {
-        let Some((cluster, leaf::STATE)) = keys.split_cluster_key(&kv.key) else {
-            return;
-        };
-        let prefix = keys.operations(cluster);
-        if !self.memory().follows_any(&prefix) {
-            return;
-        }
-        let slot = match kind {
-            EventKind::Put => slot_of(&kv.value),
-            EventKind::Delete => None,
-        };
-        self.memory()
-            .state_written(&prefix, slot.as_deref(), kv.mod_revision);
     }
 }
 
@@ -319,9 +266,15 @@ mod tests {
         }
     }
 
+    fn live(from: i64) -> Arc<OperationFeed> {
+        let feed = OperationFeed::new();
+        feed.memory().reset(Some(from));
+        feed
+    }
+
     #[tokio::test]
     async fn followers_see_newer_writes_of_their_key_only() {
-        let feed = OperationFeed::new();
+        let feed = live(10);
         let mut follower = feed.follow("a");
         assert!(follower.known.is_none());
         feed.record_own_write(kv("b", 11));
@@ -338,43 +291,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_restart_tells_followers_to_read_again() {
-        let feed = OperationFeed::new();
-        feed.record_own_write(kv("a", 12));
-        let mut follower = feed.follow("a");
-        assert!(follower.known.is_some());
-        feed.memory().resync_all();
-        assert!(matches!(follower.next().await, Some(Seen::Resync)));
+    async fn nothing_written_before_the_feed_began_is_remembered() {
+        let feed = live(10);
+        feed.record_own_write(kv("a", 9));
+        assert!(feed.follow("a").known.is_none());
+        let not_live = OperationFeed::new();
+        not_live.record_own_write(kv("a", 20));
+        assert!(not_live.follow("a").known.is_none());
     }
 
     #[tokio::test]
-    async fn a_state_write_tells_the_clusters_other_operations_to_read() {
-        let feed = OperationFeed::new();
-        let mut held = feed.follow("/o/c/op1");
-        let mut ended = feed.follow("/o/c/op2");
-        let elsewhere = feed.follow("/o/cc/op3");
-        assert!(feed.memory().follows_any("/o/c/"));
-        assert!(!feed.memory().follows_any("/o/b/"));
-        feed.memory().state_written("/o/c/", Some("op1"), 7);
-        assert!(matches!(ended.next().await, Some(Seen::Moved(7))));
-        assert!(!held.receiver.has_changed().unwrap());
-        assert!(!elsewhere.receiver.has_changed().unwrap());
-        feed.memory().state_written("/o/c/", None, 8);
-        assert!(matches!(held.next().await, Some(Seen::Moved(8))));
-        assert!(!elsewhere.receiver.has_changed().unwrap());
-    }
-
-    #[test]
-    fn the_slot_is_read_from_a_state_record() {
-        let held = br#"{"schema":1,"uid":"u","state":"Running","operation":{"id":"op1","kind":"Stop"},"changed_at":"t"}"#;
-        assert_eq!(slot_of(held).as_deref(), Some("op1"));
-        let free = br#"{"schema":1,"uid":"u","state":"Running","operation":null,"changed_at":"t"}"#;
-        assert_eq!(slot_of(free), None);
+    async fn a_restart_forgets_and_tells_followers_to_read_again() {
+        let feed = live(10);
+        feed.record_own_write(kv("a", 12));
+        let mut follower = feed.follow("a");
+        assert!(follower.known.is_some());
+        feed.memory().reset(None);
+        assert!(matches!(follower.next().await, Some(Seen::Resync)));
+        assert!(feed.follow("a").known.is_none());
     }
 
     #[tokio::test]
     async fn memory_is_bounded_oldest_first() {
-        let feed = OperationFeed::new();
+        let feed = live(1);
         for i in 0..(REMEMBERED + 10) {
             feed.record_own_write(kv(&format!("k{i}"), i as i64 + 1));
         }
@@ -387,7 +326,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_last_follower_out_removes_the_key() {
-        let feed = OperationFeed::new();
+        let feed = live(1);
         let first = feed.follow("a");
         let second = feed.follow("a");
         drop(first);
@@ -398,7 +337,7 @@ mod tests {
 
     #[test]
     fn followers_leaving_at_once_remove_the_key() {
-        let feed = OperationFeed::new();
+        let feed = live(1);
         for round in 0..2_000 {
             let key = format!("k{round}");
             let (first, second) = (feed.follow(&key), feed.follow(&key));

@@ -218,20 +218,6 @@ impl Operations {
         })
     }
 
-    /// Reads one operation known to have been written at `revision` or
-    /// later: from whichever etcd member answers, and again from the
-    /// leader's view if that member is behind.
-    pub async fn get_at_least(&self, cluster: &str, id: &str, revision: i64) -> Result<Versioned> {
-        let key = self.keys.operation(cluster, id);
-        match self.store.get_serializable(&key).await?.into_single() {
-            Some(kv) if kv.mod_revision >= revision => Ok(Versioned {
-                record: from_json(&kv)?,
-                revision: kv.mod_revision,
-            }),
-            _ => self.get(cluster, id).await,
-        }
-    }
-
     /// A cluster's spec, state and status and one of its operations, read
     /// in one request (a read-only transaction) at one revision.
     pub async fn get_with_cluster(
@@ -359,9 +345,8 @@ impl Operations {
     }
 
     /// Waits until the operation is terminal or `timeout` passes; returns it
-    /// as last seen. Driven by the operation feed, not by polling: it reads
-    /// the record when the cluster's state says the operation moved on, and
-    /// not at all when this replica wrote its last record.
+    /// as last seen. Driven by the operation feed, not by polling; no read
+    /// when the feed already knows the record.
     pub async fn wait(
         &self,
         cluster: &str,
@@ -371,42 +356,28 @@ impl Operations {
         let key = self.keys.operation(cluster, id);
         // Follow before reading, so no change after the read is missed.
         let mut follower = self.follow(&key);
-        let remembered = match follower.known.take() {
-            Some(kv) => {
-                let record: OperationRecord = from_json(&kv)?;
-                let enough = record.state.is_terminal() || self.unmoved(cluster, id, &kv);
-                enough.then_some(Versioned {
-                    record,
-                    revision: kv.mod_revision,
-                })
-            }
-            None => None,
-        };
         let Versioned {
             record: mut latest,
             mut revision,
-        } = match remembered {
-            Some(versioned) => versioned,
+        } = match follower.known.take() {
+            Some(kv) => Versioned {
+                record: from_json(&kv)?,
+                revision: kv.mod_revision,
+            },
             None => self.get(cluster, id).await?,
         };
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         while !latest.state.is_terminal() {
             tokio::select! {
-                _ = &mut deadline => {
-                    // What another replica wrote since (progress) is read.
-                    Versioned { record: latest, revision } = self.get(cluster, id).await?;
-                    break;
-                }
+                _ = &mut deadline => break,
                 seen = follower.next() => match seen {
                     Some(Seen::Record(kv)) if kv.mod_revision > revision => {
                         latest = from_json(&kv)?;
                         revision = kv.mod_revision;
                     }
-                    Some(Seen::Moved(at)) if at > revision => {
-                        Versioned { record: latest, revision } = self.get_at_least(cluster, id, at).await?;
-                    }
-                    Some(Seen::Record(_) | Seen::Moved(_) | Seen::Nothing) => {}
+                    Some(Seen::Record(_) | Seen::Nothing) => {}
+                    // The feed restarted and may have missed writes.
                     Some(Seen::Resync) => {
                         Versioned { record: latest, revision } = self.get(cluster, id).await?;
                     }
@@ -415,9 +386,9 @@ impl Operations {
             }
         }
         if let (true, Some(cache)) = (latest.state.is_terminal(), &self.cache) {
-            // A record this replica wrote reaches the feed before the
-            // watch brings its state to the cluster cache: a client that
-            // asks this replica for the cluster, or for its next
+            // The feed can be ahead of the cluster cache (a record this
+            // replica wrote reaches it before any watch does): a client
+            // that asks this replica for the cluster, or for its next
             // operation, next must find the cluster as the operation left
             // it, not still busy.
             cache.wait_until_applied(revision, CACHE_CATCH_UP).await;
@@ -425,31 +396,18 @@ impl Operations {
         Ok(latest)
     }
 
-    /// Whether operation `id` cannot have moved on since `kv`, the newest
-    /// record of it this replica wrote: the cluster's state (as the cache
-    /// shows it, the feed telling of every later write) was not written
-    /// since, or still holds the operation. Otherwise another replica may
-    /// have ended it.
-    fn unmoved(&self, cluster: &str, id: &str, kv: &KeyValue) -> bool {
-        let Some(state) = self.cache.as_ref().and_then(|c| c.state_of(cluster)) else {
-            return false;
-        };
-        state.mod_revision <= kv.mod_revision || feed::slot_of(&state.value).as_deref() == Some(id)
-    }
-
-    /// Follows one operation key through the feed (which starts on first
-    /// use, following the watch cache; without a cache only this replica's
-    /// own writes reach it).
+    /// Follows one operation key through the feed (started on first use,
+    /// from the watch cache's watch; without a cache it never goes live).
     pub(crate) fn follow(&self, key: &str) -> Follower {
         if let Some(cache) = &self.cache {
-            self.feed.start(cache);
+            self.feed.start(cache, &self.keys.all_operations());
         }
         self.feed.follow(key)
     }
 
-    /// The newest record of `key` this replica wrote, if remembered.
-    pub(crate) fn remembered(&self, key: &str) -> Option<Arc<KeyValue>> {
-        self.feed.remembered(key)
+    /// The newest revision the operation feed has seen (0 before it is live).
+    pub(crate) fn feed_revision(&self) -> i64 {
+        self.feed.revision()
     }
 
     /// An operation record this replica wrote at `revision`: followers here

@@ -360,12 +360,8 @@ mod tests {
         async fn lease_time_to_live(&self, lease: LeaseId) -> crate::store::Result<Option<i64>> {
             self.inner.lease_time_to_live(lease).await
         }
-        async fn watch_range(
-            &self,
-            range: crate::store::KeyRange,
-            from: i64,
-        ) -> crate::store::Result<WatchStream> {
-            self.inner.watch_range(range, from).await
+        async fn watch(&self, prefix: &str, from: i64) -> crate::store::Result<WatchStream> {
+            self.inner.watch(prefix, from).await
         }
         async fn compact(&self, revision: i64) -> crate::store::Result<()> {
             self.inner.compact(revision).await

@@ -153,37 +153,23 @@ fn unreachable(error: &etcd_client::Error) -> bool {
 }
 
 impl EtcdStore {
-    async fn get_with(&self, key: &str, options: Option<GetOptions>) -> Result<GetResult> {
-        let response = call(&self.kv, Retry::Idempotent, |mut client| {
-            let (key, options) = (key.to_string(), options.clone());
-            async move { client.get(key, options).await }
-        })
-        .await
-        .map_err(into_store_error)?;
-        Ok(GetResult {
-            kvs: response.kvs().iter().map(from_etcd_kv).collect(),
-            revision: header_revision(response.header()),
-            more: response.more(),
-            count: usize::try_from(response.count()).unwrap_or(0),
-        })
-    }
-
-    /// Watches `range` with etcd's event `filters`, delivering events
+    /// Watches `prefix` with etcd's event `filters`, delivering events
     /// one by one on a channel.
     async fn watch_filtered(
         &self,
-        range: KeyRange,
+        prefix: &str,
         from_revision: i64,
         filters: Vec<WatchFilterType>,
     ) -> Result<WatchStream> {
-        let KeyRange { start, end } = range;
-        let mut options = WatchOptions::new().with_range(end).with_filters(filters);
+        let mut options = WatchOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_filters(filters);
         if from_revision > 0 {
             options = options.with_start_revision(from_revision);
         }
         let mut stream = call(&self.watch, Retry::Idempotent, |mut client| {
-            let (start, options) = (start.clone(), options.clone());
-            async move { client.watch(start, Some(options)).await }
+            let (prefix, options) = (prefix.to_string(), options.clone());
+            async move { client.watch(prefix, Some(options)).await }
         })
         .await
         .map_err(into_store_error)?;
@@ -372,12 +358,18 @@ fn from_etcd_op_response(response: &TxnOpResponse) -> OpResult {
 #[async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<GetResult> {
-        self.get_with(key, None).await
-    }
-
-    async fn get_serializable(&self, key: &str) -> Result<GetResult> {
-        self.get_with(key, Some(GetOptions::new().with_serializable()))
-            .await
+        let response = call(&self.kv, Retry::Idempotent, |mut client| {
+            let key = key.to_string();
+            async move { client.get(key, None).await }
+        })
+        .await
+        .map_err(into_store_error)?;
+        Ok(GetResult {
+            kvs: response.kvs().iter().map(from_etcd_kv).collect(),
+            revision: header_revision(response.header()),
+            more: response.more(),
+            count: usize::try_from(response.count()).unwrap_or(0),
+        })
     }
 
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
@@ -513,13 +505,12 @@ impl Store for EtcdStore {
         Ok((response.ttl() >= 0).then_some(response.ttl()))
     }
 
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream> {
-        self.watch_filtered(range, from_revision, Vec::new()).await
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
+        self.watch_filtered(prefix, from_revision, Vec::new()).await
     }
 
     async fn watch_puts(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
-        let filters = vec![WatchFilterType::NoDelete];
-        self.watch_filtered(KeyRange::prefix(prefix), from_revision, filters)
+        self.watch_filtered(prefix, from_revision, vec![WatchFilterType::NoDelete])
             .await
     }
 

@@ -33,7 +33,7 @@ struct LeaseState {
 }
 
 struct Watcher {
-    range: KeyRange,
+    prefix: String,
     events: mpsc::UnboundedSender<Result<WatchEvent>>,
 }
 
@@ -190,7 +190,8 @@ impl State {
 
     fn record(&mut self, event: WatchEvent) {
         self.watchers.retain(|watcher| {
-            !watcher.range.contains(&event.kv.key) || watcher.events.send(Ok(event.clone())).is_ok()
+            !event.kv.key.starts_with(&watcher.prefix)
+                || watcher.events.send(Ok(event.clone())).is_ok()
         });
         self.history.push_back(event);
         while self.history.len() > self.history_limit {
@@ -365,7 +366,7 @@ impl Store for MemoryStore {
             .map(|l| l.deadline.duration_since(now).as_secs() as i64))
     }
 
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream> {
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
         let mut state = self.lock();
         let (sender, receiver) = mpsc::unbounded_channel();
         if from_revision > 0 && from_revision < state.compacted {
@@ -380,14 +381,14 @@ impl Store for MemoryStore {
             for event in state
                 .history
                 .iter()
-                .filter(|e| e.kv.mod_revision >= from_revision && range.contains(&e.kv.key))
+                .filter(|e| e.kv.mod_revision >= from_revision && e.kv.key.starts_with(prefix))
             {
                 // The receiver is still held here, so this cannot fail.
                 let _ = sender.send(Ok(event.clone()));
             }
         }
         state.watchers.push(Watcher {
-            range,
+            prefix: prefix.to_string(),
             events: sender,
         });
         Ok(WatchStream::new(receiver))

@@ -68,13 +68,6 @@ impl Store for MeteredStore {
         result
     }
 
-    async fn get_serializable(&self, key: &str) -> Result<GetResult> {
-        let started = Instant::now();
-        let result = self.inner.get_serializable(key).await;
-        self.observe("get", started, &result);
-        result
-    }
-
     async fn range(&self, request: RangeRequest) -> Result<GetResult> {
         let started = Instant::now();
         let result = self.inner.range(request).await;
@@ -117,9 +110,9 @@ impl Store for MeteredStore {
         result
     }
 
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream> {
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
         let started = Instant::now();
-        let result = self.inner.watch_range(range, from_revision).await;
+        let result = self.inner.watch(prefix, from_revision).await;
         self.observe("watch", started, &result);
         result
     }

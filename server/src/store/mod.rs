@@ -30,8 +30,8 @@ pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::MemoryStore;
 pub use metered::MeteredStore;
 pub use types::{
-    CmpOp, Compare, EventKind, GetResult, KeyRange, KeyValue, LeaseId, Op, OpResult, RangeRequest,
-    Target, Txn, TxnResult, WatchEvent, WatchStream,
+    CmpOp, Compare, EventKind, GetResult, KeyValue, LeaseId, Op, OpResult, RangeRequest, Target,
+    Txn, TxnResult, WatchEvent, WatchStream,
 };
 
 use async_trait::async_trait;
@@ -112,14 +112,6 @@ pub trait Store: Send + Sync + 'static {
     /// Reads one key at the current revision.
     async fn get(&self, key: &str) -> Result<GetResult>;
 
-    /// [`Self::get`] from whichever member answers, without asking the
-    /// leader whether that member is current (etcd's serializable read: no
-    /// round of the raft log). It may be behind: for a caller that can
-    /// tell from the revision it expects, and reads again otherwise.
-    async fn get_serializable(&self, key: &str) -> Result<GetResult> {
-        self.get(key).await
-    }
-
     /// Reads keys under a prefix in key order.
     async fn range(&self, request: RangeRequest) -> Result<GetResult>;
 
@@ -143,13 +135,7 @@ pub trait Store: Send + Sync + 'static {
     /// Watches every key under `prefix`, starting at `from_revision`
     /// (0 = changes after now). A compacted start revision is reported as
     /// the stream's first item, [`StoreError::Compacted`].
-    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream> {
-        self.watch_range(KeyRange::prefix(prefix), from_revision)
-            .await
-    }
-
-    /// [`Self::watch`] of the keys in `range`.
-    async fn watch_range(&self, range: KeyRange, from_revision: i64) -> Result<WatchStream>;
+    async fn watch(&self, prefix: &str, from_revision: i64) -> Result<WatchStream>;
 
     /// [`Self::watch`], delivering puts only. etcd drops the deletes before
     /// sending them (a watcher that ignores deletes need not pay for them);

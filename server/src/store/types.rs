@@ -304,36 +304,6 @@ impl WatchStream {
     }
 }
 
-/// The keys from `start` (inclusive) to `end` (exclusive, in byte order):
-/// what one etcd watch covers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRange {
-    pub start: String,
-    pub end: Vec<u8>,
-}
-
-impl KeyRange {
-    /// Every key starting with `prefix`.
-    pub fn prefix(prefix: &str) -> Self {
-        Self {
-            start: prefix.to_string(),
-            end: prefix_end(prefix),
-        }
-    }
-
-    /// The keys from `start` up to, not including, `end`.
-    pub fn between(start: &str, end: &str) -> Self {
-        Self {
-            start: start.to_string(),
-            end: end.as_bytes().to_vec(),
-        }
-    }
-
-    pub fn contains(&self, key: &str) -> bool {
-        key >= self.start.as_str() && key.as_bytes() < self.end.as_slice()
-    }
-}
-
 /// The key just after every key with this prefix (etcd's range end).
 pub(super) fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();

@@ -58,8 +58,9 @@
 //! - Without `--auth-tokens` anyone who reaches the admin port can take a
 //!   rollout's actions, as anyone who reaches the gRPC port can.
 //! - Step timings are the times this replica's feed saw each step begin
-//!   (the records keep only the current step): an operation that started
-//!   before the replica did shows only the steps seen since.
+//!   (the records keep only the current step), and it looks only while a
+//!   console page is open on this replica: an operation that started
+//!   before shows only the steps seen since.
 
 mod actions;
 mod assets;

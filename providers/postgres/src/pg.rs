@@ -37,6 +37,26 @@ fn io_err(what: &str) -> impl FnOnce(io::Error) -> PgError + '_ {
     }
 }
 
+/// Lines of a node's server log a failed start quotes.
+const LOG_TAIL_LINES: usize = 5;
+
+/// A failed `pg_ctl start` says only "examine the log output": why the
+/// server did not start is in the node's log, whose last lines go into the
+/// error (and from there into the operation's error and the status).
+fn with_log_tail(error: PgError, log: &Path) -> PgError {
+    let PgError::Failed { what, detail } = error else {
+        return error;
+    };
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut tail: Vec<&str> = text.lines().rev().take(LOG_TAIL_LINES).collect();
+    if tail.is_empty() {
+        return PgError::Failed { what, detail };
+    }
+    tail.reverse();
+    let detail = format!("{detail}; {} ends: {}", log.display(), tail.join(" | "));
+    PgError::Failed { what, detail }
+}
+
 /// Settings a node's `drover.conf` holds (included from postgresql.conf,
 /// rewritten before every start).
 pub struct NodeConf<'a> {
@@ -177,7 +197,8 @@ impl Pg {
         let mut cmd = self.command(bin, "pg_ctl");
         cmd.arg("start").arg("-D").arg(dir).arg("-l").arg(log);
         cmd.args(["-w", "-t", PG_CTL_WAIT_SECS]);
-        self.run(cmd, "pg_ctl start").await.map(drop)
+        let started = self.run(cmd, "pg_ctl start").await;
+        started.map(drop).map_err(|error| with_log_tail(error, log))
     }
 
     /// Stops the node cleanly (fast mode: sessions end, a checkpoint is
@@ -456,6 +477,26 @@ pub fn dir_size(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_start_quotes_the_end_of_the_servers_log() {
+        let log = std::env::temp_dir().join(format!("drover-pg-log-{}", std::process::id()));
+        let lines: Vec<String> = (1..=8).map(|i| format!("line {i}")).collect();
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let failed = || PgError::Failed {
+            what: "pg_ctl start".into(),
+            detail: "exit status: 1: examine the log output".into(),
+        };
+        let quoted = with_log_tail(failed(), &log).to_string();
+        assert!(
+            quoted.ends_with("line 4 | line 5 | line 6 | line 7 | line 8"),
+            "{quoted}"
+        );
+        assert!(!quoted.contains("line 3"), "{quoted}");
+        std::fs::remove_file(&log).unwrap();
+        let no_log = with_log_tail(failed(), &log).to_string();
+        assert_eq!(no_log, failed().to_string());
+    }
 
     #[test]
     fn wal_positions_parse() {

@@ -219,14 +219,24 @@ mod tests {
     use super::*;
     use crate::operation::Progress;
 
-    #[test]
-    fn steps_are_logged_only_while_a_page_is_open() {
-        let record = serde_json::json!({
+    /// Operation op1 of cluster c, an upgrade at no step yet.
+    fn running_upgrade() -> OperationRecord {
+        serde_json::from_value(serde_json::json!({
             "schema": 1, "id": "op1", "cluster": "c", "cluster_uid": "u",
             "kind": "Upgrade", "event": "UpgradeRequested", "params": {}, "state": "Running",
             "from_state": "Running", "entered_state": "Upgrading",
-            "created_at": "2024-01-01T00:00:00Z",
-            "progress": {"step": 1, "total_steps": 2, "step_name": "upgrade n1"}
+            "created_at": "2024-01-01T00:00:00Z"
+        }))
+        .expect("a record")
+    }
+
+    #[test]
+    fn steps_are_logged_only_while_a_page_is_open() {
+        let mut record = running_upgrade();
+        record.progress = Some(Progress {
+            step: 1,
+            total_steps: 2,
+            step_name: "upgrade n1".into(),
         });
         let kv = KeyValue {
             key: "/d/operations/c/op1".into(),
@@ -246,13 +256,7 @@ mod tests {
 
     #[test]
     fn steps_are_logged_once_each_and_old_operations_forgotten() {
-        let mut record: OperationRecord = serde_json::from_value(serde_json::json!({
-            "schema": 1, "id": "op1", "cluster": "c", "cluster_uid": "u",
-            "kind": "Upgrade", "event": "UpgradeRequested", "params": {}, "state": "Running",
-            "from_state": "Running", "entered_state": "Upgrading",
-            "created_at": "2024-01-01T00:00:00Z"
-        }))
-        .expect("a record");
+        let mut record = running_upgrade();
         let mut log = StepLog::default();
         for (step, at) in [(1, "t1"), (1, "t2"), (2, "t3")] {
             record.progress = Some(Progress {

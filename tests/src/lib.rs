@@ -304,17 +304,7 @@ pub async fn create_fleet(
 ) -> Vec<String> {
     let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:03}")).collect();
     for name in &names {
-        let request = drover_client::v1::CreateClusterRequest {
-            name: name.clone(),
-            spec: Some(drover_client::v1::ClusterSpec {
-                version: "1.29.0".into(),
-                control_nodes: 1,
-                node_offering: "m".into(),
-                ..Default::default()
-            }),
-            create_only: true,
-            request_id: String::new(),
-        };
+        let request = create_only(name);
         client.clusters().create_cluster(request).await.unwrap();
     }
     names

@@ -392,7 +392,7 @@ impl Drop for Watcher {
                 by.remove(&self.peer);
             }
         }
-        self.ownership.watchers_changed.notify_one();
+        self.ownership.pass_wanted.notify_one();
     }
 }
 
@@ -401,7 +401,7 @@ impl Ownership {
     /// returned guard lives.
     pub fn watcher(self: &Arc<Self>, peer: &str) -> Watcher {
         *lock(&self.watched_by).entry(peer.to_string()).or_default() += 1;
-        self.watchers_changed.notify_one();
+        self.pass_wanted.notify_one();
         Watcher {
             ownership: Arc::clone(self),
             peer: peer.to_string(),

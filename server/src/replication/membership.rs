@@ -185,6 +185,10 @@ impl Ownership {
             joined: sent,
             lapsed: false,
         });
+        // A pass that saw the member key before the session existed
+        // claimed nothing, and no change of the members follows to wake
+        // the loop again before its tick (TTL/3).
+        self.pass_wanted.notify_one();
         tracing::info!(lease, ttl, "joined as a member");
         Ok(lease)
     }
@@ -324,6 +328,9 @@ mod tests {
         slow_ms: std::sync::atomic::AtomicU64,
         /// The next keep-alive never arrives nor answers.
         hang_next: AtomicBool,
+        /// Each transaction's reply comes this long (milliseconds) after
+        /// it was applied.
+        slow_txn_ms: std::sync::atomic::AtomicU64,
     }
 
     #[async_trait::async_trait]
@@ -335,7 +342,10 @@ mod tests {
             self.inner.range(request).await
         }
         async fn txn(&self, txn: Txn) -> crate::store::Result<TxnResult> {
-            self.inner.txn(txn).await
+            let applied = self.inner.txn(txn).await;
+            let slow = self.slow_txn_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+            applied
         }
         async fn grant_lease(&self, ttl_seconds: i64) -> crate::store::Result<LeaseId> {
             self.inner.grant_lease(ttl_seconds).await
@@ -410,6 +420,7 @@ mod tests {
             renew: AtomicBool::new(renew),
             slow_ms: std::sync::atomic::AtomicU64::new(0),
             hang_next: AtomicBool::new(false),
+            slow_txn_ms: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -521,5 +532,44 @@ mod tests {
         assert!(after > Instant::now(), "a deadline ahead");
         let other = Claim::new(claim.lease, 0, 8);
         assert_eq!(replication.claim_deadline("c", other).await, None);
+    }
+
+    /// An ownership pass that runs while the join's member write is still
+    /// unanswered (the key is there, the session not yet) claims nothing;
+    /// the session's start must bring another pass, or the replica claims
+    /// nothing until the next TTL/3 tick: a restarted replica with a 60 s
+    /// TTL sat 20 s without its clusters.
+    #[tokio::test]
+    async fn a_pass_that_ran_before_the_join_ended_is_followed_by_one_after() {
+        let store = lossy(true);
+        store.slow_txn_ms.store(300, Ordering::SeqCst);
+        let keys = KeyLayout::new("/t/");
+        let state = crate::cluster::StateRecord {
+            schema: crate::cluster::SCHEMA_VERSION,
+            uid: "uid-c".into(),
+            state: crate::cluster::ClusterState::Running,
+            operation: None,
+            changed_at: "2026-12-07T00:00:00Z".into(),
+        };
+        let put = Op::put(keys.cluster_state("c"), to_json(&state));
+        store.txn(Txn::new().and_then([put])).await.unwrap();
+        let config = OwnershipConfig {
+            replica_id: "r1".into(),
+            address: "127.0.0.1:1".into(),
+            admin_address: String::new(),
+            admin_tls: None,
+            lease_ttl: Duration::from_secs(60),
+            lease_margin: Duration::from_secs(6),
+            peer_liveness: false,
+        };
+        let shared: crate::store::SharedStore = store.clone();
+        let metrics = Metrics::new();
+        let (replication, _) = Ownership::new(shared.clone(), keys.clone(), config, metrics);
+        let cache = crate::cluster::ClusterCache::new(shared, keys, Metrics::new());
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(Arc::clone(&cache).run(stopped.clone()));
+        tokio::spawn(Arc::clone(&replication).run_ownership(cache, stopped.clone()));
+        tokio::spawn(Arc::clone(&replication).run_membership(stopped));
+        wait_for(|| replication.claim("c"), "claim of c").await;
     }
 }

@@ -254,8 +254,10 @@ pub struct Ownership {
     liveness_seen: std::sync::atomic::AtomicUsize,
     /// Open liveness connections peers hold to this replica, by peer id.
     watched_by: Mutex<HashMap<String, usize>>,
-    /// A peer opened or closed a liveness connection to this replica.
-    watchers_changed: tokio::sync::Notify,
+    /// Wakes the ownership loop: a peer opened or closed a liveness
+    /// connection to this replica, or a session began (a pass that ran
+    /// before it claimed nothing).
+    pass_wanted: tokio::sync::Notify,
     /// This session is not watched by every peer yet (see
     /// [`MemberRecord::unwatched`]).
     unwatched: AtomicBool,
@@ -307,7 +309,7 @@ impl Ownership {
             draining: AtomicBool::new(false),
             liveness_seen: std::sync::atomic::AtomicUsize::new(0),
             watched_by: Mutex::new(HashMap::new()),
-            watchers_changed: tokio::sync::Notify::new(),
+            pass_wanted: tokio::sync::Notify::new(),
             unwatched: AtomicBool::new(false),
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,

@@ -211,7 +211,7 @@ impl Ownership {
                 _ = member_change(&mut members, revision) => Woke::Members,
                 _ = owners.next_change(&self.keys) => Woke::Owners,
                 relisted = created => if relisted { Woke::Owners } else { Woke::Created },
-                _ = self.watchers_changed.notified() => Woke::Owners,
+                _ = self.pass_wanted.notified() => Woke::Owners,
                 _ = tokio::time::sleep(period) => Woke::Tick,
             };
             full = matches!(woke, Woke::Members | Woke::Owners);

@@ -725,3 +725,36 @@ async fn a_progress_write_whose_reply_and_recognition_were_lost_goes_on() {
     );
     f.stop().await;
 }
+
+/// An accept under a new request id reads nothing before its transaction
+/// (the compare that the request id is unused says it): with every read
+/// of the request entries failing, it still commits. Its retry, whose
+/// compare fails, reads the entry then and is answered the same operation.
+#[tokio::test]
+async fn an_accept_under_a_new_request_id_reads_no_request_entry() {
+    let mut f = DbOwner::start().await;
+    f.replica
+        .store
+        .fail_reads(|read| read.prefix.contains("/requests/db/"));
+    let request = v1::StopClusterRequest {
+        name: "db".into(),
+        request_id: "stop-once".into(),
+    };
+    let first = f
+        .client
+        .clusters()
+        .stop_cluster(request.clone())
+        .await
+        .expect("accepted without reading its request entry")
+        .into_inner();
+    f.replica.store.heal_reads();
+    let again = f
+        .client
+        .clusters()
+        .stop_cluster(request)
+        .await
+        .expect("the retry is answered")
+        .into_inner();
+    assert_eq!(again.id, first.id);
+    f.stop().await;
+}

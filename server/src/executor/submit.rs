@@ -65,28 +65,35 @@ impl Executor {
         cluster: &str,
         request: LifecycleRequest,
     ) -> Result<OperationRecord, LifecycleError> {
-        if let Some(existing) = self.operations.answer_retry(cluster, &request).await? {
-            return Ok(existing);
-        }
         // The watch cache usually holds the cluster as etcd does: try the
         // transaction on it first (it compares the revisions it read, so a
         // stale view only loses). Any refusal or lost race on the cached
         // view is decided again on a read from etcd.
         let mut answered = Answered::default();
-        if let Some(Ok(cached)) = self.cache.get(cluster) {
-            match self.accept_on(cached, &request, &mut answered).await {
-                Ok(Some(record)) => return Ok(record),
-                // etcd's answer, not the view's: an unreachable etcd (or a
-                // write whose outcome is unknown) is the caller's to retry.
-                Err(error) if error.store_error().is_some() => return Err(error),
-                // Schemas only grow: etcd holds one at least as new (and the
-                // refusal is logged and counted once).
-                Err(error @ LifecycleError::NewerSchema { .. }) => return Err(error),
-                // Asking a provider that could not be asked again would only
-                // double the caller's wait.
-                Err(error @ LifecycleError::ProviderUnavailable(_)) => return Err(error),
-                Ok(None) | Err(_) => {}
-            }
+        let on_cache = match self.cache.get(cluster) {
+            Some(Ok(cached)) => Some(self.accept_on(cached, &request, &mut answered).await),
+            _ => None,
+        };
+        if let Some(Ok(Some(record))) = on_cache {
+            return Ok(record);
+        }
+        // A request id already used fails the transaction's compare: its
+        // first answer is looked up only now, not before every accept (a
+        // read per accept with a request id, and rollouts use them all).
+        if let Some(existing) = self.operations.answer_retry(cluster, &request).await? {
+            return Ok(existing);
+        }
+        match on_cache {
+            // etcd's answer, not the view's: an unreachable etcd (or a
+            // write whose outcome is unknown) is the caller's to retry.
+            Some(Err(error)) if error.store_error().is_some() => return Err(error),
+            // Schemas only grow: etcd holds one at least as new (and the
+            // refusal is logged and counted once).
+            Some(Err(error @ LifecycleError::NewerSchema { .. })) => return Err(error),
+            // Asking a provider that could not be asked again would only
+            // double the caller's wait.
+            Some(Err(error @ LifecycleError::ProviderUnavailable(_))) => return Err(error),
+            _ => {}
         }
         let current = self.operations.registry().get(cluster).await?;
         match self.accept_on(current, &request, &mut answered).await? {

@@ -314,7 +314,6 @@ impl Replica {
         let store = RolloutStore::new(self.store.clone(), self.keys.clone());
         let starts = Starts::new(
             Arc::clone(&executor),
-            store.clone(),
             Arc::clone(work),
             Arc::clone(&self.audit),
         );

@@ -1,15 +1,16 @@
 //! The rollout controller: a reconciler on the owner-work runtime that
 //! carries one owned rollout forward each time it runs.
 //!
-//! A reconcile reads the user's controls, looks at the targets in flight
-//! (an operation that ended moves its target to SUCCEEDED or FAILED),
-//! decides the rollout's state (cancel, resume, pause, the failure budget,
-//! the stage: approval, concurrency, soak), writes what changed, fenced,
-//! then starts the targets it chose: each is first written STARTING, then
-//! its operation is accepted through `Executor::submit` under a request id
-//! made of the rollout's uid and the cluster, then it is written RUNNING
-//! (the accepts in the background, [`super::starts`]: the next reconcile
-//! need not wait for them).
+//! A reconcile takes the user's controls as last read, looks at the
+//! targets in flight (an operation that ended moves its target to
+//! SUCCEEDED or FAILED), decides the rollout's state (cancel, resume,
+//! pause, the failure budget, the stage: approval, concurrency, soak),
+//! writes what changed, fenced, then starts the targets it chose: each is
+//! first written STARTING, then its operation is accepted through
+//! `Executor::submit` under a request id made of the rollout's uid and the
+//! cluster (in the background, [`super::starts`]: the next reconcile need
+//! not wait for the accepts), then the next reconcile writes it RUNNING
+//! with its other changes.
 //!
 //! # Guarantees
 //! - A target's operation is accepted at most once, whatever fails: a new
@@ -21,6 +22,10 @@
 //!   operation end, so the provider never runs more.
 //! - Nothing new starts while the rollout is paused (by a user or by its
 //!   failure budget), waits for an approval, soaks, or has been cancelled.
+//!   A reconcile decides on the record (the controls) as it last read it,
+//!   without a read when it has something to write: the write compares
+//!   the record's revision, so a control written meanwhile fails it, and
+//!   targets start only after their STARTING write committed.
 //! - A target whose cluster is paused, or outside its maintenance window
 //!   (`spec.maintenance`), stays PENDING saying so; it starts when that
 //!   ends.
@@ -33,7 +38,7 @@
 use super::owners::RolloutOwners;
 use super::record::*;
 use super::spec::{Action, OnBusy, RolloutSpec};
-use super::starts::{Starts, WRITES_PER_TXN};
+use super::starts::Starts;
 use super::store::{Loaded, RolloutStore, Target};
 use crate::cluster::validate::parse_version;
 use crate::cluster::{
@@ -43,7 +48,7 @@ use crate::metrics::Metrics;
 use crate::operation::{LifecycleError, OperationState, Operations};
 use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler, Triggers};
 use crate::replication::Claim;
-use crate::store::{Op, Txn};
+use crate::store::Op;
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +58,10 @@ use tokio::sync::broadcast::error::RecvError;
 /// How often an owner looks at the targets in flight without being woken
 /// by a change of one of them.
 pub const POLL: Duration = Duration::from_millis(500);
+
+/// How soon a rollout whose write conflicted is loaded again: soon, but
+/// not in a loop while its lost claim is still believed held.
+const RELOAD_AFTER: Duration = Duration::from_millis(20);
 
 pub struct RolloutController {
     rollouts: RolloutStore,
@@ -158,25 +167,30 @@ impl RolloutController {
 
     async fn step(&self, run: &mut Loaded, claim: Claim) -> Result<Next, RolloutError> {
         let name = run.record.name.clone();
-        run.record = self.rollouts.record(&name).await?.0;
+        let before = run.status.clone();
+        let mut changes = Changes::default();
         for (i, record) in self.starts.take_done(&name) {
             if run.targets[i].record.state == TargetState::Starting {
                 run.targets[i].record = record;
+                changes.targets.push(i);
             }
         }
-        let before = run.status.clone();
-        let mut changes = Changes::default();
         self.observe(run, &mut changes).await?;
         let next = self.advance(run, &mut changes).await;
         run.status.owner = self.owners.replica_id().to_string();
+        // The record (the user's controls) is the one the last reconcile
+        // held: a write compares it, so a change fails the write and the
+        // rollout is loaded again; with nothing to write, it is read.
         if run.status != before || !changes.targets.is_empty() {
             self.write(run, &changes.targets, claim).await?;
+        } else if self.reread_record(run).await? {
+            return Ok(Next::After(Duration::ZERO));
         }
         if !changes.start.is_empty() {
             // Before the accepts: an operation that ends at once must find
             // its cluster followed.
             self.note_in_flight(run);
-            self.starts.spawn(run, &changes.start, claim);
+            self.starts.spawn(run, &changes.start);
             return Ok(Next::After(POLL));
         }
         if run.status.settled {
@@ -486,7 +500,8 @@ impl RolloutController {
         }
     }
 
-    /// Writes the status and the changed targets, fenced by `claim`.
+    /// Writes the status and the changed targets, fenced by `claim` and
+    /// by the record as `run` holds it.
     async fn write(
         &self,
         run: &Loaded,
@@ -501,13 +516,19 @@ impl RolloutController {
             let key = keys.rollout_cluster(name, &target.cluster);
             ops.push(Op::put(key, to_json(&target.record)));
         }
-        for batch in ops.chunks(WRITES_PER_TXN) {
-            let txn = Txn::new()
-                .when(claim.fence_key(keys.rollout_owner(name)))
-                .and_then(batch.to_vec());
-            self.rollouts.store().cas(txn).await?;
-        }
-        Ok(())
+        let fenced = self
+            .rollouts
+            .write_fenced(name, ops, claim, Some(run.revision));
+        Ok(fenced.await?)
+    }
+
+    /// Reads the rollout's record again: true when it changed since `run`
+    /// read it (a control was written), `run` then holding the new one.
+    async fn reread_record(&self, run: &mut Loaded) -> Result<bool, RolloutError> {
+        let (record, revision) = self.rollouts.record(&run.record.name).await?;
+        let changed = revision != run.revision;
+        (run.record, run.revision) = (record, revision);
+        Ok(changed)
     }
 }
 
@@ -606,7 +627,14 @@ impl Reconciler for RolloutController {
         claim: Claim,
     ) -> Result<Next, ReconcileError> {
         let mut run = self.take(&name, claim).await?;
-        let next = self.step(&mut run, claim).await?;
+        let next = match self.step(&mut run, claim).await {
+            Ok(next) => next,
+            // A control written since the record was read, or the claim
+            // lost: what this step decided is dropped with `run`, and the
+            // next one loads the rollout again.
+            Err(error) if error.is_conflict() => return Ok(Next::After(RELOAD_AFTER)),
+            Err(error) => return Err(error.into()),
+        };
         self.note_in_flight(&run);
         if !run.status.settled {
             self.record_metrics(&run);

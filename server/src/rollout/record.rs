@@ -275,6 +275,16 @@ pub enum RolloutError {
     Registry(#[from] RegistryError),
 }
 
+impl RolloutError {
+    /// A fenced write whose compares did not hold.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            RolloutError::Registry(RegistryError::Store(StoreError::Conflict { .. }))
+        )
+    }
+}
+
 impl From<StoreError> for RolloutError {
     fn from(error: StoreError) -> Self {
         RolloutError::Registry(RegistryError::Store(error))

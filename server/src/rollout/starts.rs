@@ -6,44 +6,40 @@
 //! - A target is submitted by at most one task at a time here: a reconcile
 //!   leaves a STARTING target alone while [`Starts::is_submitting`] says
 //!   a task has it.
-//! - How each submit went is written (fenced by the claim the targets were
-//!   chosen under) before the next reconcile takes it
-//!   ([`Starts::take_done`]); a write that fails leaves the targets
-//!   STARTING, to be submitted again under the same request ids.
+//! - How each submit went reaches the next reconcile
+//!   ([`Starts::take_done`]), which writes it with its own changes (one
+//!   fenced write, not two). Until that write commits the targets stay
+//!   STARTING in etcd: an owner that takes the rollout over meanwhile
+//!   submits them again under the same request ids, and the accept answers
+//!   with the operations already created.
 //! - The drain waits for these tasks (each holds an in-flight mark).
 
 use super::record::{TargetRecord, TargetState};
 use super::spec::{Action, OnBusy};
-use super::store::{Loaded, RolloutStore};
+use super::store::Loaded;
 use crate::audit::AuditLog;
-use crate::cluster::to_json;
 use crate::executor::Executor;
 use crate::operation::{
     LifecycleError, LifecycleRequest, OperationKind, OperationParams, OperationRecord,
     OperationState,
 };
 use crate::owner_work::{Controller, OwnerWork};
-use crate::replication::Claim;
-use crate::store::{Op, StoreFailure, Txn};
+use crate::store::StoreFailure;
 use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Writes per fenced transaction (etcd allows 128 operations).
-pub const WRITES_PER_TXN: usize = 100;
 
 /// One target to submit: its index, its cluster, its request.
 type Job = (usize, String, LifecycleRequest);
 
 pub struct Starts {
     executor: Arc<Executor>,
-    rollouts: RolloutStore,
     work: Arc<OwnerWork>,
     /// Per rollout, the clusters whose accepts are under way.
     submitting: Mutex<HashMap<String, HashSet<String>>>,
-    /// Per rollout, targets written after their accept, for the next
-    /// reconcile.
+    /// Per rollout, targets as their accepts left them, for the next
+    /// reconcile to write.
     done: Mutex<HashMap<String, Vec<(usize, TargetRecord)>>>,
     next_task: AtomicU64,
     /// Where each submit is written, as Drover's own.
@@ -51,15 +47,9 @@ pub struct Starts {
 }
 
 impl Starts {
-    pub fn new(
-        executor: Arc<Executor>,
-        rollouts: RolloutStore,
-        work: Arc<OwnerWork>,
-        audit: Arc<AuditLog>,
-    ) -> Arc<Self> {
+    pub fn new(executor: Arc<Executor>, work: Arc<OwnerWork>, audit: Arc<AuditLog>) -> Arc<Self> {
         Arc::new(Self {
             executor,
-            rollouts,
             work,
             submitting: Mutex::default(),
             done: Mutex::default(),
@@ -74,14 +64,14 @@ impl Starts {
             .is_some_and(|clusters| clusters.contains(cluster))
     }
 
-    /// The targets of `rollout` written since the last call.
+    /// The targets of `rollout` submitted since the last call, to write.
     pub fn take_done(&self, rollout: &str) -> Vec<(usize, TargetRecord)> {
         lock(&self.done).remove(rollout).unwrap_or_default()
     }
 
     /// Submits the STARTING targets `chosen` of `run` in a task of its own,
     /// then writes how each went and wakes the rollout.
-    pub fn spawn(self: &Arc<Self>, run: &Loaded, chosen: &[usize], claim: Claim) {
+    pub fn spawn(self: &Arc<Self>, run: &Loaded, chosen: &[usize]) {
         let name = run.record.name.clone();
         let template = action_request(&run.record.spec.action);
         let jobs: Vec<Job> = chosen
@@ -108,23 +98,16 @@ impl Starts {
         tokio::spawn(async move {
             let _mark = mark;
             let records = this.submit_all(&name, jobs, on_busy).await;
-            let written = this.write(&name, &records, claim).await;
+            // Handed over before the targets stop counting as submitted: a
+            // reconcile in between finds them done, not to submit again.
+            lock(&this.done)
+                .entry(name.clone())
+                .or_default()
+                .extend(records);
             if let Some(submitting) = lock(&this.submitting).get_mut(&name) {
                 clusters.iter().for_each(|c| {
                     submitting.remove(c);
                 });
-            }
-            match written {
-                Ok(()) => {
-                    let records = records.into_iter().map(|(i, _, record)| (i, record));
-                    lock(&this.done)
-                        .entry(name.clone())
-                        .or_default()
-                        .extend(records);
-                }
-                Err(error) => {
-                    tracing::warn!(rollout = name, %error, "could not record the targets' accepts; they are submitted again")
-                }
             }
             this.work.trigger(Controller::Rollouts, &name);
         });
@@ -137,50 +120,26 @@ impl Starts {
         rollout: &str,
         jobs: Vec<Job>,
         on_busy: OnBusy,
-    ) -> Vec<(usize, String, TargetRecord)> {
+    ) -> Vec<(usize, TargetRecord)> {
         let mut submits = tokio::task::JoinSet::new();
         for (i, cluster, request) in jobs {
             let executor = Arc::clone(&self.executor);
             let (audit, rollout) = (Arc::clone(&self.audit), rollout.to_string());
             submits.spawn(async move {
                 let submitted = executor.submit_own(&audit, &cluster, Some(&rollout), request);
-                let result = submitted.await;
-                (i, cluster, result)
+                (i, submitted.await)
             });
         }
         let mut records = Vec::new();
         while let Some(joined) = submits.join_next().await {
             // A submit that panicked leaves its target STARTING: the next
             // reconcile submits it again under the same request id.
-            let Ok((i, cluster, result)) = joined else {
+            let Ok((i, result)) = joined else {
                 continue;
             };
-            records.push((i, cluster, started(result, on_busy)));
+            records.push((i, started(result, on_busy)));
         }
         records
-    }
-
-    /// Writes the targets' records, fenced by `claim`.
-    async fn write(
-        &self,
-        rollout: &str,
-        records: &[(usize, String, TargetRecord)],
-        claim: Claim,
-    ) -> Result<(), crate::store::StoreError> {
-        let keys = self.rollouts.keys();
-        let ops: Vec<Op> = records
-            .iter()
-            .map(|(_, cluster, record)| {
-                Op::put(keys.rollout_cluster(rollout, cluster), to_json(record))
-            })
-            .collect();
-        for batch in ops.chunks(WRITES_PER_TXN) {
-            let txn = Txn::new()
-                .when(claim.fence_key(keys.rollout_owner(rollout)))
-                .and_then(batch.to_vec());
-            self.rollouts.store().cas(txn).await?;
-        }
-        Ok(())
     }
 }
 

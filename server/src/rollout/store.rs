@@ -6,6 +6,7 @@ use super::record::*;
 use super::spec::RolloutSpec;
 use crate::cluster::{from_json, now_rfc3339, to_json};
 use crate::keys::KeyLayout;
+use crate::replication::Claim;
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, SharedStore, StoreError, Txn};
 use std::collections::HashMap;
 
@@ -17,10 +18,16 @@ pub struct Target {
     pub record: TargetRecord,
 }
 
+/// Writes per fenced transaction (etcd allows 128 operations).
+pub const WRITES_PER_TXN: usize = 100;
+
 /// A rollout as stored, whole.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub record: RolloutRecord,
+    /// The record's revision as read: what the owner's status writes
+    /// compare (see [`RolloutStore::write_fenced`]).
+    pub revision: i64,
     pub status: StatusRecord,
     pub targets: Vec<Target>,
 }
@@ -125,7 +132,7 @@ impl RolloutStore {
 
     /// The whole rollout: its record, status and every target.
     pub async fn load(&self, name: &str) -> Result<Loaded, RolloutError> {
-        let (record, _) = self.record(name).await?;
+        let (record, revision) = self.record(name).await?;
         let status = self.status(name).await?;
         let chunks = self.range(&self.keys.rollout_targets(name)).await?;
         let progress = self.range(&self.keys.rollout_clusters(name)).await?;
@@ -151,9 +158,34 @@ impl RolloutStore {
         }
         Ok(Loaded {
             record,
+            revision,
             status,
             targets,
         })
+    }
+
+    /// Writes `ops` of rollout `name` in transactions of at most
+    /// [`WRITES_PER_TXN`], each only while `claim` holds its owner key and,
+    /// given `record_at`, while its record is still at that revision: a
+    /// control written since (a pause, an approval) fails the write with
+    /// [`StoreError::Conflict`], so a decision made without it is dropped.
+    pub async fn write_fenced(
+        &self,
+        name: &str,
+        ops: Vec<Op>,
+        claim: Claim,
+        record_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let record = record_at
+            .map(|revision| Compare::mod_revision(self.keys.rollout(name), CmpOp::Equal, revision));
+        for batch in ops.chunks(WRITES_PER_TXN) {
+            let compares = claim.fence_key(self.keys.rollout_owner(name));
+            let txn = Txn::new()
+                .when(compares.into_iter().chain(record.clone()))
+                .and_then(batch.to_vec());
+            self.store.cas(txn).await?;
+        }
+        Ok(())
     }
 
     /// Every rollout's record and status.
@@ -174,5 +206,66 @@ impl RolloutStore {
 
     async fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
         Ok(self.store.range(RangeRequest::prefix(prefix)).await?.kvs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use drover_proto::v1;
+    use std::sync::Arc;
+
+    /// A rollout of one target written to a memory store, and a claim of
+    /// its owner key.
+    async fn owned_rollout(rollouts: &RolloutStore) -> Claim {
+        let spec = v1::RolloutSpec {
+            version: "1.31.2".into(),
+            clusters: vec!["c".into()],
+            stages: vec![v1::RolloutStage {
+                name: "all".into(),
+                max_concurrency: "1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let spec = RolloutSpec::from_proto(Some(spec)).unwrap();
+        rollouts
+            .create("r", spec, vec![("c".into(), 0)])
+            .await
+            .unwrap();
+        let store = rollouts.store();
+        let lease = store.grant_lease(60).await.unwrap();
+        let owner = Op::put_with_lease(rollouts.keys().rollout_owner("r"), b"{}".to_vec(), lease);
+        let written = store.cas(Txn::new().and_then([owner])).await.unwrap();
+        Claim::new(lease, 0, written.revision)
+    }
+
+    /// A status write decided on a record that a pause changed since is
+    /// refused whole: nothing the owner chose without the pause is
+    /// written (or started).
+    #[tokio::test]
+    async fn a_write_decided_before_a_pause_is_refused() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let rollouts = RolloutStore::new(store, KeyLayout::new("/t/"));
+        let claim = owned_rollout(&rollouts).await;
+        let mut run = rollouts.load("r").await.unwrap();
+        rollouts
+            .update_control("r", |record, _| {
+                record.control.paused = true;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        run.status.message = "decided without the pause".into();
+        let status = Op::put(rollouts.keys().rollout_status("r"), to_json(&run.status));
+        let write = rollouts.write_fenced("r", vec![status.clone()], claim, Some(run.revision));
+        assert!(matches!(write.await, Err(StoreError::Conflict { .. })));
+        assert_ne!(rollouts.status("r").await.unwrap(), run.status);
+
+        let (_, now) = rollouts.record("r").await.unwrap();
+        let write = rollouts.write_fenced("r", vec![status], claim, Some(now));
+        write.await.unwrap();
+        assert_eq!(rollouts.status("r").await.unwrap(), run.status);
     }
 }

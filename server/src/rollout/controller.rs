@@ -23,9 +23,10 @@
 //! - Nothing new starts while the rollout is paused (by a user or by its
 //!   failure budget), waits for an approval, soaks, or has been cancelled.
 //!   A reconcile decides on the record (the controls) as it last read it,
-//!   without a read when it has something to write: the write compares
-//!   the record's revision, so a control written meanwhile fails it, and
-//!   targets start only after their STARTING write committed.
+//!   without a read when it has something to write: the targets it starts
+//!   are written STARTING with the status in one transaction that
+//!   compares the record's revision, so a control written meanwhile fails
+//!   it, and they start only after it committed.
 //! - A target whose cluster is paused, or outside its maintenance window
 //!   (`spec.maintenance`), stays PENDING saying so; it starts when that
 //!   ends.
@@ -50,7 +51,7 @@ use crate::owner_work::{Controller, Next, OwnerWork, ReconcileError, Reconciler,
 use crate::replication::Claim;
 use crate::store::Op;
 use crate::sync::lock;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
@@ -58,6 +59,11 @@ use tokio::sync::broadcast::error::RecvError;
 /// How often an owner looks at the targets in flight without being woken
 /// by a change of one of them.
 pub const POLL: Duration = Duration::from_millis(500);
+
+/// Targets one reconcile starts at most: they are written STARTING in one
+/// transaction with the status (etcd allows 128 writes in one), so that a
+/// control written meanwhile stops them all.
+const STARTS_PER_RECONCILE: usize = super::store::WRITES_PER_TXN - 1;
 
 /// How soon a rollout whose write conflicted is loaded again: soon, but
 /// not in a loop while its lost claim is still believed held.
@@ -182,7 +188,7 @@ impl RolloutController {
         // held: a write compares it, so a change fails the write and the
         // rollout is loaded again; with nothing to write, it is read.
         if run.status != before || !changes.targets.is_empty() {
-            self.write(run, &changes.targets, claim).await?;
+            self.write(run, &changes, claim).await?;
         } else if self.reread_record(run).await? {
             return Ok(Next::After(Duration::ZERO));
         }
@@ -191,7 +197,10 @@ impl RolloutController {
             // its cluster followed.
             self.note_in_flight(run);
             self.starts.spawn(run, &changes.start);
-            return Ok(Next::After(POLL));
+            return Ok(match next {
+                Next::After(soon) if soon < POLL => next,
+                _ => Next::After(POLL),
+            });
         }
         if run.status.settled {
             self.owners.release(&name, claim).await?;
@@ -436,7 +445,8 @@ impl RolloutController {
             .iter()
             .filter(|&&i| run.targets[i].record.state.in_flight())
             .count();
-        let mut room = concurrency.saturating_sub(in_flight);
+        let free = concurrency.saturating_sub(in_flight);
+        let mut room = free.min(STARTS_PER_RECONCILE);
         for &i in members {
             if room == 0 {
                 break;
@@ -465,7 +475,13 @@ impl RolloutController {
                 }
             }
         }
-        Next::After(POLL)
+        // More room than one write starts: the next reconcile goes on at
+        // once.
+        if room == 0 && free > STARTS_PER_RECONCILE {
+            Next::After(Duration::ZERO)
+        } else {
+            Next::After(POLL)
+        }
     }
 
     /// Whether `cluster` can start now, as the cache shows it.
@@ -500,25 +516,34 @@ impl RolloutController {
         }
     }
 
-    /// Writes the status and the changed targets, fenced by `claim` and
-    /// by the record as `run` holds it.
+    /// Writes the status and the changed targets, fenced by `claim` and by
+    /// the record as `run` holds it. The status and the targets newly
+    /// STARTING go in one transaction (at most [`STARTS_PER_RECONCILE`]
+    /// of them): a control written meanwhile fails it whole.
     async fn write(
         &self,
         run: &Loaded,
-        targets: &[usize],
+        changes: &Changes,
         claim: Claim,
     ) -> Result<(), RolloutError> {
         let keys = self.rollouts.keys();
         let name = &run.record.name;
-        let mut ops = vec![Op::put(keys.rollout_status(name), to_json(&run.status))];
-        for &i in targets {
+        let mut together = vec![Op::put(keys.rollout_status(name), to_json(&run.status))];
+        let mut rest = Vec::new();
+        let starting: HashSet<usize> = changes.start.iter().copied().collect();
+        for &i in &changes.targets {
             let target = &run.targets[i];
             let key = keys.rollout_cluster(name, &target.cluster);
-            ops.push(Op::put(key, to_json(&target.record)));
+            let put = Op::put(key, to_json(&target.record));
+            if starting.contains(&i) {
+                together.push(put);
+            } else {
+                rest.push(put);
+            }
         }
         let fenced = self
             .rollouts
-            .write_fenced(name, ops, claim, Some(run.revision));
+            .write_fenced(name, together, rest, claim, Some(run.revision));
         Ok(fenced.await?)
     }
 

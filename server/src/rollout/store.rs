@@ -164,27 +164,32 @@ impl RolloutStore {
         })
     }
 
-    /// Writes `ops` of rollout `name` in transactions of at most
-    /// [`WRITES_PER_TXN`], each only while `claim` holds its owner key and,
-    /// given `record_at`, while its record is still at that revision: a
-    /// control written since (a pause, an approval) fails the write with
-    /// [`StoreError::Conflict`], so a decision made without it is dropped.
+    /// Writes `together` (at most [`WRITES_PER_TXN`] writes) in one
+    /// transaction and `rest` in as many as it takes, all at once; each
+    /// applies only while `claim` holds the rollout's owner key and, given
+    /// `record_at`, while its record is still at that revision: a control
+    /// written since (a pause, an approval) fails `together` whole with
+    /// [`StoreError::Conflict`], so nothing decided without it lands there.
     pub async fn write_fenced(
         &self,
         name: &str,
-        ops: Vec<Op>,
+        together: Vec<Op>,
+        rest: Vec<Op>,
         claim: Claim,
         record_at: Option<i64>,
     ) -> Result<(), StoreError> {
+        debug_assert!(together.len() <= WRITES_PER_TXN);
         let record = record_at
             .map(|revision| Compare::mod_revision(self.keys.rollout(name), CmpOp::Equal, revision));
-        for batch in ops.chunks(WRITES_PER_TXN) {
+        let batches = std::iter::once(together.as_slice()).chain(rest.chunks(WRITES_PER_TXN));
+        let writes = batches.filter(|batch| !batch.is_empty()).map(|batch| {
             let compares = claim.fence_key(self.keys.rollout_owner(name));
             let txn = Txn::new()
                 .when(compares.into_iter().chain(record.clone()))
                 .and_then(batch.to_vec());
-            self.store.cas(txn).await?;
-        }
+            self.store.cas(txn)
+        });
+        futures_util::future::try_join_all(writes).await?;
         Ok(())
     }
 
@@ -259,12 +264,13 @@ mod tests {
             .unwrap();
         run.status.message = "decided without the pause".into();
         let status = Op::put(rollouts.keys().rollout_status("r"), to_json(&run.status));
-        let write = rollouts.write_fenced("r", vec![status.clone()], claim, Some(run.revision));
+        let write =
+            rollouts.write_fenced("r", vec![status.clone()], vec![], claim, Some(run.revision));
         assert!(matches!(write.await, Err(StoreError::Conflict { .. })));
         assert_ne!(rollouts.status("r").await.unwrap(), run.status);
 
         let (_, now) = rollouts.record("r").await.unwrap();
-        let write = rollouts.write_fenced("r", vec![status], claim, Some(now));
+        let write = rollouts.write_fenced("r", vec![status], vec![], claim, Some(now));
         write.await.unwrap();
         assert_eq!(rollouts.status("r").await.unwrap(), run.status);
     }

@@ -67,12 +67,10 @@ impl ClusterBrief<'_> {
     /// Whether the cluster passes `filter` (as [`ClusterFilter::matches`]
     /// on the whole record would say).
     pub fn matches(&self, filter: &ClusterFilter) -> bool {
-        filter.state.is_none_or(|state| state == self.state.state)
-            && filter.labels.iter().all(|(key, value)| {
-                self.labels
-                    .iter()
-                    .any(|(k, v)| **k == **key && **v == **value)
-            })
+        filter.admits(self.state.state, |key| {
+            let pair = self.labels.iter().find(|(k, _)| **k == *key);
+            pair.map(|(_, value)| &**value)
+        })
     }
 }
 

@@ -84,12 +84,26 @@ pub struct ClusterFilter {
 }
 
 impl ClusterFilter {
-    pub(crate) fn matches(&self, cluster: &ClusterRecord) -> bool {
-        self.state.is_none_or(|state| cluster.state.state == state)
+    /// Whether a cluster in `state`, whose label `key` has the value
+    /// `label(key)`, passes: the one meaning of a filter, whichever form
+    /// the cluster is held in.
+    pub(crate) fn admits<'a>(
+        &self,
+        state: ClusterState,
+        label: impl Fn(&str) -> Option<&'a str>,
+    ) -> bool {
+        self.state.is_none_or(|wanted| state == wanted)
             && self
                 .labels
                 .iter()
-                .all(|(k, v)| cluster.spec.spec.labels.get(k) == Some(v))
+                .all(|(key, value)| label(key) == Some(value.as_str()))
+    }
+
+    pub(crate) fn matches(&self, cluster: &ClusterRecord) -> bool {
+        let labels = &cluster.spec.spec.labels;
+        self.admits(cluster.state.state, |key| {
+            labels.get(key).map(String::as_str)
+        })
     }
 }
 

@@ -89,8 +89,12 @@ pub struct RolloutController {
 #[derive(Default)]
 struct Changes {
     targets: Vec<usize>,
-    /// Targets chosen to start (already STARTING in memory).
+    /// Targets to submit: those chosen now and those a former owner (or a
+    /// submit whose outcome is unknown) left STARTING.
     start: Vec<usize>,
+    /// Targets this reconcile moved from PENDING to STARTING: written with
+    /// the status, in one transaction.
+    chosen: HashSet<usize>,
 }
 
 impl RolloutController {
@@ -460,6 +464,7 @@ impl RolloutController {
                     run.targets[i].record.message.clear();
                     changes.targets.push(i);
                     changes.start.push(i);
+                    changes.chosen.insert(i);
                     room -= 1;
                 }
                 Readiness::Skip(message) => {
@@ -530,12 +535,11 @@ impl RolloutController {
         let name = &run.record.name;
         let mut together = vec![Op::put(keys.rollout_status(name), to_json(&run.status))];
         let mut rest = Vec::new();
-        let starting: HashSet<usize> = changes.start.iter().copied().collect();
         for &i in &changes.targets {
             let target = &run.targets[i];
             let key = keys.rollout_cluster(name, &target.cluster);
             let put = Op::put(key, to_json(&target.record));
-            if starting.contains(&i) {
+            if changes.chosen.contains(&i) {
                 together.push(put);
             } else {
                 rest.push(put);

@@ -70,7 +70,8 @@ impl Starts {
     }
 
     /// Submits the STARTING targets `chosen` of `run` in a task of its own,
-    /// then writes how each went and wakes the rollout.
+    /// then hands how each went to the next reconcile and wakes the
+    /// rollout.
     pub fn spawn(self: &Arc<Self>, run: &Loaded, chosen: &[usize]) {
         let name = run.record.name.clone();
         let template = action_request(&run.record.spec.action);

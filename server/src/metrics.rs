@@ -237,106 +237,113 @@ pub struct Metrics {
 /// get `_total`) and help. Families are registered, and so rendered, in row
 /// order.
 macro_rules! metric_families {
-    ($($field:ident: $metric:expr => $name:literal, $help:literal;)*) => {{
-        let mut registry = Registry::with_prefix("drover");
-        $(
-            let $field = $metric;
-            registry.register($name, $help, $field.clone());
-        )*
-        Metrics {
-            registry,
-            running: RunningOperations::default(),
-            $($field,)*
+    ($($field:ident: $metric:expr => $name:literal, $help:literal;)*) => {
+        impl Metrics {
+            /// Every family, registered in row order.
+            fn registered() -> Self {
+                let mut registry = Registry::with_prefix("drover");
+                $(
+                    let $field = $metric;
+                    registry.register($name, $help, $field.clone());
+                )*
+                Metrics {
+                    registry,
+                    running: RunningOperations::default(),
+                    $($field,)*
+                }
+            }
         }
-    }};
+    };
+}
+
+metric_families! {
+    operations: Family::<OperationLabels, Counter>::default()
+        => "operations", "Finished operations by kind and result";
+    operation_seconds:
+        Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram)
+        => "operation_duration_seconds", "Operation duration from acceptance to end";
+    oldest_running: Family::<KindLabels, Gauge<f64, AtomicU64>>::default()
+        => "oldest_running_operation_age_seconds", "Age (since acceptance) of the oldest operation of the kind running on this replica; 0 when none runs";
+    transitions: Family::<TransitionLabels, Counter>::default()
+        => "state_transitions", "Cluster state changes by from and to state";
+    etcd_request_seconds:
+        Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
+        => "etcd_request_duration_seconds", "Store request latency by request kind";
+    etcd_request_errors: Family::<RequestLabels, Counter>::default()
+        => "etcd_request_errors", "Store requests that failed (etcd unreachable, timed out, refused) by request kind";
+    provider_request_seconds:
+        Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
+        => "provider_request_duration_seconds", "Provider call latency by call, answered or not";
+    provider_request_retries: Family::<RequestLabels, Counter>::default()
+        => "provider_request_retries", "Provider calls sent again because the provider was unavailable (restarting, unreachable) or busy, by call";
+    keepalive_failures: Counter::default()
+        => "lease_keepalive_failures", "Failed lease keep-alives";
+    providers_unreachable: Gauge::default()
+        => "providers_unreachable", "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)";
+    leases_lost: Counter::default()
+        => "leases_lost", "Replica leases found expired (keep-alives failed for longer than the TTL): every cluster dropped at once and a new lease joined";
+    clusters_owned: Gauge::default()
+        => "clusters_owned", "Clusters this replica owns";
+    ownership_passes: Counter::default()
+        => "ownership_passes", "Ownership passes run (each goes over every cluster in the cache)";
+    clusters_claimed: Counter::default()
+        => "clusters_claimed", "Clusters this replica claimed: each claim is an owner change, under a new fencing epoch (summed over the replicas: how often clusters moved)";
+    clusters: Gauge::default()
+        => "clusters", "Clusters in this replica's watch cache (all clusters)";
+    orphan_recoveries: Counter::default()
+        => "orphan_recoveries", "Operations failed and task runs aborted because their owner was lost";
+    orphan_resumes: Counter::default()
+        => "orphan_resumes", "Operations a new owner resumed from their last persisted step after their owner was lost";
+    previous_incarnations_revoked: Counter::default()
+        => "previous_incarnations_revoked", "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once";
+    peer_crashes_detected: Counter::default()
+        => "peer_crashes_detected", "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation";
+    peer_leases_revoked: Counter::default()
+        => "peer_leases_revoked", "Leases of crashed peers revoked by this replica once the survivors drained their owner keys (or a TTL passed)";
+    peer_members_deposed: Counter::default()
+        => "peer_members_deposed", "Crashed peers whose member key this replica removed, so that the survivors take their clusters over before the TTL";
+    owner_keys_drained: Counter::default()
+        => "owner_keys_drained", "Owner keys of departed members (member key gone, lease not yet) this replica deleted in batches before claiming their clusters";
+    liveness_self_suspected: Counter::default()
+        => "liveness_self_suspected", "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)";
+    liveness_peers_connected: Gauge::default()
+        => "liveness_peers_connected", "Peers this replica holds a liveness connection to";
+    newer_schema_skipped: Counter::default()
+        => "newer_schema_records", "Times a cluster was left alone because its records have a newer schema";
+    task_runs: Family::<TaskRunLabels, Counter>::default()
+        => "task_runs", "Finished task runs by task type and status";
+    task_last_success: Family::<TaskTypeLabels, Gauge<f64, AtomicU64>>::default()
+        => "task_last_success_timestamp_seconds", "When a run of the task type last ended done on this replica (Unix seconds)";
+    etcd_known_issues: Family::<IssueLabels, Gauge>::default()
+        => "etcd_known_issue", "Known etcd issues of the etcd version in use (see PRODUCTION.md)";
+    owner_work_queue_depth: Family::<ControllerLabels, Gauge>::default()
+        => "owner_work_queue_depth", "Owned clusters waiting for a reconcile, by controller (executor, tasks, scanner)";
+    owner_work_reconcile_seconds:
+        Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(reconcile_histogram)
+        => "owner_work_reconcile_duration_seconds", "Reconcile duration by controller (an executor reconcile drives a whole operation)";
+    owner_work_requeues: Family::<RequeueLabels, Counter>::default()
+        => "owner_work_requeues", "Reconciles queued again by controller and reason: after (asked for), error (after a backoff), pending (triggered while running)";
+    owner_work_errors: Family::<ControllerLabels, Counter>::default()
+        => "owner_work_errors", "Reconciles that failed or panicked, by controller";
+    rollout_state: Family::<RolloutStateLabels, Gauge>::default()
+        => "rollout_state", "Each rollout this replica runs: 1 on its state, 0 on the others (count by state: rollouts by state)";
+    rollout_clusters: Family::<RolloutStateLabels, Gauge>::default()
+        => "rollout_clusters", "Targets of each rollout this replica runs, by their state";
+    rollout_budget_paused: Family::<RolloutLabels, Gauge>::default()
+        => "rollout_budget_paused", "1 while a rollout this replica runs is paused by its failure budget";
+    remediations: Family::<OutcomeLabels, Counter>::default()
+        => "remediations", "Automatic remediation by outcome: started (a Recover naming unhealthy nodes), short_circuited (a cluster with more unhealthy nodes than max_unhealthy), gave_up (a node's retries used up)";
+    unhealthy_nodes: Gauge::default()
+        => "unhealthy_nodes", "Nodes past their health timeout in the clusters this replica owns, as last judged";
+    clusters_short_circuited: Gauge::default()
+        => "clusters_short_circuited", "Clusters this replica owns whose remediation is short-circuited";
+    audit_write_failures: Counter::default()
+        => "audit_write_failures", "Audit log lines that could not be written (the requests went on)";
 }
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let metrics = Arc::new(metric_families! {
-            operations: Family::<OperationLabels, Counter>::default()
-                => "operations", "Finished operations by kind and result";
-            operation_seconds:
-                Family::<KindLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram)
-                => "operation_duration_seconds", "Operation duration from acceptance to end";
-            oldest_running: Family::<KindLabels, Gauge<f64, AtomicU64>>::default()
-                => "oldest_running_operation_age_seconds", "Age (since acceptance) of the oldest operation of the kind running on this replica; 0 when none runs";
-            transitions: Family::<TransitionLabels, Counter>::default()
-                => "state_transitions", "Cluster state changes by from and to state";
-            etcd_request_seconds:
-                Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
-                => "etcd_request_duration_seconds", "Store request latency by request kind";
-            etcd_request_errors: Family::<RequestLabels, Counter>::default()
-                => "etcd_request_errors", "Store requests that failed (etcd unreachable, timed out, refused) by request kind";
-            provider_request_seconds:
-                Family::<RequestLabels, Histogram, fn() -> Histogram>::new_with_constructor(seconds_histogram)
-                => "provider_request_duration_seconds", "Provider call latency by call, answered or not";
-            provider_request_retries: Family::<RequestLabels, Counter>::default()
-                => "provider_request_retries", "Provider calls sent again because the provider was unavailable (restarting, unreachable) or busy, by call";
-            keepalive_failures: Counter::default()
-                => "lease_keepalive_failures", "Failed lease keep-alives";
-            providers_unreachable: Gauge::default()
-                => "providers_unreachable", "Providers this replica has not reached for longer than --provider-handover-after (it hands its clusters to peers that do)";
-            leases_lost: Counter::default()
-                => "leases_lost", "Replica leases found expired (keep-alives failed for longer than the TTL): every cluster dropped at once and a new lease joined";
-            clusters_owned: Gauge::default()
-                => "clusters_owned", "Clusters this replica owns";
-            ownership_passes: Counter::default()
-                => "ownership_passes", "Ownership passes run (each goes over every cluster in the cache)";
-            clusters_claimed: Counter::default()
-                => "clusters_claimed", "Clusters this replica claimed: each claim is an owner change, under a new fencing epoch (summed over the replicas: how often clusters moved)";
-            clusters: Gauge::default()
-                => "clusters", "Clusters in this replica's watch cache (all clusters)";
-            orphan_recoveries: Counter::default()
-                => "orphan_recoveries", "Operations failed and task runs aborted because their owner was lost";
-            orphan_resumes: Counter::default()
-                => "orphan_resumes", "Operations a new owner resumed from their last persisted step after their owner was lost";
-            previous_incarnations_revoked: Counter::default()
-                => "previous_incarnations_revoked", "Leases of this replica's previous incarnations (a crash, then a restart) revoked when it joined, handing their clusters over at once";
-            peer_crashes_detected: Counter::default()
-                => "peer_crashes_detected", "Peers found crashed: their liveness connection broke and a probe was refused or answered by another incarnation";
-            peer_leases_revoked: Counter::default()
-                => "peer_leases_revoked", "Leases of crashed peers revoked by this replica once the survivors drained their owner keys (or a TTL passed)";
-            peer_members_deposed: Counter::default()
-                => "peer_members_deposed", "Crashed peers whose member key this replica removed, so that the survivors take their clusters over before the TTL";
-            owner_keys_drained: Counter::default()
-                => "owner_keys_drained", "Owner keys of departed members (member key gone, lease not yet) this replica deleted in batches before claiming their clusters";
-            liveness_self_suspected: Counter::default()
-                => "liveness_self_suspected", "Refusals of a peer's liveness probe not taken as its death: every liveness connection of this replica broke at once, so its own network is suspect (the TTL decides)";
-            liveness_peers_connected: Gauge::default()
-                => "liveness_peers_connected", "Peers this replica holds a liveness connection to";
-            newer_schema_skipped: Counter::default()
-                => "newer_schema_records", "Times a cluster was left alone because its records have a newer schema";
-            task_runs: Family::<TaskRunLabels, Counter>::default()
-                => "task_runs", "Finished task runs by task type and status";
-            task_last_success: Family::<TaskTypeLabels, Gauge<f64, AtomicU64>>::default()
-                => "task_last_success_timestamp_seconds", "When a run of the task type last ended done on this replica (Unix seconds)";
-            etcd_known_issues: Family::<IssueLabels, Gauge>::default()
-                => "etcd_known_issue", "Known etcd issues of the etcd version in use (see PRODUCTION.md)";
-            owner_work_queue_depth: Family::<ControllerLabels, Gauge>::default()
-                => "owner_work_queue_depth", "Owned clusters waiting for a reconcile, by controller (executor, tasks, scanner)";
-            owner_work_reconcile_seconds:
-                Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(reconcile_histogram)
-                => "owner_work_reconcile_duration_seconds", "Reconcile duration by controller (an executor reconcile drives a whole operation)";
-            owner_work_requeues: Family::<RequeueLabels, Counter>::default()
-                => "owner_work_requeues", "Reconciles queued again by controller and reason: after (asked for), error (after a backoff), pending (triggered while running)";
-            owner_work_errors: Family::<ControllerLabels, Counter>::default()
-                => "owner_work_errors", "Reconciles that failed or panicked, by controller";
-            rollout_state: Family::<RolloutStateLabels, Gauge>::default()
-                => "rollout_state", "Each rollout this replica runs: 1 on its state, 0 on the others (count by state: rollouts by state)";
-            rollout_clusters: Family::<RolloutStateLabels, Gauge>::default()
-                => "rollout_clusters", "Targets of each rollout this replica runs, by their state";
-            rollout_budget_paused: Family::<RolloutLabels, Gauge>::default()
-                => "rollout_budget_paused", "1 while a rollout this replica runs is paused by its failure budget";
-            remediations: Family::<OutcomeLabels, Counter>::default()
-                => "remediations", "Automatic remediation by outcome: started (a Recover naming unhealthy nodes), short_circuited (a cluster with more unhealthy nodes than max_unhealthy), gave_up (a node's retries used up)";
-            unhealthy_nodes: Gauge::default()
-                => "unhealthy_nodes", "Nodes past their health timeout in the clusters this replica owns, as last judged";
-            clusters_short_circuited: Gauge::default()
-                => "clusters_short_circuited", "Clusters this replica owns whose remediation is short-circuited";
-            audit_write_failures: Counter::default()
-                => "audit_write_failures", "Audit log lines that could not be written (the requests went on)";
-        });
+        let metrics = Arc::new(Self::registered());
         metrics.create_alerted_series();
         metrics
     }

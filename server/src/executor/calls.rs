@@ -45,6 +45,11 @@ async fn surge(
 /// One UpgradeNode call per node, sent together under one token: the
 /// first failure in node order (the step fails, or is retried, as one), or
 /// else the last node's answer (every answer lists all the nodes).
+/// A power request (start, stop, repair) for `node_ids`; none means all.
+fn power(token: Option<pb::FencingToken>, node_ids: Vec<String>) -> pb::PowerRequest {
+    pb::PowerRequest { node_ids, token }
+}
+
 async fn upgrade_side_by_side(
     provider: crate::provider::Provider,
     token: Option<pb::FencingToken>,
@@ -181,37 +186,21 @@ impl Holding<'_> {
         let token = self.token();
         match step {
             Step::CreateNodes => {
-                provider
-                    .create_nodes(due_by(
-                        deadline,
-                        pb::CreateNodesRequest {
-                            token,
-                            control_nodes: spec.control_nodes,
-                            worker_nodes: spec.worker_nodes,
-                            offering: spec.node_offering.clone(),
-                            version: spec.version.clone(),
-                        },
-                    ))
-                    .await
+                let request = pb::CreateNodesRequest {
+                    token,
+                    control_nodes: spec.control_nodes,
+                    worker_nodes: spec.worker_nodes,
+                    offering: spec.node_offering.clone(),
+                    version: spec.version.clone(),
+                };
+                provider.create_nodes(due_by(deadline, request)).await
             }
             Step::StartNodes => {
-                let request = due_by(
-                    deadline,
-                    pb::PowerRequest {
-                        node_ids: Vec::new(),
-                        token,
-                    },
-                );
+                let request = due_by(deadline, power(token, Vec::new()));
                 provider.start_nodes(request).await
             }
             Step::StopNodes => {
-                let request = due_by(
-                    deadline,
-                    pb::PowerRequest {
-                        node_ids: Vec::new(),
-                        token,
-                    },
-                );
+                let request = due_by(deadline, power(token, Vec::new()));
                 provider.stop_nodes(request).await
             }
             Step::Resize { workers, offering } => {
@@ -258,8 +247,7 @@ impl Holding<'_> {
                     .await
             }
             Step::RepairNodes(node_ids) => {
-                let node_ids = node_ids.clone();
-                let request = due_by(deadline, pb::PowerRequest { token, node_ids });
+                let request = due_by(deadline, power(token, node_ids.clone()));
                 provider.repair_nodes(request).await
             }
             Step::HealthCheck => unreachable!("the health check describes"),

@@ -57,6 +57,19 @@ enum Scope {
     Some(HashSet<String>),
 }
 
+impl Scope {
+    /// Every cluster for a full pass (the changes noted are then moot);
+    /// otherwise those changed since the last pass, taken.
+    fn of_pass(full: bool, changed: &mut HashSet<String>) -> Self {
+        if full {
+            changed.clear();
+            Scope::Every
+        } else {
+            Scope::Some(std::mem::take(changed))
+        }
+    }
+}
+
 /// What a pass reads and updates, kept from pass to pass.
 struct Pass<'a> {
     owners: &'a mut OwnersView,
@@ -163,13 +176,10 @@ impl Ownership {
             full |= started >= last_full + FULL_PASS_EVERY
                 || !cache.is_ready()
                 || !owners.is_following();
-            let scope = if full {
+            if full {
                 last_full = started;
-                changed.clear();
-                Scope::Every
-            } else {
-                Scope::Some(std::mem::take(&mut changed))
-            };
+            }
+            let scope = Scope::of_pass(full, &mut changed);
             // Before the pass reads the members: a change after that read
             // is then in the subscription.
             let mut members = cache
@@ -182,13 +192,7 @@ impl Ownership {
             };
             let revision = match self.reconcile(&cache, pass, &scope).await {
                 Ok(revision) => {
-                    self.owner_keys.send_if_modified(|counts| {
-                        let changed = counts != owners.leases();
-                        if changed {
-                            counts.clone_from(owners.leases());
-                        }
-                        changed
-                    });
+                    self.publish_owner_keys(&owners);
                     revision
                 }
                 Err(error) => {
@@ -226,6 +230,17 @@ impl Ownership {
                 }
             }
         }
+    }
+
+    /// Tells the owner-key counts' subscribers, when the pass changed them.
+    fn publish_owner_keys(&self, owners: &OwnersView) {
+        self.owner_keys.send_if_modified(|counts| {
+            let changed = counts != owners.leases();
+            if changed {
+                counts.clone_from(owners.leases());
+            }
+            changed
+        });
     }
 
     /// Takes the cache changes queued, noting the clusters whose state key

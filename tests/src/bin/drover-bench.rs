@@ -1904,7 +1904,7 @@ impl Throughput {
     }
 
     /// The table rows: rates, latency, the goal; then what an operation
-    /// cost (etcd requests, fsyncs, waits and CPU).
+    /// cost.
     fn rows(&self, row: Row) {
         let target = self.target();
         let raw = self.raw_per_second;
@@ -1929,6 +1929,11 @@ impl Throughput {
             format!("{:.2}; {}", self.ops_per_second / target, ratios.join(" ")),
             ">= 1".into(),
         );
+        self.cost_rows(row);
+    }
+
+    /// What an operation cost: etcd requests, fsyncs, waits and CPU.
+    fn cost_rows(&self, row: Row) {
         row(
             "etcd writes per operation",
             format!("{:.2}", self.writes_per_op),

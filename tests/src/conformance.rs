@@ -259,6 +259,55 @@ pub async fn txn_with_duplicate_key_is_refused(store: &dyn Store) {
     assert!(store.get("/t/dup").await.unwrap().kvs.is_empty());
 }
 
+/// Transactions sent at once (the etcd store sends such transactions
+/// together, see `store::etcd::batch`) each get their own outcome:
+/// compare-and-swap increments of shared counters lose none; a compare
+/// that fails runs its own failure branch; a put under an unknown lease
+/// fails alone.
+pub async fn concurrent_txns_each_get_their_own_outcome(store: &dyn Store) {
+    const COUNTERS: usize = 8;
+    const INCREMENTS: usize = 25;
+    for counter in 0..COUNTERS {
+        put(store, &format!("/t/n/{counter}"), "0").await;
+    }
+    let increment = |counter: usize| async move {
+        let key = format!("/t/n/{counter}");
+        loop {
+            let read = store.get(&key).await.unwrap().into_single().unwrap();
+            let n: u64 = String::from_utf8(read.value).unwrap().parse().unwrap();
+            let txn = Txn::new()
+                .when([Compare::mod_revision(&key, CmpOp::Equal, read.mod_revision)])
+                .and_then([Op::put(&key, (n + 1).to_string())])
+                .or_else([Op::get(&key)]);
+            let result = store.txn(txn).await.unwrap();
+            if result.succeeded {
+                return;
+            }
+            match &result.results[..] {
+                [OpResult::Get(Some(now))] => assert!(now.mod_revision > read.mod_revision),
+                other => panic!("the failure branch's read, not {other:?}"),
+            }
+        }
+    };
+    let orphan = async {
+        let unknown_lease = 0x7e57_1ea5e;
+        let put = Op::put_with_lease("/t/n-orphan", "x", unknown_lease);
+        let error = store.txn(Txn::new().and_then([put])).await.unwrap_err();
+        assert!(matches!(error, StoreError::LeaseNotFound(_)), "{error:?}");
+    };
+    let increments =
+        futures_util::future::join_all((0..COUNTERS * INCREMENTS).map(|i| increment(i % COUNTERS)));
+    tokio::join!(increments, orphan);
+    for counter in 0..COUNTERS {
+        let kv = store.get(&format!("/t/n/{counter}")).await.unwrap();
+        assert_eq!(
+            kv.into_single().unwrap().value,
+            INCREMENTS.to_string().into_bytes()
+        );
+    }
+    assert!(store.get("/t/n-orphan").await.unwrap().kvs.is_empty());
+}
+
 /// `cas` turns failed compares into a Conflict error.
 pub async fn cas_reports_conflict(store: &dyn Store) {
     put(store, "/t/cas", "1").await;
@@ -429,6 +478,7 @@ macro_rules! for_each_conformance_case {
             txn_writes_share_one_revision_and_deletes_reset,
             txn_with_duplicate_key_is_refused,
             cas_reports_conflict,
+            concurrent_txns_each_get_their_own_outcome,
             leases_bind_keys_and_revoke_deletes_them,
             lease_expiry_deletes_bound_keys,
             watch_replays_from_revision_then_follows,

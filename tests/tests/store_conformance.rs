@@ -48,3 +48,16 @@ async fn etcd_down_is_unavailable_and_retryable() {
     assert!(matches!(error, StoreError::Unavailable(_)), "{error:?}");
     assert!(error.is_retryable());
 }
+
+/// The etcd store sends transactions asked for together in one request
+/// (group commit); the conformance case above checks their outcomes, this
+/// that they were in fact sent together.
+#[tokio::test]
+async fn etcd_sends_concurrent_transactions_together() {
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.store().await;
+    conformance::concurrent_txns_each_get_their_own_outcome(&store).await;
+    let batched = store.txns_batched();
+    assert!(batched > 0, "no transaction shared a request");
+    println!("{batched} transactions were sent in shared requests");
+}

@@ -488,8 +488,9 @@ impl ClusterCache {
     ///
     /// A caller that learnt of a write from elsewhere (the operation feed)
     /// calls it before answering, so that its client's next request to this
-    /// replica sees the clusters as that write left them. (A transaction's
-    /// keys arrive one event at a time: its first cluster key is then
+    /// replica sees the clusters as that write left them. (A revision's
+    /// keys, one transaction's or those of a batch the etcd store sent
+    /// together, arrive one event at a time: its first cluster key is then
     /// shown, and the rest follow in microseconds.)
     pub async fn wait_until_applied(&self, revision: i64, limit: Duration) {
         let mut applied = self.applied.subscribe();

@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 
 use crate::config::{EtcdTls, EtcdUser};
 
+mod batch;
+use batch::Batcher;
+
 /// Keys per range request when reading a large prefix.
 const RANGE_PAGE: i64 = 1000;
 
@@ -30,6 +33,10 @@ pub struct EtcdOptions {
     pub tls: Option<EtcdTls>,
     /// An etcd user, when etcd has authentication enabled.
     pub user: Option<EtcdUser>,
+    /// Whether small transactions asked for together share a request
+    /// (see `batch`); off, each is a request of its own (the benchmark's
+    /// raw etcd loop).
+    pub group_commit: bool,
 }
 
 impl EtcdOptions {
@@ -40,6 +47,7 @@ impl EtcdOptions {
             connect_timeout: Duration::from_secs(5),
             tls: None,
             user: None,
+            group_commit: true,
         }
     }
 }
@@ -57,6 +65,9 @@ pub struct EtcdStore {
     lease: LeaseClient,
     /// For the server version only (Status).
     maintenance: MaintenanceClient,
+    /// Sends small transactions together while one is in flight; `None`
+    /// without group commit.
+    batcher: Option<Batcher>,
 }
 
 impl EtcdStore {
@@ -91,7 +102,16 @@ impl EtcdStore {
             watch: client.watch_client(),
             lease: client.lease_client(),
             maintenance: client.maintenance_client(),
+            batcher: options
+                .group_commit
+                .then(|| Batcher::start(client.kv_client())),
         })
+    }
+
+    /// Transactions sent in a request shared with others since the
+    /// connection was made (see `batch`).
+    pub fn txns_batched(&self) -> u64 {
+        self.batcher.as_ref().map_or(0, Batcher::batched)
     }
 }
 
@@ -424,33 +444,10 @@ impl Store for EtcdStore {
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         check_ops(&txn.success)?;
         check_ops(&txn.failure)?;
-        let to_request = || {
-            etcd_client::Txn::new()
-                .when(txn.compares.iter().map(to_etcd_compare).collect::<Vec<_>>())
-                .and_then(txn.success.iter().map(to_etcd_op).collect::<Vec<_>>())
-                .or_else(txn.failure.iter().map(to_etcd_op).collect::<Vec<_>>())
-        };
-        // Built once for the first attempt and again only for a retry, so
-        // the values are copied once.
-        let mut first = Some(to_request());
-        let response = call(&self.kv, Retry::IfNotSent, |mut client| {
-            let request = first.take().unwrap_or_else(to_request);
-            async move { client.txn(request).await }
-        })
-        .await
-        .map_err(|e| match into_store_error(e) {
-            StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(&txn)),
-            other => other,
-        })?;
-        Ok(TxnResult {
-            succeeded: response.succeeded(),
-            revision: header_revision(response.header()),
-            results: response
-                .op_responses()
-                .iter()
-                .map(from_etcd_op_response)
-                .collect(),
-        })
+        match &self.batcher {
+            Some(batcher) if Batcher::takes(&txn) => batcher.txn(txn).await,
+            _ => send_txn(&self.kv, &txn).await,
+        }
     }
 
     async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
@@ -553,6 +550,39 @@ impl Store for EtcdStore {
         })?;
         Ok(())
     }
+}
+
+/// `txn` as etcd-client's request.
+fn to_etcd_txn(txn: &Txn) -> etcd_client::Txn {
+    etcd_client::Txn::new()
+        .when(txn.compares.iter().map(to_etcd_compare).collect::<Vec<_>>())
+        .and_then(txn.success.iter().map(to_etcd_op).collect::<Vec<_>>())
+        .or_else(txn.failure.iter().map(to_etcd_op).collect::<Vec<_>>())
+}
+
+/// Sends `txn` as a request of its own.
+async fn send_txn(kv: &KvClient, txn: &Txn) -> Result<TxnResult> {
+    // Built once for the first attempt and again only for a retry, so the
+    // values are copied once.
+    let mut first = Some(to_etcd_txn(txn));
+    let response = call(kv, Retry::IfNotSent, |mut client| {
+        let request = first.take().unwrap_or_else(|| to_etcd_txn(txn));
+        async move { client.txn(request).await }
+    })
+    .await
+    .map_err(|e| match into_store_error(e) {
+        StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(txn)),
+        other => other,
+    })?;
+    Ok(TxnResult {
+        succeeded: response.succeeded(),
+        revision: header_revision(response.header()),
+        results: response
+            .op_responses()
+            .iter()
+            .map(from_etcd_op_response)
+            .collect(),
+    })
 }
 
 /// The lease a failed transaction referred to, for the error message.

@@ -11,7 +11,10 @@
 //!
 //! # Guarantees
 //! - Every write bumps the store revision by one, whatever it touches; a
-//!   transaction's writes share one revision.
+//!   transaction's writes share one revision. So may the writes of several
+//!   transactions: the etcd store sends small transactions asked for at
+//!   once in one request (group commit, `store::etcd::batch`), each with
+//!   its own compares and outcome.
 //! - Watch events arrive in revision order with no gaps from the requested
 //!   start revision; if that revision was compacted the watch fails with
 //!   [`StoreError::Compacted`] and the caller must re-list.

@@ -30,7 +30,9 @@
 use clap::Parser;
 use drover_client::v1::{self, admin_client::AdminClient, OperationState as O};
 use drover_client::Client;
-use drover_server::store::{CmpOp, Compare, EtcdStore, LeaseId, Op, RangeRequest, Store, Txn};
+use drover_server::store::{
+    CmpOp, Compare, EtcdOptions, EtcdStore, LeaseId, Op, RangeRequest, Store, Txn,
+};
 use drover_tests::etcd::{EtcdCluster, EtcdProcess};
 use drover_tests::procfs::{cpu_time, rss_kib};
 use drover_tests::provider::SimProcess;
@@ -156,6 +158,16 @@ impl BenchEtcd {
     /// What `--etcd-endpoints` takes.
     fn endpoint_list(&self) -> String {
         self.endpoints().join(",")
+    }
+
+    /// A store over every member that sends each transaction as a request
+    /// of its own, as a plain etcd client does: the raw loop's.
+    async fn unbatched_store(&self) -> EtcdStore {
+        let mut options = EtcdOptions::new(self.endpoints());
+        options.group_commit = false;
+        EtcdStore::connect(&options)
+            .await
+            .expect("connect to the bench's etcd")
     }
 
     /// A store over every member.
@@ -290,7 +302,7 @@ async fn revision(store: &dyn Store) -> i64 {
 
 /// Raw etcd: `clients` tasks, each compare-and-swapping its own key.
 async fn raw_cas(etcd: &BenchEtcd, clients: usize, length: Duration) -> f64 {
-    let store = Arc::new(etcd.store().await);
+    let store = Arc::new(etcd.unbatched_store().await);
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
     for i in 0..clients {

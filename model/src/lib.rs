@@ -80,7 +80,12 @@
 //! # Assumptions
 //!
 //! - etcd is linearizable; a transaction's compares and writes are one step;
-//!   a write bumps the global revision by one; an expiring lease deletes
+//!   a write bumps the global revision by one. (The etcd store's group
+//!   commit sends several of a replica's transactions in one request, which
+//!   share a revision; it only puts together transactions none of which
+//!   writes a key another writes, compares or reads, so the request ends as
+//!   those transactions taken one after another, as the model takes them,
+//!   and a key's revisions still grow with each write.) An expiring lease deletes
 //!   every key bound to it in one revision; a put bound to a lease etcd no
 //!   longer holds fails.
 //! - A lease can expire at any step, whatever the keep-alives did: so a

@@ -17,7 +17,13 @@
 //! and the cluster; write the target RUNNING with the operation the accept
 //! answered; once the operation has ended, write the target SUCCEEDED or
 //! FAILED; once every target has ended, write the status settled and delete
-//! the owner key. The accept is one transaction: it answers the operation
+//! the owner key. The status record also holds a pause: an operator may
+//! write it PAUSED, and later RUNNING again, at any step; each write of the
+//! record (the owner's too) bumps its revision. The owner writes the
+//! targets it chooses STARTING with the status, in one transaction that
+//! compares the record's revision with the one it last read or wrote; a
+//! pause written since fails it, and the owner reads the record again
+//! (and, paused, chooses nothing). The accept is one transaction: it answers the operation
 //! that the request id's index names if there is one; else it refuses when
 //! an operation of the cluster still runs (busy: the owner writes the
 //! target PENDING again); else it creates the operation and the index
@@ -39,6 +45,8 @@
 //!   zombie) submits a STARTING target again under the same request id,
 //!   and the accept answers the operation the first submit created;
 //! - no owner write lands once etcd has dropped the owner's lease;
+//! - no target is written STARTING while the record says PAUSED: once a
+//!   pause is written, only targets already STARTING start;
 //! - a target is SUCCEEDED only if its operation succeeded;
 //! - once the faults allowed are spent, every target ends and the rollout
 //!   settles.
@@ -47,13 +55,15 @@
 //! a target STARTING and the new owner's resubmission either creates the
 //! operation the lost owner never accepted or is answered the one it did; a
 //! zombie and a new owner both believe they own the rollout; every target
-//! succeeds. Each negative test seeds one [`RolloutFlaw`] and the checker
+//! succeeds; a pause lands while an owner, its view not showing it, could
+//! start a target. Each negative test seeds one [`RolloutFlaw`] and the checker
 //! finds its counterexample: submitting before the STARTING record lets a
 //! new owner undercount and run more than N; a resubmission under a fresh
 //! request id accepts a target's operation twice; a zombie's unfenced
 //! writes land and start more than N; writing a target PENDING when its
-//! accept's answer was lost (what Drover's reconcile does today, see
-//! Caveats) runs more than N.
+//! accept's answer was lost (what Drover's reconcile once did, see
+//! Caveats) runs more than N; a start that does not compare the record
+//! ([`RolloutFlaw::UncomparedRecord`]) runs through a pause.
 //!
 //! # Assumptions
 //!
@@ -87,17 +97,21 @@
 //! # Caveats
 //!
 //! - Bounds: 2–3 replicas, 3 targets, a concurrency of 1 or 2, up to two
-//!   lease losses, one lost answer (see the tests).
+//!   lease losses, one lost answer, one pause and its resume (see the
+//!   tests).
 //! - A lost answer: the accept committed (or answered) and its answer did
 //!   not reach the owner (etcd unreachable, the reply lost after the
 //!   commit). The model's owner keeps the target STARTING and submits it
-//!   again under its request id. Drover's reconcile (`started`) writes it
-//!   PENDING instead, on every store error: the target is no longer counted
-//!   while its operation may run, and the flaw
-//!   [`RolloutFlaw::PendingAfterLostAnswer`], which does the same, runs
-//!   more than N.
-//! - Not modelled: stages, soak, approvals, pause, resume, cancel and the
-//!   failure budget (the status holds only whether the rollout settled);
+//!   again under its request id, as Drover's reconcile (`started`) does
+//!   since the model found the flaw
+//!   [`RolloutFlaw::PendingAfterLostAnswer`]: writing it PENDING on every
+//!   store error, as it once did, stops counting a target whose operation
+//!   may run, and runs more than N (unit test
+//!   `an_accept_of_unknown_outcome_keeps_its_target_starting`).
+//! - Not modelled: stages, soak, approvals, cancel and the failure budget
+//!   (the status holds only whether the rollout settled and whether it is
+//!   paused; a pause by the failure budget is a pause written by the owner,
+//!   whose view then shows it);
 //!   targets skipped (busy under the skip policy, already at the target,
 //!   gone); accept refusals other than busy; other users' operations on the
 //!   targets' clusters; an accept answering an operation that already ended
@@ -132,6 +146,8 @@ pub struct Rollout {
     pub faults: u8,
     /// Accepts whose answer is lost.
     pub lost_answers: u8,
+    /// Pauses an operator writes (each followed, some time, by a resume).
+    pub pauses: u8,
     pub flaw: Option<RolloutFlaw>,
 }
 
@@ -148,8 +164,12 @@ pub enum RolloutFlaw {
     /// Target writes do not compare the owner key: a zombie's land.
     UnfencedTargetWrite,
     /// A target whose accept's answer was lost is written PENDING, as
-    /// Drover's reconcile does with a store error today.
+    /// Drover's reconcile once did with a store error.
     PendingAfterLostAnswer,
+    /// The write of the targets a reconcile starts does not compare the
+    /// rollout's record: a pause written after the owner's read is missed
+    /// (and the status written with the starts overwrites it).
+    UncomparedRecord,
 }
 
 impl Rollout {
@@ -161,6 +181,7 @@ impl Rollout {
             concurrency,
             faults,
             lost_answers: 0,
+            pauses: 0,
             flaw: None,
         }
     }
@@ -229,6 +250,11 @@ pub struct Etcd {
     pub claims: u8,
     /// The status record: every target ended and the owner is done.
     pub settled: bool,
+    /// The status record says PAUSED (an operator's pause).
+    pub paused: bool,
+    /// The status record's revision: bumped by each write of it (an owner's
+    /// status write, a pause, a resume).
+    pub record: u8,
     pub targets: Vec<Record>,
     /// The request ids' index: which operation each created.
     pub requests: Vec<(RequestId, OperationId)>,
@@ -276,6 +302,10 @@ pub enum Answer {
 pub struct Owner {
     pub key: OwnerKey,
     pub targets: Vec<Seen>,
+    /// The status record's revision and pause as it last read or wrote
+    /// them.
+    pub record: u8,
+    pub paused: bool,
     /// It wrote the status settled: next, the owner key's deletion.
     pub settled: bool,
 }
@@ -299,6 +329,11 @@ pub struct History {
     /// A resubmission was answered the operation an earlier accept
     /// created.
     pub resubmit_answered: bool,
+    /// A target was written STARTING while the status record said PAUSED.
+    pub started_while_paused: bool,
+    /// A pause landed while an owner could still choose a target on a view
+    /// that did not show it.
+    pub pause_raced: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -308,6 +343,7 @@ pub struct State {
     pub next_lease: LeaseId,
     pub faults_left: u8,
     pub lost_answers_left: u8,
+    pub pauses_left: u8,
     pub history: History,
 }
 
@@ -359,6 +395,13 @@ pub enum Action {
     LeaseNotFound { replica: ReplicaId },
     /// A replica without a lease grants a new one.
     Rejoin { replica: ReplicaId },
+    /// An operator's PauseRollout: the status record written PAUSED.
+    Pause,
+    /// An operator's ResumeRollout: the status record written RUNNING.
+    Resume,
+    /// The owner, its status record older than etcd's (its write's compare
+    /// missed), reads the record again.
+    Reload { replica: ReplicaId },
 }
 
 pub const AT_MOST_N: &str = "at most N of the rollout's operations run at once";
@@ -373,6 +416,9 @@ pub const RESUBMIT_ANSWERED: &str =
     "a new owner's resubmission is answered the operation an earlier accept created";
 pub const TWO_OWNERS: &str = "a zombie and a new owner both believe they own the rollout";
 pub const ALL_SUCCEED: &str = "every target succeeds";
+pub const PAUSE_HOLDS: &str = "no target is written STARTING while the rollout is paused";
+pub const PAUSE_RACED: &str =
+    "a pause lands while an owner's view, not showing it, could start a target";
 
 impl Model for Rollout {
     type State = State;
@@ -402,6 +448,7 @@ impl Model for Rollout {
                     .all(|t| s.etcd.operations.iter().filter(|o| o.target == t).count() <= 1)
             }),
             Property::always(FENCED, |_, s: &State| !s.history.unleased_write),
+            Property::always(PAUSE_HOLDS, |_, s: &State| !s.history.started_while_paused),
             Property::always(SUCCESS_SHOWN, success_shown),
             Property::eventually(EVERYTHING_ENDS, |_, s: &State| {
                 s.etcd.settled && s.etcd.targets.iter().all(|r| r.is_terminal())
@@ -419,6 +466,7 @@ impl Model for Rollout {
             Property::sometimes(ALL_SUCCEED, |_, s: &State| {
                 s.etcd.targets.iter().all(|r| *r == Record::Succeeded)
             }),
+            Property::sometimes(PAUSE_RACED, |_, s: &State| s.history.pause_raced),
         ]
     }
 }
@@ -457,12 +505,15 @@ impl State {
                 owner: None,
                 claims: 0,
                 settled: false,
+                paused: false,
+                record: 0,
                 targets: vec![Record::Pending; model.targets],
                 requests: Vec::new(),
                 operations: Vec::new(),
             },
             faults_left: model.faults,
             lost_answers_left: model.lost_answers,
+            pauses_left: model.pauses,
             history: History::default(),
         }
     }
@@ -495,6 +546,11 @@ impl State {
                 actions.push(Action::LeaseExpires { lease });
             }
         }
+        if self.etcd.paused {
+            actions.push(Action::Resume);
+        } else if self.pauses_left > 0 && !self.etcd.settled {
+            actions.push(Action::Pause);
+        }
         for (replica, local) in self.replicas.iter().enumerate() {
             let Some(lease) = local.lease else {
                 actions.push(Action::Rejoin { replica });
@@ -525,12 +581,15 @@ impl State {
             actions.push(Action::Release { replica });
             return;
         }
+        if owner.record != self.etcd.record {
+            actions.push(Action::Reload { replica });
+        }
         let in_flight = owner.targets.iter().filter(|s| s.in_flight()).count();
         let mut ended = true;
         for (target, seen) in owner.targets.iter().enumerate() {
             ended &= *seen == Seen::Ended;
             match seen {
-                Seen::Pending if in_flight < model.concurrency => {
+                Seen::Pending if in_flight < model.concurrency && !owner.paused => {
                     actions.push(Action::Choose { replica, target });
                 }
                 Seen::Chosen | Seen::Starting { .. } => {
@@ -554,7 +613,7 @@ impl State {
                 _ => {}
             }
         }
-        if ended {
+        if ended && !owner.paused {
             actions.push(Action::Settle { replica });
         }
     }
@@ -595,7 +654,36 @@ impl State {
                 self.replicas[replica].lease = Some(lease);
                 Some(())
             }
+            Action::Pause => self.pause(model),
+            Action::Resume => {
+                self.etcd.paused = false;
+                self.etcd.record += 1;
+                Some(())
+            }
+            Action::Reload { replica } => {
+                let (record, paused) = (self.etcd.record, self.etcd.paused);
+                let owner = self.replicas[replica].owner.as_mut()?;
+                (owner.record, owner.paused) = (record, paused);
+                Some(())
+            }
         }
+    }
+
+    /// `PauseRollout`: the status record written PAUSED. Notes whether an
+    /// owner's view could still start a target as if it had not landed.
+    fn pause(&mut self, model: &Rollout) -> Option<()> {
+        self.etcd.paused = true;
+        self.etcd.record += 1;
+        self.pauses_left -= 1;
+        self.history.pause_raced |=
+            self.replicas
+                .iter()
+                .filter_map(|r| r.owner.as_ref())
+                .any(|o| {
+                    let in_flight = o.targets.iter().filter(|s| s.in_flight()).count();
+                    !o.paused && in_flight < model.concurrency && o.targets.contains(&Seen::Pending)
+                });
+        Some(())
     }
 
     /// `RolloutOwners::try_claim` and the first reconcile's load: the owner
@@ -625,6 +713,8 @@ impl State {
         self.replicas[replica].owner = Some(Owner {
             key,
             targets,
+            record: self.etcd.record,
+            paused: self.etcd.paused,
             settled: false,
         });
         Some(())
@@ -657,8 +747,16 @@ impl State {
         Some(())
     }
 
-    /// `start_some`: the target chosen and written STARTING.
+    /// `start_some`: the target chosen and written STARTING, with the
+    /// status, comparing the status record's revision (a pause written
+    /// since the owner's read fails it) unless [`RolloutFlaw::UncomparedRecord`].
     fn choose(&mut self, model: &Rollout, replica: ReplicaId, target: TargetId) -> Option<()> {
+        let owner = self.replicas[replica].owner.as_ref()?;
+        let (read, paused) = (owner.record, owner.paused);
+        if !model.has(RolloutFlaw::UncomparedRecord) && read != self.etcd.record {
+            return None;
+        }
+        let was_paused = self.etcd.paused;
         let seen = if model.has(RolloutFlaw::NoStartingRecord) {
             // The reconcile's status write, fenced, still comes first.
             self.lands(replica, true)?;
@@ -667,6 +765,12 @@ impl State {
             self.write_target(model, replica, target, Record::Starting)?;
             Seen::Starting { again: false }
         };
+        self.history.started_while_paused |= was_paused;
+        // The status is written with the starts, as the owner sees it.
+        self.etcd.paused = paused;
+        self.etcd.record += 1;
+        let record = self.etcd.record;
+        self.replicas[replica].owner.as_mut()?.record = record;
         self.set_seen(replica, target, seen)
     }
 
@@ -763,6 +867,10 @@ impl State {
 
     /// Every target ended: the status written settled (fenced).
     fn settle(&mut self, replica: ReplicaId) -> Option<()> {
+        let owner = self.replicas[replica].owner.as_ref()?;
+        if owner.record != self.etcd.record {
+            return None;
+        }
         self.lands(replica, true)?;
         self.etcd.settled = true;
         self.replicas[replica].owner.as_mut()?.settled = true;

@@ -42,6 +42,7 @@ use super::{call, from_etcd_op_response, header_revision, into_store_error, send
 use super::{to_etcd_txn, KvClient, TxnOp, TxnOpResponse};
 use crate::store::{Op, Result, StoreError, Txn, TxnResult};
 use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -86,7 +87,16 @@ impl Batcher {
             .iter()
             .chain(&txn.failure)
             .any(|op| matches!(op, Op::DeletePrefix { .. }));
-        parts <= MAX_TXN_PARTS && !prefix_delete && Keys::of(txn).bytes <= MAX_TXN_BYTES
+        let bytes: usize = txn
+            .success
+            .iter()
+            .chain(&txn.failure)
+            .map(|op| match op {
+                Op::Put { key, value, .. } => key.len() + value.len(),
+                _ => 0,
+            })
+            .sum();
+        parts <= MAX_TXN_PARTS && !prefix_delete && bytes <= MAX_TXN_BYTES
     }
 
     /// Sends `txn` with whatever else is waiting; its own outcome.
@@ -137,34 +147,41 @@ async fn send_batches(
     }
 }
 
-/// The keys a transaction writes and those it looks at.
+/// The keys a transaction writes and those it looks at, by their hashes:
+/// two keys of one hash only make two transactions wait for separate
+/// batches, never share one.
 #[derive(Default)]
 struct Keys {
-    writes: HashSet<String>,
-    reads: HashSet<String>,
+    writes: HashSet<u64>,
+    reads: HashSet<u64>,
     bytes: usize,
 }
 
 impl Keys {
     fn of(txn: &Txn) -> Self {
+        let hash = |key: &str| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            key.hash(&mut hasher);
+            hasher.finish()
+        };
         let mut keys = Keys::default();
         for compare in &txn.compares {
             keys.bytes += compare.key.len();
-            keys.reads.insert(compare.key.clone());
+            keys.reads.insert(hash(&compare.key));
         }
         for op in txn.success.iter().chain(&txn.failure) {
             match op {
                 Op::Put { key, value, .. } => {
                     keys.bytes += key.len() + value.len();
-                    keys.writes.insert(key.clone());
+                    keys.writes.insert(hash(key));
                 }
                 Op::Delete { key } | Op::DeletePrefix { prefix: key } => {
                     keys.bytes += key.len();
-                    keys.writes.insert(key.clone());
+                    keys.writes.insert(hash(key));
                 }
                 Op::Get { key } => {
                     keys.bytes += key.len();
-                    keys.reads.insert(key.clone());
+                    keys.reads.insert(hash(key));
                 }
             }
         }
@@ -193,7 +210,7 @@ impl Batch {
     /// or a read). If not, `next` starts the next batch.
     fn admits(&self, next: &Queued) -> bool {
         let full = self.members.len() >= MAX_TXNS || self.keys.bytes + next.keys.bytes > MAX_BYTES;
-        let seen = |key: &String| self.keys.writes.contains(key) || self.keys.reads.contains(key);
+        let seen = |key: &u64| self.keys.writes.contains(key) || self.keys.reads.contains(key);
         let overlaps = next.keys.writes.iter().any(seen)
             || next
                 .keys
@@ -203,10 +220,12 @@ impl Batch {
         !full && !overlaps
     }
 
-    fn join(&mut self, member: Queued) {
-        self.keys.bytes += member.keys.bytes;
-        self.keys.writes.extend(member.keys.writes.iter().cloned());
-        self.keys.reads.extend(member.keys.reads.iter().cloned());
+    fn join(&mut self, mut member: Queued) {
+        // The member's keys are needed no more once in the batch's.
+        let keys = std::mem::take(&mut member.keys);
+        self.keys.bytes += keys.bytes;
+        self.keys.writes.extend(keys.writes);
+        self.keys.reads.extend(keys.reads);
         self.members.push(member);
     }
 

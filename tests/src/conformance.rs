@@ -290,6 +290,8 @@ pub async fn concurrent_txns_each_get_their_own_outcome(store: &dyn Store) {
         }
     };
     let orphan = async {
+        // A read first, so that the put comes amid the others.
+        store.get("/t/n/0").await.unwrap();
         let unknown_lease = 0x7e57_1ea5e;
         let put = Op::put_with_lease("/t/n-orphan", "x", unknown_lease);
         let error = store.txn(Txn::new().and_then([put])).await.unwrap_err();

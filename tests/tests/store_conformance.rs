@@ -61,3 +61,38 @@ async fn etcd_sends_concurrent_transactions_together() {
     assert!(batched > 0, "no transaction shared a request");
     println!("{batched} transactions were sent in shared requests");
 }
+
+/// A request etcd refuses for one transaction's sake (a put under a lease
+/// it does not hold) is sent again one transaction per request: the others
+/// of its batch commit, only that one fails.
+#[tokio::test]
+async fn etcd_refusing_a_batch_for_one_transaction_fails_only_that_one() {
+    use drover_server::store::{Op, Txn};
+    let etcd = EtcdProcess::start().await;
+    let store = etcd.store().await;
+    // Bounded: the put under the unknown lease must land in a batch, which
+    // a few attempts make all but certain.
+    for attempt in 0..10 {
+        // Sent at once, the orphan in the middle: all but the first wait
+        // for the first's request, and go together.
+        let txns = (0..50).map(|i| {
+            let put = match i {
+                25 => Op::put_with_lease(format!("/t/orphan/{attempt}"), "x", 0x7e57_1ea5e),
+                _ => Op::put(format!("/t/again/{attempt}/{i}"), "v"),
+            };
+            store.txn(Txn::new().and_then([put]))
+        });
+        let mut results = futures_util::future::join_all(txns).await;
+        let error = results.remove(25).unwrap_err();
+        assert!(matches!(error, StoreError::LeaseNotFound(_)), "{error:?}");
+        assert!(results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|r| r.succeeded)));
+        if store.batches_sent_again() > 0 {
+            let written = store.get(&format!("/t/again/{attempt}/49")).await.unwrap();
+            assert_eq!(written.kvs.len(), 1);
+            return;
+        }
+    }
+    panic!("the put under an unknown lease never shared a request in 10 attempts");
+}

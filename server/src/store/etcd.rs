@@ -113,6 +113,12 @@ impl EtcdStore {
     pub fn txns_batched(&self) -> u64 {
         self.batcher.as_ref().map_or(0, Batcher::batched)
     }
+
+    /// Batches etcd refused whole (for one member's sake, say an expired
+    /// lease) and that were sent again one transaction per request.
+    pub fn batches_sent_again(&self) -> u64 {
+        self.batcher.as_ref().map_or(0, Batcher::sent_again)
+    }
 }
 
 /// How a request may be retried after a connection failure.

@@ -60,7 +60,16 @@ const MAX_TXN_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub(super) struct Batcher {
     queue: mpsc::UnboundedSender<Queued>,
-    batched: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+/// What the sender did, for tests and operators.
+#[derive(Default)]
+struct Counts {
+    /// Transactions sent in a request shared with others.
+    batched: AtomicU64,
+    /// Batches etcd refused whole, sent again one transaction per request.
+    sent_again: AtomicU64,
 }
 
 /// A transaction waiting for its batch, and where its outcome goes.
@@ -74,9 +83,9 @@ impl Batcher {
     /// Starts the sender; it ends when the last clone is dropped.
     pub(super) fn start(kv: KvClient) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
-        let batched = Arc::new(AtomicU64::new(0));
-        tokio::spawn(send_batches(kv, waiting, Arc::clone(&batched)));
-        Self { queue, batched }
+        let counts = Arc::new(Counts::default());
+        tokio::spawn(send_batches(kv, waiting, Arc::clone(&counts)));
+        Self { queue, counts }
     }
 
     /// Whether `txn` may share a request; the others go alone.
@@ -112,7 +121,12 @@ impl Batcher {
 
     /// Transactions sent in a request shared with others, so far.
     pub(super) fn batched(&self) -> u64 {
-        self.batched.load(Ordering::Relaxed)
+        self.counts.batched.load(Ordering::Relaxed)
+    }
+
+    /// Batches etcd refused whole and that were sent again one by one.
+    pub(super) fn sent_again(&self) -> u64 {
+        self.counts.sent_again.load(Ordering::Relaxed)
     }
 }
 
@@ -121,7 +135,7 @@ impl Batcher {
 async fn send_batches(
     kv: KvClient,
     mut waiting: mpsc::UnboundedReceiver<Queued>,
-    batched: Arc<AtomicU64>,
+    counts: Arc<Counts>,
 ) {
     let mut carried = None;
     loop {
@@ -141,9 +155,10 @@ async fn send_batches(
             batch.join(next);
         }
         if batch.members.len() > 1 {
-            batched.fetch_add(batch.members.len() as u64, Ordering::Relaxed);
+            let members = batch.members.len() as u64;
+            counts.batched.fetch_add(members, Ordering::Relaxed);
         }
-        batch.send(&kv).await;
+        batch.send(&kv, &counts).await;
     }
 }
 
@@ -230,7 +245,7 @@ impl Batch {
     }
 
     /// Sends the batch and hands each member its outcome.
-    async fn send(self, kv: &KvClient) {
+    async fn send(self, kv: &KvClient, counts: &Counts) {
         if self.members.len() == 1 {
             return send_alone(kv, self.members).await;
         }
@@ -256,7 +271,10 @@ impl Batch {
             }
             // Refused before applying, for one member's sake (an expired
             // lease, say): each alone finds out whose.
-            Err(_) => return send_alone(kv, self.members).await,
+            Err(_) => {
+                counts.sent_again.fetch_add(1, Ordering::Relaxed);
+                return send_alone(kv, self.members).await;
+            }
         };
         let revision = header_revision(response.header());
         for (member, nested) in self.members.into_iter().zip(response.op_responses()) {

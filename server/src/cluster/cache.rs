@@ -523,7 +523,9 @@ impl ClusterCache {
 
     /// A cluster's state key as the cache holds it: a cheaper look than
     /// [`Self::get`] for whether an operation still holds the cluster.
-    /// `None` when there is no such cluster or the cache is not ready.
+    /// `None` when the cache holds no such cluster. It answers from what
+    /// it holds even when not ready (re-listing after a lost watch):
+    /// callers that need a current view check [`Self::is_ready`] first.
     pub fn state_of(&self, name: &str) -> Option<KeyValue> {
         let snapshot = self.read();
         let leaves = snapshot.clusters.get(&format!("{name}/"))?;

@@ -174,12 +174,22 @@ impl Executor {
     /// etcd: a slot filled after its view arrives as a change), or read
     /// from etcd when the cache does not have it.
     async fn state_of(&self, cluster: &str) -> Result<Option<StateRecord>, LifecycleError> {
-        if let Some(Ok(record)) = self.cache.get(cluster) {
-            return Ok(Some(record.state));
+        if let Some(state) = self.cached_state(cluster) {
+            return Ok(Some(state));
         }
         let key = self.operations.keys().cluster_state(cluster);
         let read = self.operations.store().get(&key).await?;
         Ok(read.into_single().and_then(|kv| from_json(&kv).ok()))
+    }
+
+    /// The cluster's state from the cache, when it follows etcd: its state
+    /// key alone is parsed, not the whole cluster (every operation's
+    /// reconcile looks).
+    fn cached_state(&self, cluster: &str) -> Option<StateRecord> {
+        if !self.cache.is_ready() {
+            return None;
+        }
+        from_json(&self.cache.state_of(cluster)?).ok()
     }
 
     /// Starts the operation in the cluster's slot, if any and not running
@@ -188,8 +198,8 @@ impl Executor {
         // The cache is at most moments behind etcd, and a slot filled after
         // its view arrives as a change: no read per adopted cluster (a
         // replica may adopt thousands at once).
-        if let Some(Ok(record)) = self.cache.get(cluster) {
-            self.start_slot(cluster, &record.state, own_accept);
+        if let Some(state) = self.cached_state(cluster) {
+            self.start_slot(cluster, &state, own_accept);
             return;
         }
         let key = self.operations.keys().cluster_state(cluster);

@@ -580,15 +580,21 @@ async fn send_txn(kv: &KvClient, txn: &Txn) -> Result<TxnResult> {
         StoreError::LeaseNotFound(_) => StoreError::LeaseNotFound(lease_of(txn)),
         other => other,
     })?;
-    Ok(TxnResult {
+    Ok(txn_result(&response, header_revision(response.header())))
+}
+
+/// A transaction's outcome from etcd's answer to it (a request's, or a
+/// nested transaction's in a batch), at `revision`.
+fn txn_result(response: &etcd_client::TxnResponse, revision: i64) -> TxnResult {
+    TxnResult {
         succeeded: response.succeeded(),
-        revision: header_revision(response.header()),
+        revision,
         results: response
             .op_responses()
             .iter()
             .map(from_etcd_op_response)
             .collect(),
-    })
+    }
 }
 
 /// The lease a failed transaction referred to, for the error message.

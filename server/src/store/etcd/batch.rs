@@ -38,8 +38,8 @@
 //! - Large transactions (many operations or values) and prefix deletes are
 //!   never batched.
 
-use super::{call, from_etcd_op_response, header_revision, into_store_error, send_txn, Retry};
-use super::{to_etcd_txn, KvClient, TxnOp, TxnOpResponse};
+use super::{call, header_revision, into_store_error, send_txn, Retry};
+use super::{to_etcd_txn, txn_result, KvClient, TxnOp, TxnOpResponse};
 use crate::store::{Op, Result, StoreError, Txn, TxnResult};
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -63,7 +63,7 @@ pub(super) struct Batcher {
     counts: Arc<Counts>,
 }
 
-/// What the sender did, for tests and operators.
+/// What the sender did (`EtcdStore::txns_batched`, `batches_sent_again`).
 #[derive(Default)]
 struct Counts {
     /// Transactions sent in a request shared with others.
@@ -96,16 +96,7 @@ impl Batcher {
             .iter()
             .chain(&txn.failure)
             .any(|op| matches!(op, Op::DeletePrefix { .. }));
-        let bytes: usize = txn
-            .success
-            .iter()
-            .chain(&txn.failure)
-            .map(|op| match op {
-                Op::Put { key, value, .. } => key.len() + value.len(),
-                _ => 0,
-            })
-            .sum();
-        parts <= MAX_TXN_PARTS && !prefix_delete && bytes <= MAX_TXN_BYTES
+        parts <= MAX_TXN_PARTS && !prefix_delete && bytes_of(txn) <= MAX_TXN_BYTES
     }
 
     /// Sends `txn` with whatever else is waiting; its own outcome.
@@ -162,6 +153,16 @@ async fn send_batches(
     }
 }
 
+/// The key and value bytes a transaction carries.
+fn bytes_of(txn: &Txn) -> usize {
+    let compares = txn.compares.iter().map(|compare| compare.key.len());
+    let ops = txn.success.iter().chain(&txn.failure).map(|op| match op {
+        Op::Put { key, value, .. } => key.len() + value.len(),
+        Op::Delete { key } | Op::DeletePrefix { prefix: key } | Op::Get { key } => key.len(),
+    });
+    compares.chain(ops).sum()
+}
+
 /// The keys a transaction writes and those it looks at, by their hashes:
 /// two keys of one hash only make two transactions wait for separate
 /// batches, never share one.
@@ -179,23 +180,19 @@ impl Keys {
             key.hash(&mut hasher);
             hasher.finish()
         };
-        let mut keys = Keys::default();
+        let mut keys = Keys {
+            bytes: bytes_of(txn),
+            ..Keys::default()
+        };
         for compare in &txn.compares {
-            keys.bytes += compare.key.len();
             keys.reads.insert(hash(&compare.key));
         }
         for op in txn.success.iter().chain(&txn.failure) {
             match op {
-                Op::Put { key, value, .. } => {
-                    keys.bytes += key.len() + value.len();
-                    keys.writes.insert(hash(key));
-                }
-                Op::Delete { key } | Op::DeletePrefix { prefix: key } => {
-                    keys.bytes += key.len();
+                Op::Put { key, .. } | Op::Delete { key } | Op::DeletePrefix { prefix: key } => {
                     keys.writes.insert(hash(key));
                 }
                 Op::Get { key } => {
-                    keys.bytes += key.len();
                     keys.reads.insert(hash(key));
                 }
             }
@@ -279,15 +276,7 @@ impl Batch {
         let revision = header_revision(response.header());
         for (member, nested) in self.members.into_iter().zip(response.op_responses()) {
             let outcome = match nested {
-                TxnOpResponse::Txn(nested) => Ok(TxnResult {
-                    succeeded: nested.succeeded(),
-                    revision,
-                    results: nested
-                        .op_responses()
-                        .iter()
-                        .map(from_etcd_op_response)
-                        .collect(),
-                }),
+                TxnOpResponse::Txn(nested) => Ok(txn_result(&nested, revision)),
                 _ => Err(StoreError::Other(
                     "etcd answered a nested transaction with another kind of response".to_string(),
                 )),

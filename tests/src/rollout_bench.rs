@@ -5,9 +5,11 @@
 //!
 //! Figures: the wall time against the ideal (targets ÷ concurrency × one
 //! upgrade's time, measured alone in the same run), the most upgrades the
-//! provider ran at once (from its audit log), the replicas' CPU per
-//! cluster, and the time from the kill of the rollout's owner to the next
-//! target's operation accepted (by the owner that took the rollout over).
+//! provider ran at once (from its audit log), the CPU per cluster of each
+//! process (etcd, replicas, provider, this benchmark) and the ratio that
+//! CPU leaves room for on this machine's cores, and the time from the kill
+//! of the rollout's owner to the next target's operation accepted (by the
+//! owner that took the rollout over).
 
 use crate::procfs::cpu_time;
 use crate::provider::SimProcess;
@@ -33,13 +35,52 @@ pub struct RolloutFigures {
     /// The rollout's upgrades, accept to end, summed (from the replicas'
     /// operation duration histograms).
     pub busy: Duration,
-    pub replica_cpu: Duration,
+    /// CPU used during the rollout, per process.
+    pub cpu: RolloutCpu,
+    /// The CPUs the processes share.
+    pub cores: usize,
     /// From the kill of the rollout's owner to the next target's operation
     /// accepted.
     pub kill_to_next_start: Option<Duration>,
     /// The rollout controller's reconciles on every replica: how many, and
     /// their mean duration.
     pub reconciles: (f64, Duration),
+}
+
+/// CPU time per process during the rollout.
+#[derive(Clone, Copy, Default)]
+pub struct RolloutCpu {
+    pub etcd: Duration,
+    pub replicas: Duration,
+    pub provider: Duration,
+    /// This process (the rollout's client, the history scrape).
+    pub bench: Duration,
+}
+
+impl RolloutCpu {
+    /// CPU used so far by `etcd` (every member), the replicas, the
+    /// provider and this process.
+    fn now(etcd: &[u32], replicas: &[(String, ReplicaProcess)], provider: u32) -> Self {
+        Self {
+            etcd: etcd.iter().map(|pid| cpu_time(*pid)).sum(),
+            replicas: replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum(),
+            provider: cpu_time(provider),
+            bench: cpu_time(std::process::id()),
+        }
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            etcd: self.etcd.saturating_sub(before.etcd),
+            replicas: self.replicas.saturating_sub(before.replicas),
+            provider: self.provider.saturating_sub(before.provider),
+            bench: self.bench.saturating_sub(before.bench),
+        }
+    }
+
+    fn total(&self) -> Duration {
+        self.etcd + self.replicas + self.provider + self.bench
+    }
 }
 
 impl RolloutFigures {
@@ -61,6 +102,20 @@ impl RolloutFigures {
         self.busy.as_secs_f64() / (self.concurrency as f64 * self.wall.as_secs_f64()).max(1e-9)
     }
 
+    /// The best ratio the CPU the rollout used allows on `cores` CPUs: no
+    /// rollout finishes before its CPU time ÷ cores. At about the measured
+    /// ratio, the CPU bounds it; reaching a goal above it takes less CPU
+    /// per cluster, or more cores.
+    pub fn cpu_bound(&self) -> f64 {
+        let shortest = self.cpu.total().as_secs_f64() / self.cores.max(1) as f64;
+        self.ideal().as_secs_f64() / shortest.max(1e-9)
+    }
+
+    /// CPU per cluster, in µs.
+    fn per_cluster(&self, cpu: Duration) -> f64 {
+        (cpu.as_secs_f64() * 1e6 / self.clusters.max(1) as f64).round()
+    }
+
     /// The mean upgrade during the rollout, accept to end.
     pub fn mean_span(&self) -> Duration {
         self.busy / self.clusters.max(1) as u32
@@ -79,7 +134,15 @@ impl RolloutFigures {
             "peak_concurrency_at_provider": self.peak,
             "slot_utilization": (self.utilization() * 100.0).round() / 100.0,
             "mean_upgrade_ms": ms(self.mean_span()),
-            "replica_cpu_us_per_cluster": (self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64).round(),
+            "replica_cpu_us_per_cluster": self.per_cluster(self.cpu.replicas),
+            "cpu_us_per_cluster": {
+                "etcd": self.per_cluster(self.cpu.etcd),
+                "replicas": self.per_cluster(self.cpu.replicas),
+                "provider": self.per_cluster(self.cpu.provider),
+                "bench": self.per_cluster(self.cpu.bench),
+            },
+            "cores": self.cores,
+            "ratio_the_cpu_allows": (self.cpu_bound() * 100.0).round() / 100.0,
             "kill_to_next_cluster_started_ms": self.kill_to_next_start.map(ms),
             "reconciles": {"count": self.reconciles.0, "mean_ms": ms(self.reconciles.1)},
         })
@@ -87,7 +150,7 @@ impl RolloutFigures {
 
     /// The table rows: (measure, value, goal).
     pub fn rows(&self) -> Vec<(String, String, String)> {
-        let per_cluster = self.replica_cpu.as_secs_f64() * 1e6 / self.clusters as f64;
+        let cpu = &self.cpu;
         vec![
             (
                 format!(
@@ -130,8 +193,19 @@ impl RolloutFigures {
                 String::new(),
             ),
             (
-                "rollout replica CPU us per cluster".into(),
-                format!("{per_cluster:.0}"),
+                "rollout CPU us per cluster: etcd / replicas / provider / bench".into(),
+                format!(
+                    "{} / {} / {} / {}",
+                    self.per_cluster(cpu.etcd),
+                    self.per_cluster(cpu.replicas),
+                    self.per_cluster(cpu.provider),
+                    self.per_cluster(cpu.bench)
+                ),
+                String::new(),
+            ),
+            (
+                format!("rollout ratio that CPU allows on {} cores", self.cores),
+                format!("{:.2}", self.cpu_bound()),
                 String::new(),
             ),
             (
@@ -146,6 +220,10 @@ impl RolloutFigures {
 
 /// The phase's settings.
 pub struct RolloutPhase {
+    /// etcd's members' pids, for their CPU.
+    pub etcd: Vec<u32>,
+    /// The CPUs etcd, the replicas, the provider and the bench share.
+    pub cores: usize,
     pub clusters: usize,
     pub concurrency: usize,
     pub latency: Duration,
@@ -170,14 +248,14 @@ impl RolloutPhase {
             "rollout: {} clusters at {}...",
             self.clusters, self.concurrency
         );
-        let cpu_before: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let cpu_before = RolloutCpu::now(&self.etcd, replicas, sim.pid());
         let upgrades_before = Upgrades::of(replicas).await;
         let from = unix_ms();
         let started = Instant::now();
         create_rollout(&mut client, "bench", "1.30.0", self.concurrency).await;
         wait_succeeded(store, "bench").await;
         let wall = started.elapsed();
-        let cpu_after: Duration = replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum();
+        let cpu = RolloutCpu::now(&self.etcd, replicas, sim.pid()).since(&cpu_before);
         let reconciles = reconciles(replicas).await;
         let upgrades_after = Upgrades::of(replicas).await;
         let audit = sim.history().await.entries;
@@ -196,7 +274,8 @@ impl RolloutPhase {
             one_upgrade,
             peak: peak_concurrency(spans.values()),
             busy: upgrades_after.since(&upgrades_before),
-            replica_cpu: cpu_after.saturating_sub(cpu_before),
+            cpu,
+            cores: self.cores,
             reconciles,
             kill_to_next_start: next_accept_after(store, "bench-kill", killed_at).await,
         }

@@ -393,6 +393,8 @@ struct Throughput {
     /// CPU time per Drover operation: etcd's, the three replicas' together,
     /// the provider's.
     cpu_per_op: CpuTimes,
+    /// The CPUs the rounds ran on.
+    cores: Cores,
 }
 
 /// One Drover round.
@@ -676,6 +678,7 @@ async fn throughput(
         waits,
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
         cpu_per_op: drover_cpu.per(ops),
+        cores: processes.cores,
     }
 }
 
@@ -739,6 +742,7 @@ async fn drover_round(
 
 /// Fields drop in order: replicas first, etcd last.
 struct Bench {
+    cores: Cores,
     replicas: Vec<(String, ReplicaProcess)>,
     sim: SimProcess,
     etcd: BenchEtcd,
@@ -792,6 +796,7 @@ impl Bench {
             etcd: self.etcd.pids(),
             replicas: self.replicas.iter().map(|(_, r)| r.pid()).collect(),
             provider: self.sim.pid(),
+            cores: self.cores,
         }
     }
 
@@ -915,6 +920,31 @@ struct Processes {
     etcd: Vec<u32>,
     replicas: Vec<u32>,
     provider: u32,
+    cores: Cores,
+}
+
+/// The CPUs the processes share.
+#[derive(Clone, Copy)]
+struct Cores {
+    /// Every CPU the bench was given.
+    all: usize,
+    /// etcd alone on one of them (`--etcd-cpu`), everything else on the
+    /// rest.
+    etcd_pinned: bool,
+}
+
+impl Cores {
+    /// The most operations per second CPU time `per_op` allows: etcd's
+    /// and everything else's apart when etcd has a CPU of its own.
+    fn ops_allowed(&self, per_op: &CpuTimes) -> f64 {
+        let per_second = |cpu: Duration, cores: usize| cores as f64 / cpu.as_secs_f64().max(1e-9);
+        let rest = per_op.replicas + per_op.provider + per_op.clients;
+        if self.etcd_pinned {
+            per_second(per_op.etcd, 1).min(per_second(rest, self.all.saturating_sub(1).max(1)))
+        } else {
+            per_second(per_op.etcd + rest, self.all)
+        }
+    }
 }
 
 /// CPU time used so far, per role.
@@ -1645,9 +1675,14 @@ async fn start(args: &Args) -> (Bench, Option<(String, String)>) {
     }
     let profiled = args.etcd_profiles.is_some();
     let etcd = BenchEtcd::start(args.etcd_members, profiled).await;
+    let cores = Cores {
+        all: std::thread::available_parallelism().map_or(1, usize::from),
+        etcd_pinned: args.etcd_cpu.is_some(),
+    };
     let pinned = args.etcd_cpu.map(|cpu| split_cpus(&etcd, cpu));
     let sim = SimProcess::start().await;
     let mut bench = Bench {
+        cores,
         etcd,
         sim,
         replicas: Vec::new(),
@@ -1772,6 +1807,8 @@ async fn rollout(bench: &mut Bench, args: &Args) -> Option<RolloutFigures> {
     }
     let store = bench.etcd.store().await;
     let phase = RolloutPhase {
+        etcd: bench.etcd.pids(),
+        cores: bench.cores.all,
         clusters: args.rollout_clusters,
         concurrency: args.rollout_concurrency,
         latency: Duration::from_millis(args.rollout_latency_ms),
@@ -1893,6 +1930,8 @@ impl Throughput {
             },
             "etcd_cpu_us_per_raw_cas": us(self.etcd_cpu_per_raw_txn),
             "etcd_cpu_per_write_in_raw_cas": self.etcd_cost_per_write(),
+            "ops_per_raw_cas": self.ops_per_second / self.raw_per_second.max(1.0),
+            "ops_per_raw_cas_cpu_allows": self.cores.ops_allowed(&self.cpu_per_op) / self.raw_per_second.max(1.0),
         })
     }
 
@@ -1940,6 +1979,12 @@ impl Throughput {
             "ratio to goal (pooled; per round)",
             format!("{:.2}; {}", self.ops_per_second / target, ratios.join(" ")),
             ">= 1".into(),
+        );
+        let allowed = self.cores.ops_allowed(&self.cpu_per_op) / raw.max(1.0);
+        row(
+            "ops / raw CAS; most that CPU per op allows",
+            format!("{:.3}; {allowed:.3}", self.ops_per_second / raw.max(1.0)),
+            ">= 0.3 pinned".into(),
         );
         self.cost_rows(row);
     }
@@ -2195,6 +2240,8 @@ impl Report {
                         needed.need(name, "peak concurrency at provider", rollout.peak > 0);
                         needed.positive(name, "upgrades' durations", ms(rollout.busy));
                         needed.positive(name, "reconciles", rollout.reconciles.0);
+                        needed.positive(name, "etcd CPU", rollout.cpu.etcd.as_secs_f64());
+                        needed.positive(name, "replica CPU", rollout.cpu.replicas.as_secs_f64());
                         let next = rollout.kill_to_next_start.is_some();
                         needed.need(name, "owner kill -9 to next start", next);
                     }

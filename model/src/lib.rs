@@ -1,8 +1,8 @@
 //! An exhaustive model check of Drover's coordination protocol, with
 //! [stateright]: accepting requests into a cluster's operation slot (on the
-//! owner, with the claim folded in), the owner driving the operation step
-//! by step through the provider, leases, ownership, fencing and orphan
-//! recovery (README, "How it works").
+//! owner, or on another replica, with the owner's claim folded in), the
+//! owner driving the operation step by step through the provider, leases,
+//! ownership, fencing and orphan recovery (README, "How it works").
 //!
 //! The model is a state machine over the whole deployment: etcd
 //! ([`store`]), the provider ([`provider`]), the calls on their way to it,
@@ -32,8 +32,8 @@
 //! - an operation SUCCEEDED only if the provider took and carried out each
 //!   step of its plan (an upgrade is never planned from a describe that
 //!   failed);
-//! - no owner write (claim, accept that claims, step record, completion,
-//!   release) takes effect after etcd dropped the writer's lease, nor,
+//! - no owner write (claim, accept that claims, for the owner or on it,
+//!   step record, completion, release) takes effect after etcd dropped the writer's lease, nor,
 //!   while etcd holds it, once the owner key is no longer the one its claim
 //!   was made with: an owner deposed while alive keeps its lease, and its
 //!   owner key's compare (lease and create revision) is what stops it once
@@ -53,6 +53,7 @@
 //! newer epoch drains an older call, that a failed fence keeps the slot, that a call is still in
 //! flight after its drive ended with its session, that a stale call is on
 //! its way to a refusal, that an accept on the owner claims its operation,
+//! that an accept on another replica claims its operation for the owner,
 //! that a drive that ended early is resumed, that idle clusters move to
 //! their preferred member and that an owner hands over a cluster whose
 //! operation it drives (a gray failure), that a departed incarnation's
@@ -60,7 +61,9 @@
 //! member again and that such an owner, its lease alive, believes it owns a
 //! cluster claimed anew. Each negative test seeds one [`Flaw`] and the
 //! checker finds its counterexample: without the owner-key compare (in the
-//! executor's writes or in the accept's claim) a dead lease's write lands,
+//! executor's writes, in the accept's claim, or in the claim an accept on
+//! another replica folds in for the owner from its view of the owner keys)
+//! a dead lease's write lands,
 //! and so does the write of an owner deposed while alive after its key was
 //! drained; a takeover that puts its owner key over the departed one
 //! instead of draining it and claiming afresh repeats the deposed owner's
@@ -332,6 +335,10 @@ pub enum Flaw {
     /// An accept on the owner claims its operation without comparing the
     /// owner key (its other writes still do).
     UnfencedClaimAtAccept,
+    /// An accept on a replica that does not own the cluster folds in the
+    /// owner's claim as its view of the owner keys has it, without
+    /// comparing the owner key.
+    UnfencedAcceptForOwner,
     /// A new owner leaves an operation RUNNING under another epoch alone.
     NoOrphanRecovery,
     /// Orphan recovery fails (or resumes) the orphan without announcing

@@ -38,6 +38,8 @@ pub const BASE_FOLLOWED: &str = "a replica takes up the epoch base another repli
 pub const CLAIMED_AFTER_RESTORE: &str = "a cluster is claimed after a restore";
 pub const OWNER_DRAINED: &str = "a departed incarnation's owner key is drained";
 pub const REREGISTERED: &str = "a replica deposed while alive is a member again";
+pub const ACCEPTED_FOR_OWNER: &str =
+    "an accept on another replica claims its operation for the owner";
 pub const OUTLIVED: &str = "an owner whose lease lives believes it owns a cluster claimed anew";
 
 pub fn all() -> Vec<Property<Drover>> {
@@ -85,6 +87,9 @@ pub fn all() -> Vec<Property<Drover>> {
         Property::sometimes(OWNER_DRAINED, |_, s: &State| s.history.owner_drained),
         Property::sometimes(REREGISTERED, |_, s: &State| s.history.reregistered),
         Property::sometimes(OUTLIVED, outlived),
+        Property::sometimes(ACCEPTED_FOR_OWNER, |_, s: &State| {
+            s.history.accepted_for_owner
+        }),
     ]
 }
 

@@ -89,6 +89,9 @@ pub struct History {
     pub owner_drained: bool,
     /// A replica deposed while alive wrote its member key again.
     pub reregistered: bool,
+    /// A replica that does not own the cluster accepted an operation with
+    /// its owner's claim folded in.
+    pub accepted_for_owner: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -213,6 +216,18 @@ pub enum Action {
     /// Only for a kind planned without the provider.
     AcceptClaimed {
         replica: ReplicaId,
+        cluster: ClusterId,
+        kind: Kind,
+    },
+    /// The same request accepted on a replica that does not own the
+    /// cluster, with the owner's claim folded in: the accepting replica
+    /// takes the owner key (lease, create revision, epoch) from its view of
+    /// the owner keys, which may be stale (here: `owner`'s belief), compares
+    /// it, and writes the record RUNNING at the first step under that
+    /// epoch. Nobody is told: the owner finds the operation in its slot,
+    /// RUNNING under its own claim, and runs it from the step recorded.
+    AcceptForOwner {
+        owner: ReplicaId,
         cluster: ClusterId,
         kind: Kind,
     },
@@ -519,6 +534,13 @@ impl State {
                             kind,
                         });
                     }
+                    if local.claim(cluster).is_some() {
+                        actions.push(Action::AcceptForOwner {
+                            owner: replica,
+                            cluster,
+                            kind,
+                        });
+                    }
                 }
             }
         }
@@ -639,6 +661,11 @@ impl State {
                 cluster,
                 kind,
             } => next.accept_claimed(model, replica, cluster, kind)?,
+            Action::AcceptForOwner {
+                owner,
+                cluster,
+                kind,
+            } => next.accept_for_owner(model, owner, cluster, kind)?,
             Action::Claim { replica, cluster } => next.claim(model, replica, cluster)?,
             Action::Release { replica, cluster } => next.release(replica, cluster)?,
             Action::HandOver { replica, cluster } => next.hand_over(replica, cluster)?,
@@ -854,6 +881,35 @@ impl State {
         Some(())
     }
 
+    /// The accept on another replica (`Executor::claim_for_owner`): the
+    /// same transaction compares the owner key as the accepting replica's
+    /// view has it (`owner`'s claim, whether or not it still holds) and
+    /// writes the record RUNNING at the first step under its epoch. The
+    /// owner is not told; its next read of the slot runs it.
+    fn accept_for_owner(
+        &mut self,
+        model: &Drover,
+        owner: ReplicaId,
+        cluster: ClusterId,
+        kind: Kind,
+    ) -> Option<()> {
+        let claim = self.replicas[owner].claim(cluster)?;
+        if kind.needs_nodes() {
+            return None;
+        }
+        if !model.has(Flaw::UnfencedAcceptForOwner) && !self.store.owner_is(cluster, claim) {
+            return None;
+        }
+        self.fenced_wrote(cluster, claim);
+        let status = Status::Running {
+            epoch: claim.epoch,
+            step: 1,
+        };
+        self.accept(cluster, kind, status)?;
+        self.history.accepted_for_owner = true;
+        Some(())
+    }
+
     /// `Ownership::try_claim`: compare the owner key absent and the fence
     /// record as this replica read it, put the owner key bound to the
     /// replica's lease; the epoch is the record's base plus the key's
@@ -944,9 +1000,12 @@ impl State {
         let (phase, step) = match record.status {
             Status::Pending if record.kind.needs_nodes() => (Phase::Pending, 1),
             Status::Pending => (Phase::Boundary, 1),
-            // Its own drive ended early: resume at the step recorded.
+            // Its own drive ended early, or an accept on another replica
+            // claimed it for this owner (the record as the accept wrote
+            // it): run from the step recorded.
             Status::Running { epoch, step } if epoch == claim.epoch => {
-                self.history.resumed = true;
+                let accepted_for_it = record.mod_revision == key.mod_revision;
+                self.history.resumed |= !accepted_for_it;
                 if model.has(Flaw::ResumeFromFirstStep) {
                     (Phase::Boundary, 1)
                 } else {

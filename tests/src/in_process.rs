@@ -84,6 +84,11 @@ impl InjectingStore {
         lock(&self.rules).len()
     }
 
+    /// Drops the rules that have not fired.
+    pub fn clear_rules(&self) {
+        lock(&self.rules).clear();
+    }
+
     fn take(&self, txn: &Txn) -> Option<(Picks, Injection)> {
         let mut rules = lock(&self.rules);
         let index = rules.iter().position(|(picks, _)| picks(txn))?;

@@ -434,6 +434,74 @@ async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
     f.stop().await;
 }
 
+/// An accept on a replica that does not own the cluster folds in the
+/// owner's claim as its view of the owner keys shows it. When that view is
+/// stale (here the owner key goes just before the accept is sent), the
+/// accept loses its compare and is tried again on a read from etcd without
+/// the claim: the client gets its operation, PENDING, and the owner (which
+/// claims the cluster again) runs it. Polled: the replica's view follows
+/// the owner keys through its ownership passes, so the first accepts may
+/// carry no claim for the owner (and are let through).
+#[tokio::test]
+async fn an_accept_claiming_for_an_owner_it_saw_stale_is_accepted_without_the_claim() {
+    use drover_server::store::{Op as StoreOp, Store, Txn as StoreTxn};
+    let mut f = DbOwner::start().await;
+    let provider = f.backends.sim.endpoint();
+    let other = InProcessReplica::serve(&f.backends.etcd, "r2", &provider, 2).await;
+    let name = (0..64)
+        .map(|i| format!("stale-{i}"))
+        .find(|name| preferred(name, ["r1", "r2"]) == Some("r1"))
+        .expect("one of 64 names prefers r1");
+    create_running(&mut f.client, &name, 1).await;
+    let mut client = other.client().await;
+    let etcd = f.backends.etcd.store().await;
+    let owner_key = format!("/drover/v1/owners/{name}");
+    let deadline = tokio::time::Instant::now() + WAIT * 3;
+    for round in 0.. {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r2 never claimed for the owner"
+        );
+        let (etcd, key) = (etcd.clone(), owner_key.clone());
+        let picked = owner_key.clone();
+        other.store.inject(
+            move |txn| txn.compares.iter().any(|c| c.key == picked) && txn.success.len() > 1,
+            Injection::Before(Box::pin(async move {
+                let delete = StoreTxn::new().and_then([StoreOp::delete(key)]);
+                etcd.txn(delete).await.expect("delete the owner key");
+            })),
+        );
+        let op = if round % 2 == 0 {
+            let request = v1::StopClusterRequest {
+                name: name.clone(),
+                request_id: String::new(),
+            };
+            client.clusters().stop_cluster(request).await
+        } else {
+            let request = v1::StartClusterRequest {
+                name: name.clone(),
+                request_id: String::new(),
+            };
+            client.clusters().start_cluster(request).await
+        };
+        let op = op.expect("accepted").into_inner();
+        let done = client.wait_operation(&op, WAIT).await.expect("wait");
+        assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+        if other.store.pending() == 0 {
+            assert_eq!(
+                op.state,
+                O::Pending as i32,
+                "accepted without the claim: {op:?}"
+            );
+            break;
+        }
+        // Not fired: r2's view did not show the owner yet.
+        other.store.clear_rules();
+    }
+    other.stop().await;
+    f.stop().await;
+}
+
 /// droverctl without `--request-id`: the stop's reply is lost after its
 /// commit (the replica answers UNAVAILABLE). droverctl sends it again under
 /// the request id it generated, and gets the operation the first attempt

@@ -1012,6 +1012,83 @@ async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
     f.check_history().await;
 }
 
+/// On another replica, the accept folds in the owner's claim as that
+/// replica's view of the owner keys shows it: the operation record is
+/// written twice (accept-and-claim, completion; before, the owner's claim
+/// was a third write), names the owner from the accept on, and the owner
+/// runs it. The view follows the owner keys through the ownership passes,
+/// so the first accepts may still come PENDING, and the owner's operation
+/// feed starts on its first use (until then the owner reads the record and
+/// writes its first step again): they are polled until one is claimed and
+/// run as claimed, then every one after must be.
+#[tokio::test]
+async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_owner() {
+    use drover_server::store::Store;
+    let mut f = fixture().replicas(2).start().await;
+    f.create("spread", 1, false).await;
+    // Settled: the cluster's preferred member owns it (a member that just
+    // joined claims nothing until its peers watch it).
+    let preferred = drover_server::replication::preferred("spread", ["r1", "r2"]).unwrap();
+    let endpoint = f.replicas[0].endpoint();
+    let admin = v1::admin_client::AdminClient::connect(endpoint);
+    let admin = admin.await.expect("admin");
+    wait_until(WAIT, "the preferred member to own the cluster", || {
+        let mut admin = admin.clone();
+        async move {
+            let owner = drover_tests::owner(&mut admin, "spread").await;
+            owner.is_some_and(|owner| owner.replica == preferred)
+        }
+    })
+    .await;
+    let elsewhere = usize::from(preferred == "r1");
+    let client = f.replicas[elsewhere].client().await;
+    let store = f.etcd.store().await;
+    let mut stop_next = false;
+    let mut one_step = || {
+        let (mut client, store) = (client.clone(), store.clone());
+        stop_next = !stop_next;
+        let stopping = stop_next;
+        async move {
+            let (name, request_id) = ("spread".to_string(), String::new());
+            let op = if stopping {
+                let request = v1::StopClusterRequest { name, request_id };
+                client.clusters().stop_cluster(request).await
+            } else {
+                let request = v1::StartClusterRequest { name, request_id };
+                client.clusters().start_cluster(request).await
+            };
+            let op = op.expect("accepted").into_inner();
+            let done = client.wait_operation(&op, WAIT).await.expect("wait");
+            assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+            let key = format!("/drover/v1/operations/spread/{}", op.id);
+            let record = store.get(&key).await.unwrap().into_single();
+            let writes = record.expect("the record").version;
+            (op, done, writes)
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (op, _, writes) = one_step().await;
+        if op.state == O::Running as i32 && writes == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no accept on r{} claimed for the owner {preferred}",
+            elsewhere + 1
+        );
+    }
+    for _ in 0..6 {
+        let (op, done, writes) = one_step().await;
+        assert_eq!(op.state, O::Running as i32, "claimed for the owner: {op:?}");
+        assert_eq!(op.replica.as_deref(), Some(preferred));
+        assert_eq!(done.replica.as_deref(), Some(preferred), "{done:?}");
+        assert_eq!(done.runs.len(), 1, "one owner ran it: {done:?}");
+        assert_eq!(writes, 2, "accept-and-claim, then completion");
+    }
+    f.check_history().await;
+}
+
 /// A client that waits for an operation and then reads the cluster from the
 /// same replica's cache must find it as the operation left it. The owner
 /// hands the finished record to its waiters before any watch delivers the

@@ -2,9 +2,9 @@
 //!
 //! An operation begins in one of three ways: accepted here (the accept
 //! claimed it in its own transaction, see `submit`), accepted on another
-//! replica (found in its cluster's slot through the watch cache), or left
-//! RUNNING by a lost owner (found the same way once this replica adopts
-//! the cluster). [`Executor::start`] takes every one of them: it spawns the
+//! replica (found in its cluster's slot through the watch cache, PENDING or
+//! already claimed for this owner by that accept), or left RUNNING by a
+//! lost owner (found the same way once this replica adopts the cluster). [`Executor::start`] takes every one of them: it spawns the
 //! drive, which first gets a [`Holding`] ([`Executor::hold`]) and then
 //! runs, cancels or recovers it.
 
@@ -363,7 +363,7 @@ impl Executor {
 
     /// Claims a PENDING operation another replica accepted from what this
     /// replica's watch cache and operation feed already hold, without
-    /// reading etcd first. The claim compares every key the views came
+    /// reading etcd first (or takes one that accept claimed for it). The claim compares every key the views came
     /// from (state, operation, spec, status), so a view that is not current
     /// only loses the compare-and-swap. `None` when the views do not both
     /// show the cluster as the accept left it, or the claim lost: the
@@ -380,7 +380,13 @@ impl Executor {
             return None;
         }
         let mut operation: OperationRecord = from_json(&kv).ok()?;
-        if operation.state != OperationState::Pending || operation.cancel_requested {
+        if operation.cancel_requested {
+            return None;
+        }
+        if operation.state == OperationState::Running {
+            return self.claimed_for_this_owner(cluster, operation, accepted_at);
+        }
+        if operation.state != OperationState::Pending {
             return None;
         }
         let claim = self.prepare_claim(&mut operation, &current.spec.spec)?;
@@ -391,6 +397,30 @@ impl Executor {
         let mut holding = Holding::new(self, claim, current, operation, accepted_at);
         holding.operation_revision = holding.commit_checking(write, checks).await.ok()?;
         Some(holding)
+    }
+
+    /// An operation whose accept on another replica claimed it for this
+    /// owner (`Executor::claim_for_owner`): RUNNING at its first step under
+    /// this replica's claim, as the accept wrote it at `accepted_at`. Held
+    /// as claimed, with no write. The cluster is taken from the cache now:
+    /// the accept's record reached the feed after the accept's other keys
+    /// reached the cache (one watch, in order), so the view shows all of
+    /// them.
+    fn claimed_for_this_owner(
+        &self,
+        cluster: &str,
+        operation: OperationRecord,
+        accepted_at: i64,
+    ) -> Option<Holding<'_>> {
+        let claim = self.work.claim(cluster)?;
+        let me = self.work.replication().replica_id();
+        let for_this_claim =
+            operation.owner_epoch == Some(claim.epoch) && operation.replica.as_deref() == Some(me);
+        let current = self.cache.get(cluster)?.ok()?;
+        if !for_this_claim || current.state_revision != accepted_at {
+            return None;
+        }
+        Some(Holding::new(self, claim, current, operation, accepted_at))
     }
 
     /// The operation record as the operation feed has it at or after

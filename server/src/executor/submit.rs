@@ -1,5 +1,7 @@
 //! The entry of a lifecycle request: accept it and, when this replica owns
-//! the cluster, claim it in the accept's own transaction and start it.
+//! the cluster, claim it in the accept's own transaction and start it; when
+//! another replica owns it, claim it in the same way for that owner, which
+//! then runs it without a claim of its own.
 //!
 //! The request goes down the layers and comes back only as results: the
 //! `operation` module plans the accept (compares and writes, no side
@@ -11,6 +13,7 @@
 use super::start::Origin;
 use super::{needs_nodes, plan, shape, Answered, Asked, Executor};
 use crate::cluster::{ClusterRecord, Spec};
+use crate::config::OrphanPolicy;
 use crate::operation::{
     AcceptPlan, LifecycleError, LifecycleRequest, OperationKind, OperationRecord, OperationState,
     Progress,
@@ -71,7 +74,7 @@ impl Executor {
         // view is decided again on a read from etcd.
         let mut answered = Answered::default();
         let on_cache = match self.cache.get(cluster) {
-            Some(Ok(cached)) => Some(self.accept_on(cached, &request, &mut answered).await),
+            Some(Ok(cached)) => Some(self.accept_on(cached, &request, &mut answered, true).await),
             _ => None,
         };
         if let Some(Ok(Some(record))) = on_cache {
@@ -95,25 +98,36 @@ impl Executor {
             Some(Err(error @ LifecycleError::ProviderUnavailable(_))) => return Err(error),
             _ => {}
         }
+        // Not for the owner this time: its claim as this replica's view of
+        // the owner keys shows it may be what failed the first try.
         let current = self.operations.registry().get(cluster).await?;
-        match self.accept_on(current, &request, &mut answered).await? {
+        match self
+            .accept_on(current, &request, &mut answered, false)
+            .await?
+        {
             Some(record) => Ok(record),
             None => Err(self.operations.explain_lost_race(cluster, &request).await),
         }
     }
 
     /// Accepts `request` on the cluster as read in `view`: the operation,
-    /// or `None` when the cluster changed since (nothing written).
+    /// or `None` when the cluster changed since (nothing written). With
+    /// `for_owner`, an accept on a cluster another replica owns folds in
+    /// that owner's claim ([`Self::claim_for_owner`]).
     async fn accept_on(
         self: &Arc<Self>,
         view: ClusterRecord,
         request: &LifecycleRequest,
         answered: &mut Answered,
+        for_owner: bool,
     ) -> Result<Option<OperationRecord>, LifecycleError> {
         let mut plan = self.operations.plan_accept(view, request)?;
         self.check_shape_change(&plan, request.kind, answered)
             .await?;
         let Some((claim, mark)) = self.claim_at_accept(&mut plan) else {
+            if for_owner {
+                self.claim_for_owner(&mut plan);
+            }
             let accepted = self.operations.commit_accept(plan).await?;
             return Ok(accepted.map(|accepted| accepted.operation));
         };
@@ -187,6 +201,38 @@ impl Executor {
         Some((claim, mark))
     }
 
+    /// Folds the owner's claim into an accept on a cluster another replica
+    /// owns, as this replica's view of the owner keys shows it, when the
+    /// plan does not depend on the nodes: the record is written RUNNING at
+    /// its first step under the owner's epoch, and the accept compares the
+    /// owner key and the whole view, as the owner's own claim would. The
+    /// owner then finds the operation in the slot already claimed and runs
+    /// it with no write of its own first (one etcd transaction and its watch
+    /// events fewer per operation). A stale view of the owner only fails
+    /// the compare; the caller accepts again without it.
+    ///
+    /// Only while orphans are resumed: an owner that goes before it picks
+    /// the operation up leaves it RUNNING under its epoch, for the next
+    /// owner to resume (fenced, as any orphan) rather than fail unstarted.
+    fn claim_for_owner(&self, plan: &mut AcceptPlan) {
+        let resumes = matches!(self.orphans, OrphanPolicy::Resume { limit } if limit > 0);
+        if !plan.executes() || !resumes {
+            return;
+        }
+        let cluster = &plan.view().spec.name;
+        let Some((owner, claim)) = self.work.replication().claim_of_owner(cluster) else {
+            return;
+        };
+        let spec = plan.spec_after().clone();
+        if run_at_first_step(&mut plan.operation, &spec, &owner, claim).is_none() {
+            return;
+        }
+        let keys = self.operations.keys();
+        let fence = claim.fence(keys, &plan.view().spec.name);
+        let unchanged = plan.view().unchanged(keys);
+        plan.compare(fence.into_iter().chain(unchanged));
+    }
+
     /// Makes `operation` RUNNING here at its first step, when this replica
     /// owns its cluster and the plan does not depend on the nodes (so it is
     /// known without asking the provider).
@@ -196,22 +242,36 @@ impl Executor {
         spec: &Spec,
     ) -> Option<Claim> {
         let claim = self.work.claim(&operation.cluster)?;
-        if needs_nodes(operation) {
-            return None;
-        }
-        // An operation planned from the nodes (an upgrade, a recover) is
-        // never claimed here, so the capabilities do not matter.
-        let caps = drover_proto::provider::v1::Capabilities::default();
-        let steps = plan(operation, spec, &[], &caps);
-        let first = steps.first()?;
-        operation.state = OperationState::Running;
-        operation.run_by(self.work.replication().replica_id(), claim.epoch);
-        operation.started_at = Some(operation.created_at.clone());
-        operation.progress = Some(Progress {
-            step: 1,
-            total_steps: steps.len() as u32,
-            step_name: first.name(),
-        });
+        let me = self.work.replication().replica_id();
+        run_at_first_step(operation, spec, me, claim)?;
         Some(claim)
     }
+}
+
+/// Makes `operation` RUNNING at its first step under `replica`'s `claim`,
+/// when its plan does not depend on the nodes (so it is known without asking
+/// the provider); `None`, the operation untouched, otherwise.
+fn run_at_first_step(
+    operation: &mut OperationRecord,
+    spec: &Spec,
+    replica: &str,
+    claim: Claim,
+) -> Option<()> {
+    if needs_nodes(operation) {
+        return None;
+    }
+    // An operation planned from the nodes (an upgrade, a recover) is
+    // never claimed here, so the capabilities do not matter.
+    let caps = drover_proto::provider::v1::Capabilities::default();
+    let steps = plan(operation, spec, &[], &caps);
+    let first = steps.first()?;
+    operation.state = OperationState::Running;
+    operation.run_by(replica, claim.epoch);
+    operation.started_at = Some(operation.created_at.clone());
+    operation.progress = Some(Progress {
+        step: 1,
+        total_steps: steps.len() as u32,
+        step_name: first.name(),
+    });
+    Some(())
 }

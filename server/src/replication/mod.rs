@@ -271,6 +271,8 @@ pub struct Ownership {
     /// showed them at its last pass: a peer that deposed a crashed member
     /// revokes its lease once the survivors drained its keys.
     owner_keys: tokio::sync::watch::Sender<HashMap<LeaseId, usize>>,
+    /// Every cluster's owner, as the ownership loop's view last saw it.
+    owner_map: Arc<owners_view::OwnerMap>,
 }
 
 impl Ownership {
@@ -314,6 +316,7 @@ impl Ownership {
             provider_reach: Mutex::new(ProviderReach::default()),
             schema,
             owner_keys: tokio::sync::watch::channel(HashMap::new()).0,
+            owner_map: Arc::default(),
         });
         (replication, adoptions)
     }
@@ -333,6 +336,16 @@ impl Ownership {
     pub fn claim(&self, cluster: &str) -> Option<Claim> {
         self.live_lease()?;
         lock(&self.owned).get(cluster).copied()
+    }
+
+    /// Another replica's claim on `cluster` and that replica's id, as this
+    /// replica's view of the owner keys last showed them (possibly stale:
+    /// a write fenced on it compares the owner key). `None` when this
+    /// replica has no session, or the view shows no owner or this replica.
+    pub fn claim_of_owner(&self, cluster: &str) -> Option<(String, Claim)> {
+        self.live_lease()?;
+        let (replica, claim) = self.owner_map.claim_of(cluster)?;
+        (replica != self.config.replica_id).then_some((replica, claim))
     }
 
     /// The deadline for a provider call under `claim` (when this replica's

@@ -17,25 +17,83 @@
 //!   so such a view only loses a compare-and-swap.
 //! - While the replica's watch is not live (starting, or listing again
 //!   after a failure), every pass lists the owner keys.
+//! - The view is shared ([`OwnerMap`]): an accept on a replica that does not
+//!   own the cluster folds in the owner's claim as the view has it, so it is
+//!   as current as the last pass. A stale entry only fails that accept's
+//!   compare of the owner key.
 
 use super::OwnerRecord;
 use crate::cluster::{from_json, ClusterCache};
 use crate::keys::KeyLayout;
 use crate::store::{EventKind, LeaseId, RangeRequest, Store, WatchEvent, WatchStream};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 /// How long a pass waits for the watch to deliver this replica's own owner
 /// writes before it lists the owner keys again instead.
 const CATCH_UP: Duration = Duration::from_secs(1);
 
+/// Cluster name → its owner record and the owner key's create revision, as
+/// the ownership passes last saw them, and the members that take work;
+/// read by the accepts.
+#[derive(Default)]
+pub struct OwnerMap {
+    owners: RwLock<HashMap<String, (OwnerRecord, i64)>>,
+    /// The members ownership prefers among (not draining, reaching the
+    /// providers), as the last pass read them.
+    working: RwLock<HashSet<String>>,
+}
+
+impl OwnerMap {
+    /// The owner of `cluster` and its claim, as last seen, while that owner
+    /// takes work: its replica id, and what a write fenced on its claim
+    /// compares and records.
+    pub fn claim_of(&self, cluster: &str) -> Option<(String, super::Claim)> {
+        let owners = self.read();
+        let (owner, created) = owners.get(cluster)?;
+        let working = self.working.read().unwrap_or_else(|p| p.into_inner());
+        if !working.contains(&owner.replica) {
+            return None;
+        }
+        let claim = super::Claim::new(owner.lease, owner.base(), *created);
+        Some((owner.replica.clone(), claim))
+    }
+
+    /// The members that take work now.
+    pub(super) fn set_working(&self, members: impl IntoIterator<Item = String>) {
+        let mut working = self.working.write().unwrap_or_else(|p| p.into_inner());
+        working.clear();
+        working.extend(members);
+    }
+
+    /// The lease and create revision of `cluster`'s owner key.
+    pub(super) fn key_of(&self, cluster: &str) -> Option<(LeaseId, i64)> {
+        let owners = self.read();
+        owners
+            .get(cluster)
+            .map(|(owner, created)| (owner.lease, *created))
+    }
+
+    /// Held only in code that does not wait (never across an `.await`).
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, HashMap<String, (OwnerRecord, i64)>> {
+        self.owners
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, (OwnerRecord, i64)>> {
+        self.owners
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 pub(super) struct OwnersView {
     /// Whose watch the view follows.
     cache: Arc<ClusterCache>,
-    /// Cluster name → its owner record and the key's create revision (the
-    /// owner's epoch).
-    owners: HashMap<String, (OwnerRecord, i64)>,
+    /// Every owner key, shared with the accepts.
+    owners: Arc<OwnerMap>,
     /// How many of `owners` each lease holds: which leases hold keys is
     /// asked after every change while a departed member's keys go (a
     /// takeover's 33,000 deletes), and counting all 100,000 owners each
@@ -55,11 +113,11 @@ pub(super) struct OwnersView {
 
 impl OwnersView {
     /// An empty view, listed on the first [`Self::catch_up`], that follows
-    /// `cache`'s watch.
-    pub(super) fn new(cache: Arc<ClusterCache>) -> Self {
+    /// `cache`'s watch and keeps the owner keys in `owners`.
+    pub(super) fn new(cache: Arc<ClusterCache>, owners: Arc<OwnerMap>) -> Self {
         Self {
             cache,
-            owners: HashMap::new(),
+            owners,
             leases: HashMap::new(),
             revision: 0,
             listed: 0,
@@ -68,7 +126,7 @@ impl OwnersView {
         }
     }
 
-    pub(super) fn owners(&self) -> &HashMap<String, (OwnerRecord, i64)> {
+    pub(super) fn owners(&self) -> &OwnerMap {
         &self.owners
     }
 
@@ -185,7 +243,7 @@ impl OwnersView {
         // Subscribed first, so the changes after the list are all in it.
         let subscription = self.cache.watch_keys(&keys.owners());
         let listed = store.range(RangeRequest::prefix(keys.owners())).await?;
-        self.owners.clear();
+        self.owners.write().clear();
         self.leases.clear();
         for kv in &listed.kvs {
             let Some(cluster) = kv.key.strip_prefix(&keys.owners()) else {
@@ -233,13 +291,18 @@ impl OwnersView {
 
     fn insert(&mut self, cluster: &str, owner: OwnerRecord, epoch: i64) {
         *self.leases.entry(owner.lease).or_default() += 1;
-        if let Some((before, _)) = self.owners.insert(cluster.to_string(), (owner, epoch)) {
+        let before = self
+            .owners
+            .write()
+            .insert(cluster.to_string(), (owner, epoch));
+        if let Some((before, _)) = before {
             self.forget_one(before.lease);
         }
     }
 
     fn remove(&mut self, cluster: &str) {
-        if let Some((before, _)) = self.owners.remove(cluster) {
+        let before = self.owners.write().remove(cluster);
+        if let Some((before, _)) = before {
             self.forget_one(before.lease);
         }
     }
@@ -293,11 +356,12 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        (OwnersView::new(cache), stop)
+        (OwnersView::new(cache, Arc::default()), stop)
     }
 
-    fn owner_of<'a>(view: &'a OwnersView, cluster: &str) -> Option<&'a str> {
-        view.owners().get(cluster).map(|(o, _)| o.replica.as_str())
+    fn owner_of(view: &OwnersView, cluster: &str) -> Option<String> {
+        let owners = view.owners().read();
+        owners.get(cluster).map(|(owner, _)| owner.replica.clone())
     }
 
     #[tokio::test]
@@ -307,10 +371,10 @@ mod tests {
         let first = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
         let (mut view, _cache) = view_of(&store, &keys).await;
         view.catch_up(store.as_ref(), &keys, 0).await.unwrap();
-        assert_eq!(owner_of(&view, "a"), Some("r1"));
+        assert_eq!(owner_of(&view, "a").as_deref(), Some("r1"));
         assert_eq!(
-            view.owners()["a"].1,
-            first,
+            view.owners().key_of("a").map(|(_, created)| created),
+            Some(first),
             "the epoch is the create revision"
         );
 
@@ -320,7 +384,7 @@ mod tests {
         view.catch_up(store.as_ref(), &keys, released)
             .await
             .unwrap();
-        assert_eq!(owner_of(&view, "b"), Some("r2"));
+        assert_eq!(owner_of(&view, "b").as_deref(), Some("r2"));
         assert_eq!(owner_of(&view, "a"), None, "the delete arrived");
         assert!(
             view.watch.is_some(),
@@ -330,7 +394,7 @@ mod tests {
         // Another key's change wakes a waiting pass and is applied.
         write(&store, Op::put(keys.owner("c"), record("r3"))).await;
         view.next_change(&keys).await;
-        assert_eq!(owner_of(&view, "c"), Some("r3"));
+        assert_eq!(owner_of(&view, "c").as_deref(), Some("r3"));
     }
 
     #[tokio::test]
@@ -359,7 +423,7 @@ mod tests {
         view.await_departed(store.as_ref(), &keys, &no_members)
             .await
             .unwrap();
-        assert_eq!(owner_of(&view, "b"), Some("stuck"));
+        assert_eq!(owner_of(&view, "b").as_deref(), Some("stuck"));
         assert_eq!(view.lingering, HashSet::from([7]));
         let again = std::time::Instant::now();
         view.await_departed(store.as_ref(), &keys, &no_members)
@@ -378,7 +442,7 @@ mod tests {
         assert!(view.watch.is_none());
         let claimed = write(&store, Op::put(keys.owner("a"), record("r1"))).await;
         view.catch_up(store.as_ref(), &keys, claimed).await.unwrap();
-        assert_eq!(owner_of(&view, "a"), Some("r1"));
+        assert_eq!(owner_of(&view, "a").as_deref(), Some("r1"));
         assert!(view.watch.is_some());
     }
 
@@ -403,6 +467,6 @@ mod tests {
             },
         };
         view.apply(&keys, Some(Ok(older)));
-        assert_eq!(owner_of(&view, "a"), Some("r1"));
+        assert_eq!(owner_of(&view, "a").as_deref(), Some("r1"));
     }
 }

@@ -19,7 +19,7 @@
 //!   as before member records said what they understand.
 
 use super::gray_failure;
-use super::owners_view::OwnersView;
+use super::owners_view::{OwnerMap, OwnersView};
 use super::state_memo::{Member, StateMemo};
 use super::*;
 use crate::cluster::{from_json, to_json, CacheChange, ClusterCache};
@@ -108,7 +108,7 @@ enum Batch<'a> {
 
 /// What a pass knows of the owner keys when it decides.
 struct Known<'a> {
-    owner_of: &'a HashMap<String, (OwnerRecord, i64)>,
+    owner_of: &'a OwnerMap,
     /// This replica's claims among them.
     owned: &'a HashMap<String, Claim>,
     /// The leases of the members' keys.
@@ -158,7 +158,7 @@ impl Ownership {
     ) {
         let period = self.config.lease_ttl / 3;
         let mut changes = cache.subscribe();
-        let mut owners = OwnersView::new(Arc::clone(&cache));
+        let mut owners = OwnersView::new(Arc::clone(&cache), Arc::clone(&self.owner_map));
         let mut memo = StateMemo::new(self.schema);
         let mut pending = HashSet::new();
         let (mut changed, mut full) = (HashSet::new(), true);
@@ -292,6 +292,8 @@ impl Ownership {
             .into_iter()
             .map(|m| (m.id.clone(), m.schema))
             .collect();
+        self.owner_map
+            .set_working(live.iter().map(|(id, _)| id.clone()));
         if self.is_draining() || !live.iter().any(|(id, _)| id == &self.config.replica_id) {
             // Not (yet) visible as a member, or draining: claim nothing.
             return Ok(read_at);
@@ -308,6 +310,7 @@ impl Ownership {
             .await?;
         let owner_of = pass.owners.owners();
         let mut owned: HashMap<String, Claim> = owner_of
+            .read()
             .iter()
             .filter(|(_, (owner, _))| owner.lease == lease)
             .map(|(cluster, (owner, revision))| {
@@ -374,16 +377,16 @@ impl Ownership {
                 return;
             }
             match owned.get(cluster).copied() {
-                None if mine => match owner_of.get(cluster) {
+                None if mine => match owner_of.key_of(cluster) {
                     None => decided.to_claim.push(cluster.to_string()),
                     // Its member is gone but its lease not yet: drained
                     // here, batch by batch, rather than all at once by
                     // the revocation (one etcd apply of every key).
-                    Some((owner, created)) if !live_leases.contains(&owner.lease) => {
+                    Some((lease, created)) if !live_leases.contains(&lease) => {
                         decided.to_drain.push(Departed {
                             cluster: cluster.to_string(),
-                            lease: owner.lease,
-                            created: *created,
+                            lease,
+                            created,
                         });
                     }
                     Some(_) => {}
@@ -918,7 +921,7 @@ mod tests {
     async fn pass(replication: &Ownership, store: &SharedStore, keys: &KeyLayout) {
         let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
         let mut memo = StateMemo::new(replication.schema);
-        let mut owners = OwnersView::new(Arc::clone(&cache));
+        let mut owners = OwnersView::new(Arc::clone(&cache), Arc::default());
         let mut pending = HashSet::new();
         let pass = Pass {
             owners: &mut owners,
@@ -979,7 +982,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let mut pass_of = Passes {
-            owners: OwnersView::new(Arc::clone(&cache)),
+            owners: OwnersView::new(Arc::clone(&cache), Arc::default()),
             memo: StateMemo::new(a.schema),
             pending: HashSet::new(),
         };

@@ -186,25 +186,32 @@ pub async fn wait_for_state(
     .await;
 }
 
+/// Asks for a stop of `cluster` (`stop`) or a start, with no request id.
+pub async fn stop_or_start(
+    client: &mut drover_client::Client,
+    cluster: &str,
+    stop: bool,
+) -> Result<drover_client::v1::Operation, tonic::Status> {
+    use drover_client::v1;
+    let (name, request_id) = (cluster.to_string(), String::new());
+    let op = if stop {
+        let request = v1::StopClusterRequest { name, request_id };
+        client.clusters().stop_cluster(request).await
+    } else {
+        let request = v1::StartClusterRequest { name, request_id };
+        client.clusters().start_cluster(request).await
+    };
+    op.map(tonic::Response::into_inner)
+}
+
 /// Runs a stop then a start of `cluster`, each waited for up to `wait`;
 /// both must succeed.
 pub async fn stop_and_start(client: &mut drover_client::Client, cluster: &str, wait: Duration) {
     use drover_client::v1;
     for stop in [true, false] {
-        let op = if stop {
-            let request = v1::StopClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().stop_cluster(request).await
-        } else {
-            let request = v1::StartClusterRequest {
-                name: cluster.into(),
-                request_id: String::new(),
-            };
-            client.clusters().start_cluster(request).await
-        };
-        let op = op.expect("accepted").into_inner();
+        let op = stop_or_start(client, cluster, stop)
+            .await
+            .expect("accepted");
         let done = client.wait_operation(&op, wait).await.expect("wait");
         assert_eq!(done.state, v1::OperationState::Succeeded as i32, "{done:?}");
     }

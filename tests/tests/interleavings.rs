@@ -12,7 +12,7 @@ use drover_tests::fixture::Backends;
 use drover_tests::in_process::{writes, InProcessReplica, InjectingStore, Injection};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::{health, ReplicaProcess};
-use drover_tests::{create_running, operations_of, wait_running, wait_until};
+use drover_tests::{create_running, operations_of, stop_or_start, wait_running, wait_until};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -471,20 +471,8 @@ async fn an_accept_claiming_for_an_owner_it_saw_stale_is_accepted_without_the_cl
                 etcd.txn(delete).await.expect("delete the owner key");
             })),
         );
-        let op = if round % 2 == 0 {
-            let request = v1::StopClusterRequest {
-                name: name.clone(),
-                request_id: String::new(),
-            };
-            client.clusters().stop_cluster(request).await
-        } else {
-            let request = v1::StartClusterRequest {
-                name: name.clone(),
-                request_id: String::new(),
-            };
-            client.clusters().start_cluster(request).await
-        };
-        let op = op.expect("accepted").into_inner();
+        let op = stop_or_start(&mut client, &name, round % 2 == 0).await;
+        let op = op.expect("accepted");
         let done = client.wait_operation(&op, WAIT).await.expect("wait");
         assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
         if other.store.pending() == 0 {

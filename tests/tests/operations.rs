@@ -1049,15 +1049,8 @@ async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_own
         stop_next = !stop_next;
         let stopping = stop_next;
         async move {
-            let (name, request_id) = ("spread".to_string(), String::new());
-            let op = if stopping {
-                let request = v1::StopClusterRequest { name, request_id };
-                client.clusters().stop_cluster(request).await
-            } else {
-                let request = v1::StartClusterRequest { name, request_id };
-                client.clusters().start_cluster(request).await
-            };
-            let op = op.expect("accepted").into_inner();
+            let op = drover_tests::stop_or_start(&mut client, "spread", stopping).await;
+            let op = op.expect("accepted");
             let done = client.wait_operation(&op, WAIT).await.expect("wait");
             assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
             let key = format!("/drover/v1/operations/spread/{}", op.id);

@@ -4,9 +4,10 @@
 //! claimed it in its own transaction, see `submit`), accepted on another
 //! replica (found in its cluster's slot through the watch cache, PENDING or
 //! already claimed for this owner by that accept), or left RUNNING by a
-//! lost owner (found the same way once this replica adopts the cluster). [`Executor::start`] takes every one of them: it spawns the
-//! drive, which first gets a [`Holding`] ([`Executor::hold`]) and then
-//! runs, cancels or recovers it.
+//! lost owner (found the same way once this replica adopts the cluster).
+//! [`Executor::start`] takes every one of them: it spawns the drive, which
+//! first gets a [`Holding`] ([`Executor::hold`]) and then runs, cancels or
+//! recovers it.
 
 use super::holding::{error, Holding};
 use super::Executor;
@@ -363,11 +364,12 @@ impl Executor {
 
     /// Claims a PENDING operation another replica accepted from what this
     /// replica's watch cache and operation feed already hold, without
-    /// reading etcd first (or takes one that accept claimed for it). The claim compares every key the views came
-    /// from (state, operation, spec, status), so a view that is not current
-    /// only loses the compare-and-swap. `None` when the views do not both
-    /// show the cluster as the accept left it, or the claim lost: the
-    /// caller reads etcd instead.
+    /// reading etcd first, or takes one that accept claimed for this owner.
+    /// The claim compares every key the views came from (state, operation,
+    /// spec, status), so a view that is not current only loses the
+    /// compare-and-swap. `None` when the views do not both show the
+    /// cluster as the accept left it, or the claim lost: the caller reads
+    /// etcd instead.
     async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
         let current = self.cache.get(cluster)?.ok()?;
         if current.state.operation.as_ref()?.id != id {

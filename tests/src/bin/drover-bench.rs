@@ -39,7 +39,7 @@ use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::rollout_bench::{RolloutFigures, RolloutPhase};
 use drover_tests::scrape;
-use drover_tests::{owner, wait_running, wait_until};
+use drover_tests::{owner, stop_or_start, wait_running, wait_until};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -704,21 +704,9 @@ async fn drover_round(
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let started = Instant::now();
-                let op = if stop_next {
-                    let request = v1::StopClusterRequest {
-                        name: name.clone(),
-                        request_id: String::new(),
-                    };
-                    client.clusters().stop_cluster(request).await
-                } else {
-                    let request = v1::StartClusterRequest {
-                        name: name.clone(),
-                        request_id: String::new(),
-                    };
-                    client.clusters().start_cluster(request).await
-                }
-                .expect("accepted")
-                .into_inner();
+                let op = stop_or_start(&mut client, &name, stop_next)
+                    .await
+                    .expect("accepted");
                 let done = finish(&mut client, &op).await;
                 assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
                 latencies.push(started.elapsed());

@@ -12,7 +12,7 @@
 use super::holding::{error, Holding};
 use super::Executor;
 use crate::cluster::machine::Event;
-use crate::cluster::{from_json, now_rfc3339, to_json, StateBrief, StateRecord};
+use crate::cluster::{from_json, now_rfc3339, to_json, ClusterRecord, StateBrief, StateRecord};
 use crate::config::OrphanPolicy;
 use crate::metrics::Running;
 use crate::operation::{
@@ -187,10 +187,7 @@ impl Executor {
     /// key alone is parsed, not the whole cluster (every operation's
     /// reconcile looks).
     fn cached_state(&self, cluster: &str) -> Option<StateRecord> {
-        if !self.cache.is_ready() {
-            return None;
-        }
-        from_json(&self.cache.state_of(cluster)?).ok()
+        from_json(&self.cache_state_kv(cluster)?).ok()
     }
 
     /// Starts the operation in the cluster's slot, if any and not running
@@ -371,11 +368,12 @@ impl Executor {
     /// cluster as the accept left it, or the claim lost: the caller reads
     /// etcd instead.
     async fn claim_from_views(&self, cluster: &str, id: &str) -> Option<Holding<'_>> {
-        let current = self.cache.get(cluster)?.ok()?;
-        if current.state.operation.as_ref()?.id != id {
+        let state = self.cache_state_kv(cluster)?;
+        let slot = from_json::<StateRecord>(&state).ok()?.operation?;
+        if slot.id != id {
             return None;
         }
-        let accepted_at = current.state_revision;
+        let accepted_at = state.mod_revision;
         let kv = self.accepted_record(cluster, id, accepted_at).await?;
         // Written by the accept, and not since (a cancel request would be).
         if kv.mod_revision != accepted_at {
@@ -385,8 +383,15 @@ impl Executor {
         if operation.cancel_requested {
             return None;
         }
+        // The record reached the feed after the accept's other keys reached
+        // the cache (one watch, in order): the cluster as the cache shows
+        // it now includes all of them.
+        let current = self.cache.get(cluster)?.ok()?;
+        if current.state_revision != accepted_at {
+            return None;
+        }
         if operation.state == OperationState::Running {
-            return self.claimed_for_this_owner(cluster, operation, accepted_at);
+            return self.claimed_for_this_owner(current, operation);
         }
         if operation.state != OperationState::Pending {
             return None;
@@ -401,28 +406,29 @@ impl Executor {
         Some(holding)
     }
 
+    /// The cluster's state key as the cache holds it, while the cache
+    /// follows etcd.
+    fn cache_state_kv(&self, cluster: &str) -> Option<crate::store::KeyValue> {
+        self.cache
+            .is_ready()
+            .then(|| self.cache.state_of(cluster))?
+    }
+
     /// An operation whose accept on another replica claimed it for this
     /// owner (`Executor::claim_for_owner`): RUNNING at its first step under
-    /// this replica's claim, as the accept wrote it at `accepted_at`. Held
-    /// as claimed, with no write. The cluster is taken from the cache now:
-    /// the accept's record reached the feed after the accept's other keys
-    /// reached the cache (one watch, in order), so the view shows all of
-    /// them.
+    /// this replica's claim, as the accept wrote it (`current` shows the
+    /// cluster as that accept left it). Held as claimed, with no write.
     fn claimed_for_this_owner(
         &self,
-        cluster: &str,
+        current: ClusterRecord,
         operation: OperationRecord,
-        accepted_at: i64,
     ) -> Option<Holding<'_>> {
-        let claim = self.work.claim(cluster)?;
+        let claim = self.work.claim(&current.spec.name)?;
         let me = self.work.replication().replica_id();
         let for_this_claim =
             operation.owner_epoch == Some(claim.epoch) && operation.replica.as_deref() == Some(me);
-        let current = self.cache.get(cluster)?.ok()?;
-        if !for_this_claim || current.state_revision != accepted_at {
-            return None;
-        }
-        Some(Holding::new(self, claim, current, operation, accepted_at))
+        let accepted_at = current.state_revision;
+        for_this_claim.then(|| Holding::new(self, claim, current, operation, accepted_at))
     }
 
     /// The operation record as the operation feed has it at or after

@@ -46,3 +46,59 @@ pub fn rss_kib(pid: u32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// CPU time used so far (or over a span, or per unit of work), per role.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuTimes {
+    /// Every etcd member, summed.
+    pub etcd: Duration,
+    /// Every replica, summed.
+    pub replicas: Duration,
+    pub provider: Duration,
+    /// This process: the benchmark's clients (API calls in the Drover
+    /// rounds, the CAS loop in the raw ones, a rollout's client).
+    pub clients: Duration,
+}
+
+impl CpuTimes {
+    /// What the processes `etcd`, `replicas` and `provider`, and this one,
+    /// have used so far.
+    pub fn of(etcd: &[u32], replicas: &[u32], provider: u32) -> Self {
+        Self {
+            etcd: etcd.iter().map(|pid| cpu_time(*pid)).sum(),
+            replicas: replicas.iter().map(|pid| cpu_time(*pid)).sum(),
+            provider: cpu_time(provider),
+            clients: cpu_time(std::process::id()),
+        }
+    }
+
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            etcd: self.etcd.saturating_sub(before.etcd),
+            replicas: self.replicas.saturating_sub(before.replicas),
+            provider: self.provider.saturating_sub(before.provider),
+            clients: self.clients.saturating_sub(before.clients),
+        }
+    }
+
+    pub fn add(&mut self, other: &Self) {
+        self.etcd += other.etcd;
+        self.replicas += other.replicas;
+        self.provider += other.provider;
+        self.clients += other.clients;
+    }
+
+    pub fn per(&self, count: f64) -> Self {
+        let count = count.max(1.0);
+        Self {
+            etcd: self.etcd.div_f64(count),
+            replicas: self.replicas.div_f64(count),
+            provider: self.provider.div_f64(count),
+            clients: self.clients.div_f64(count),
+        }
+    }
+
+    pub fn total(&self) -> Duration {
+        self.etcd + self.replicas + self.provider + self.clients
+    }
+}

@@ -11,7 +11,7 @@
 //! of the rollout's owner to the next target's operation accepted (by the
 //! owner that took the rollout over).
 
-use crate::procfs::cpu_time;
+use crate::procfs::CpuTimes;
 use crate::provider::SimProcess;
 use crate::replica::ReplicaProcess;
 use drover_client::v1;
@@ -35,8 +35,8 @@ pub struct RolloutFigures {
     /// The rollout's upgrades, accept to end, summed (from the replicas'
     /// operation duration histograms).
     pub busy: Duration,
-    /// CPU used during the rollout, per process.
-    pub cpu: RolloutCpu,
+    /// CPU used during the rollout, per process (`clients`: this one).
+    pub cpu: CpuTimes,
     /// The CPUs the processes share.
     pub cores: usize,
     /// From the kill of the rollout's owner to the next target's operation
@@ -45,42 +45,6 @@ pub struct RolloutFigures {
     /// The rollout controller's reconciles on every replica: how many, and
     /// their mean duration.
     pub reconciles: (f64, Duration),
-}
-
-/// CPU time per process during the rollout.
-#[derive(Clone, Copy, Default)]
-pub struct RolloutCpu {
-    pub etcd: Duration,
-    pub replicas: Duration,
-    pub provider: Duration,
-    /// This process (the rollout's client, the history scrape).
-    pub bench: Duration,
-}
-
-impl RolloutCpu {
-    /// CPU used so far by `etcd` (every member), the replicas, the
-    /// provider and this process.
-    fn now(etcd: &[u32], replicas: &[(String, ReplicaProcess)], provider: u32) -> Self {
-        Self {
-            etcd: etcd.iter().map(|pid| cpu_time(*pid)).sum(),
-            replicas: replicas.iter().map(|(_, r)| cpu_time(r.pid())).sum(),
-            provider: cpu_time(provider),
-            bench: cpu_time(std::process::id()),
-        }
-    }
-
-    fn since(&self, before: &Self) -> Self {
-        Self {
-            etcd: self.etcd.saturating_sub(before.etcd),
-            replicas: self.replicas.saturating_sub(before.replicas),
-            provider: self.provider.saturating_sub(before.provider),
-            bench: self.bench.saturating_sub(before.bench),
-        }
-    }
-
-    fn total(&self) -> Duration {
-        self.etcd + self.replicas + self.provider + self.bench
-    }
 }
 
 impl RolloutFigures {
@@ -139,7 +103,7 @@ impl RolloutFigures {
                 "etcd": self.per_cluster(self.cpu.etcd),
                 "replicas": self.per_cluster(self.cpu.replicas),
                 "provider": self.per_cluster(self.cpu.provider),
-                "bench": self.per_cluster(self.cpu.bench),
+                "bench": self.per_cluster(self.cpu.clients),
             },
             "cores": self.cores,
             "ratio_the_cpu_allows": (self.cpu_bound() * 100.0).round() / 100.0,
@@ -199,7 +163,7 @@ impl RolloutFigures {
                     self.per_cluster(cpu.etcd),
                     self.per_cluster(cpu.replicas),
                     self.per_cluster(cpu.provider),
-                    self.per_cluster(cpu.bench)
+                    self.per_cluster(cpu.clients)
                 ),
                 String::new(),
             ),
@@ -248,14 +212,18 @@ impl RolloutPhase {
             "rollout: {} clusters at {}...",
             self.clusters, self.concurrency
         );
-        let cpu_before = RolloutCpu::now(&self.etcd, replicas, sim.pid());
+        let cpu_now = |replicas: &[(String, ReplicaProcess)]| {
+            let pids: Vec<u32> = replicas.iter().map(|(_, r)| r.pid()).collect();
+            CpuTimes::of(&self.etcd, &pids, sim.pid())
+        };
+        let cpu_before = cpu_now(replicas);
         let upgrades_before = Upgrades::of(replicas).await;
         let from = unix_ms();
         let started = Instant::now();
         create_rollout(&mut client, "bench", "1.30.0", self.concurrency).await;
         wait_succeeded(store, "bench").await;
         let wall = started.elapsed();
-        let cpu = RolloutCpu::now(&self.etcd, replicas, sim.pid()).since(&cpu_before);
+        let cpu = cpu_now(replicas).since(&cpu_before);
         let reconciles = reconciles(replicas).await;
         let upgrades_after = Upgrades::of(replicas).await;
         let audit = sim.history().await.entries;

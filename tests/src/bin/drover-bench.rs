@@ -34,7 +34,7 @@ use drover_server::store::{
     CmpOp, Compare, EtcdOptions, EtcdStore, LeaseId, Op, RangeRequest, Store, Txn,
 };
 use drover_tests::etcd::{EtcdCluster, EtcdProcess};
-use drover_tests::procfs::{cpu_time, rss_kib};
+use drover_tests::procfs::{cpu_time, rss_kib, CpuTimes};
 use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::rollout_bench::{RolloutFigures, RolloutPhase};
@@ -935,53 +935,9 @@ impl Cores {
     }
 }
 
-/// CPU time used so far, per role.
-#[derive(Default, Clone, Copy)]
-struct CpuTimes {
-    etcd: Duration,
-    replicas: Duration,
-    provider: Duration,
-    /// This process: the benchmark's clients (API calls in the Drover
-    /// rounds, the CAS loop in the raw ones).
-    clients: Duration,
-}
-
 impl Processes {
     fn cpu(&self) -> CpuTimes {
-        CpuTimes {
-            etcd: self.etcd.iter().map(|pid| cpu_time(*pid)).sum(),
-            replicas: self.replicas.iter().map(|pid| cpu_time(*pid)).sum(),
-            provider: cpu_time(self.provider),
-            clients: cpu_time(std::process::id()),
-        }
-    }
-}
-
-impl CpuTimes {
-    fn since(&self, before: &Self) -> Self {
-        Self {
-            etcd: self.etcd - before.etcd,
-            replicas: self.replicas - before.replicas,
-            provider: self.provider - before.provider,
-            clients: self.clients - before.clients,
-        }
-    }
-
-    fn add(&mut self, other: &Self) {
-        self.etcd += other.etcd;
-        self.replicas += other.replicas;
-        self.provider += other.provider;
-        self.clients += other.clients;
-    }
-
-    fn per(&self, count: f64) -> Self {
-        let count = count.max(1.0);
-        Self {
-            etcd: self.etcd.div_f64(count),
-            replicas: self.replicas.div_f64(count),
-            provider: self.provider.div_f64(count),
-            clients: self.clients.div_f64(count),
-        }
+        CpuTimes::of(&self.etcd, &self.replicas, self.provider)
     }
 }
 

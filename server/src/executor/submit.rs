@@ -194,10 +194,7 @@ impl Executor {
         let mark = self.work.mark(&plan.operation.id)?;
         let spec = plan.spec_after().clone();
         let claim = self.prepare_claim(&mut plan.operation, &spec)?;
-        let keys = self.operations.keys();
-        let fence = claim.fence(keys, &plan.view().spec.name);
-        let unchanged = plan.view().unchanged(keys);
-        plan.compare(fence.into_iter().chain(unchanged));
+        self.compare_claim(plan, claim);
         Some((claim, mark))
     }
 
@@ -227,6 +224,13 @@ impl Executor {
         if run_at_first_step(&mut plan.operation, &spec, &owner, claim).is_none() {
             return;
         }
+        self.compare_claim(plan, claim);
+    }
+
+    /// Makes the accept depend on `claim`'s fence and on the whole view
+    /// being current (the owner starts from it, not only from the state
+    /// key).
+    fn compare_claim(&self, plan: &mut AcceptPlan, claim: Claim) {
         let keys = self.operations.keys();
         let fence = claim.fence(keys, &plan.view().spec.name);
         let unchanged = plan.view().unchanged(keys);

@@ -395,6 +395,12 @@ struct Throughput {
     cpu_per_op: CpuTimes,
     /// The CPUs the rounds ran on.
     cores: Cores,
+    /// Provider calls the replicas made per operation.
+    provider_calls_per_op: f64,
+    /// Replica CPU per health check, the cheapest call a replica serves:
+    /// what one call costs here, all in (HTTP/2, tonic, loopback TCP), the
+    /// floor under every call an operation makes.
+    replica_cpu_per_call: Duration,
 }
 
 /// One Drover round.
@@ -645,9 +651,11 @@ async fn throughput(
         drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
         waits.add_since(&ReplicaWaits::read(replicas).await, &waits_before);
     }
+    let replica_cpu_per_call = health_checks(replicas, clients, length / 2, processes).await;
+    let provider_calls_per_op = waits.provider_calls / ops_of(&drovers).max(1.0);
     let raw_txns = raws.iter().sum::<f64>() * length.as_secs_f64();
     let seconds = length.as_secs_f64() * rounds as f64;
-    let ops: f64 = drovers.iter().map(DroverRound::ops).sum();
+    let ops = ops_of(&drovers);
     let revisions: i64 = drovers.iter().map(|r| r.revisions).sum();
     let mut requests = EtcdRequests::default();
     let mut latencies = Vec::new();
@@ -679,7 +687,51 @@ async fn throughput(
         etcd_cpu_per_raw_txn: raw_cpu.etcd.div_f64(raw_txns.max(1.0)),
         cpu_per_op: drover_cpu.per(ops),
         cores: processes.cores,
+        provider_calls_per_op,
+        replica_cpu_per_call,
     }
+}
+
+fn ops_of(rounds: &[DroverRound]) -> f64 {
+    rounds.iter().map(DroverRound::ops).sum()
+}
+
+/// Health checks from `clients` clients spread over the replicas for
+/// `length`: the replicas' CPU per check.
+async fn health_checks(
+    replicas: &[(String, ReplicaProcess)],
+    clients: usize,
+    length: Duration,
+    processes: &Processes,
+) -> Duration {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    eprintln!("health checks, {clients} clients, {length:?}...");
+    let before = processes.cpu();
+    let deadline = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let endpoint = replicas[i % replicas.len()].1.endpoint();
+        tasks.push(tokio::spawn(async move {
+            let channel = tonic::transport::Channel::from_shared(endpoint)
+                .expect("an endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            let mut health = HealthClient::new(channel);
+            let mut checks = 0u64;
+            while Instant::now() < deadline {
+                let request = HealthCheckRequest::default();
+                health.check(request).await.expect("a health check");
+                checks += 1;
+            }
+            checks
+        }));
+    }
+    let mut checks = 0;
+    for task in tasks {
+        checks += task.await.expect("a health-check client");
+    }
+    processes.cpu().since(&before).per(checks as f64).replicas
 }
 
 /// Stop/start pairs for `length` on one cluster per client, spread over the
@@ -1872,6 +1924,8 @@ impl Throughput {
                 "provider": us(self.cpu_per_op.provider),
                 "benchmark_clients": us(self.cpu_per_op.clients),
             },
+            "provider_calls_per_operation": hundredths(self.provider_calls_per_op),
+            "replica_cpu_us_per_health_check": us(self.replica_cpu_per_call),
             "etcd_cpu_us_per_raw_cas": us(self.etcd_cpu_per_raw_txn),
             "etcd_cpu_per_write_in_raw_cas": self.etcd_cost_per_write(),
             "ops_per_raw_cas": self.ops_per_second / self.raw_per_second.max(1.0),
@@ -1896,6 +1950,8 @@ impl Throughput {
         needed.positive(phase, "replica CPU per op", replica_cpu);
         let raw_cpu = self.etcd_cpu_per_raw_txn.as_secs_f64();
         needed.positive(phase, "etcd CPU per raw CAS", raw_cpu);
+        let call_cpu = self.replica_cpu_per_call.as_secs_f64();
+        needed.positive(phase, "replica CPU per health check", call_cpu);
     }
 
     /// The table rows: rates, latency, the goal; then what an operation
@@ -1981,6 +2037,25 @@ impl Throughput {
                 us(self.cpu_per_op.clients)
             ),
             String::new(),
+        );
+        row(
+            "replica calls per op: served / etcd / provider",
+            format!(
+                "2 / {:.2} / {:.2}",
+                self.etcd_per_op.txns + self.etcd_per_op.ranges,
+                self.provider_calls_per_op
+            ),
+            String::new(),
+        );
+        row(
+            "replica CPU us per health check; per op, in checks",
+            format!(
+                "{:.0}; {:.1}",
+                us(self.replica_cpu_per_call),
+                self.cpu_per_op.replicas.as_secs_f64()
+                    / self.replica_cpu_per_call.as_secs_f64().max(1e-9)
+            ),
+            "<= 300 us per op".into(),
         );
         row(
             "etcd CPU us per raw CAS; per write, in CAS",

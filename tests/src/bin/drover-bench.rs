@@ -87,6 +87,12 @@ struct Args {
     /// 100,000), rather than copies of the first written straight into etcd.
     #[arg(long)]
     bulk_through_api: bool,
+    /// Run the bulk phase's replicas with `--peer-liveness off`: the dead
+    /// replica's clusters wait for its lease to expire (`--ttl`), and etcd
+    /// then deletes all their owner keys in one apply (the worst case: a
+    /// partition, or fast detection turned off).
+    #[arg(long)]
+    bulk_lease_bound: bool,
     /// Clusters in the rollout phase (0: no rollout phase).
     #[arg(long, default_value_t = 10_000)]
     rollout_clusters: usize,
@@ -1729,23 +1735,35 @@ async fn measure(bench: &mut Bench, args: &Args, report: &mut Report) {
                 report.handoff = Some(handoff(bench).await);
             }
             Phase::Crash => report.crash = Some(crash_phase(bench, args).await),
-            Phase::Bulk => {
-                eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
-                let profiles = args.etcd_profiles.as_deref();
-                let figures = bulk(
-                    bench,
-                    args.bulk_clusters,
-                    args.clients,
-                    args.bulk_through_api,
-                    profiles,
-                )
-                .await;
-                report.bulk = Some(figures);
-            }
+            Phase::Bulk => report.bulk = Some(bulk_phase(bench, args).await),
             Phase::Rollout => report.rollout = rollout(bench, args).await,
         }
         report.print_section(phase, args, started.elapsed());
     }
+}
+
+/// The bulk phase; under `--bulk-lease-bound`, on replicas with peer
+/// liveness off for its length.
+async fn bulk_phase(bench: &mut Bench, args: &Args) -> Bulk {
+    eprintln!("bulk recovery of {} clusters...", args.bulk_clusters);
+    let ttl = bench.ttl;
+    if args.bulk_lease_bound {
+        let liveness = false;
+        reconfigure(bench, Variant { ttl, liveness }).await;
+    }
+    let figures = bulk(
+        bench,
+        args.bulk_clusters,
+        args.clients,
+        args.bulk_through_api,
+        args.etcd_profiles.as_deref(),
+    )
+    .await;
+    if args.bulk_lease_bound {
+        let liveness = true;
+        reconfigure(bench, Variant { ttl, liveness }).await;
+    }
+    figures
 }
 
 /// The throughput phase with tracing on.
@@ -2073,6 +2091,7 @@ impl Bulk {
     fn json(&self, args: &Args) -> Value {
         json!({
             "clusters": args.bulk_clusters,
+            "detection": if args.bulk_lease_bound { "lease" } else { "fast" },
             "create_ms": ms(self.create),
             "owned_ms": ms(self.owned),
             "recovery_ms": ms(self.recovery),
@@ -2118,8 +2137,16 @@ impl Bulk {
             ),
             String::new(),
         );
+        let detection = if args.bulk_lease_bound {
+            ", lease-bound"
+        } else {
+            ""
+        };
         row(
-            &format!("bulk recovery, {} clusters (ms)", args.bulk_clusters),
+            &format!(
+                "bulk recovery, {} clusters{detection} (ms)",
+                args.bulk_clusters
+            ),
             format!("{:.0}", ms(self.recovery)),
             "<= 2000".into(),
         );

@@ -131,6 +131,7 @@ impl Replica {
             Arc::clone(&metrics),
         )
         .with_cache(Arc::clone(&cache));
+        operations.start_feed();
 
         let (listener, address) = bind(config.listen).await?;
         let (stop_work, work_stopped) = watch::channel(false);

@@ -1023,45 +1023,17 @@ async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
 /// run as claimed, then every one after must be.
 #[tokio::test]
 async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_owner() {
-    use drover_server::store::Store;
     let mut f = fixture().replicas(2).start().await;
     f.create("spread", 1, false).await;
-    // Settled: the cluster's preferred member owns it (a member that just
-    // joined claims nothing until its peers watch it).
-    let preferred = drover_server::replication::preferred("spread", ["r1", "r2"]).unwrap();
-    let endpoint = f.replicas[0].endpoint();
-    let admin = v1::admin_client::AdminClient::connect(endpoint);
-    let admin = admin.await.expect("admin");
-    wait_until(WAIT, "the preferred member to own the cluster", || {
-        let mut admin = admin.clone();
-        async move {
-            let owner = drover_tests::owner(&mut admin, "spread").await;
-            owner.is_some_and(|owner| owner.replica == preferred)
-        }
-    })
-    .await;
+    let preferred = wait_for_preferred_owner(&f, "spread").await;
     let elsewhere = usize::from(preferred == "r1");
-    let client = f.replicas[elsewhere].client().await;
+    let mut client = f.replicas[elsewhere].client().await;
     let store = f.etcd.store().await;
     let mut stop_next = false;
-    let mut one_step = || {
-        let (mut client, store) = (client.clone(), store.clone());
-        stop_next = !stop_next;
-        let stopping = stop_next;
-        async move {
-            let op = drover_tests::stop_or_start(&mut client, "spread", stopping).await;
-            let op = op.expect("accepted");
-            let done = client.wait_operation(&op, WAIT).await.expect("wait");
-            assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
-            let key = format!("/drover/v1/operations/spread/{}", op.id);
-            let record = store.get(&key).await.unwrap().into_single();
-            let writes = record.expect("the record").version;
-            (op, done, writes)
-        }
-    };
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let (op, _, writes) = one_step().await;
+        stop_next = !stop_next;
+        let (op, _, writes) = counted_stop_or_start(&mut client, &store, "spread", stop_next).await;
         if op.state == O::Running as i32 && writes == 2 {
             break;
         }
@@ -1072,7 +1044,9 @@ async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_own
         );
     }
     for _ in 0..6 {
-        let (op, done, writes) = one_step().await;
+        stop_next = !stop_next;
+        let (op, done, writes) =
+            counted_stop_or_start(&mut client, &store, "spread", stop_next).await;
         assert_eq!(op.state, O::Running as i32, "claimed for the owner: {op:?}");
         assert_eq!(op.replica.as_deref(), Some(preferred));
         assert_eq!(done.replica.as_deref(), Some(preferred), "{done:?}");
@@ -1080,6 +1054,78 @@ async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_own
         assert_eq!(writes, 2, "accept-and-claim, then completion");
     }
     f.check_history().await;
+}
+
+/// The owner's operation feed follows operation writes from the replica's
+/// start: the first operation another replica accepts for it (RUNNING
+/// under its claim) is found on the feed, and the owner runs it without
+/// reading it from etcd and writing a step to claim it again. (The feed
+/// used to start on first use, after that operation's record was written.)
+#[tokio::test]
+async fn the_first_operation_accepted_for_an_owner_is_found_on_its_feed() {
+    let mut f = fixture().replicas(2).start().await;
+    // Created only: no operation yet, so the owner has taken none up.
+    f.create("first", 1, true).await;
+    let preferred = wait_for_preferred_owner(&f, "first").await;
+    let elsewhere = usize::from(preferred == "r1");
+    let mut client = f.replicas[elsewhere].client().await;
+    let store = f.etcd.store().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut stopping = false;
+    loop {
+        let (op, _, writes) = counted_stop_or_start(&mut client, &store, "first", stopping).await;
+        if op.state == O::Running as i32 {
+            assert_eq!(writes, 2, "accept-and-claim, then completion");
+            break;
+        }
+        // Accepted PENDING (this replica's view did not show the owner
+        // yet): the owner claimed it itself.
+        stopping = !stopping;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no accept on r{} claimed for the owner {preferred}",
+            elsewhere + 1
+        );
+    }
+    f.check_history().await;
+}
+
+/// Waits until `name`'s preferred member among r1 and r2 owns it (a member
+/// that just joined claims nothing until its peers watch it), and returns
+/// that member.
+async fn wait_for_preferred_owner(f: &Fixture, name: &str) -> &'static str {
+    let preferred = drover_server::replication::preferred(name, ["r1", "r2"]).unwrap();
+    let endpoint = f.replicas[0].endpoint();
+    let admin = v1::admin_client::AdminClient::connect(endpoint);
+    let admin = admin.await.expect("admin");
+    wait_until(WAIT, "the preferred member to own the cluster", || {
+        let mut admin = admin.clone();
+        async move {
+            let owner = drover_tests::owner(&mut admin, name).await;
+            owner.is_some_and(|owner| owner.replica == preferred)
+        }
+    })
+    .await;
+    preferred
+}
+
+/// A stop (or start) of `cluster` through `client`, waited for until it
+/// succeeded: the operation as accepted, as finished, and how many times
+/// its record was written.
+async fn counted_stop_or_start(
+    client: &mut drover_client::Client,
+    store: &drover_server::store::EtcdStore,
+    cluster: &str,
+    stopping: bool,
+) -> (v1::Operation, v1::Operation, i64) {
+    use drover_server::store::Store;
+    let op = drover_tests::stop_or_start(client, cluster, stopping).await;
+    let op = op.expect("accepted");
+    let done = client.wait_operation(&op, WAIT).await.expect("wait");
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    let key = format!("/drover/v1/operations/{cluster}/{}", op.id);
+    let record = store.get(&key).await.unwrap().into_single();
+    (op, done, record.expect("the record").version)
 }
 
 /// A client that waits for an operation and then reads the cluster from the

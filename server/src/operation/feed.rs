@@ -2,8 +2,8 @@
 //! them, shared by every waiter and by the executor.
 //!
 //! The feed subscribes to the cluster cache's watch of the whole key prefix
-//! ([`ClusterCache::watch_keys`]) once, on first use, rather than watching
-//! etcd itself: a watch created per wait starts "in the past" whenever
+//! ([`ClusterCache::watch_keys`]) once, as the replica starts, rather than
+//! watching etcd itself: a watch created per wait starts "in the past" whenever
 //! anything was written between the read and the watch, and etcd serves
 //! such watches from a catch-up loop that runs every 100 ms; and a watch of
 //! its own would have etcd send every operation write once more to each
@@ -28,7 +28,7 @@
 //! - A key not remembered (evicted, or last written before the feed began)
 //!   says nothing: the caller reads etcd.
 
-use crate::cluster::ClusterCache;
+use crate::cluster::{CacheChange, ClusterCache};
 use crate::store::{EventKind, KeyValue};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -222,14 +222,23 @@ impl OperationFeed {
 
 async fn run(cache: Arc<ClusterCache>, prefix: String, feed: Weak<OperationFeed>) {
     loop {
+        // Subscribed first, so that a list completing after the look
+        // below is not missed.
+        let mut changes = cache.subscribe();
         let Some((mut watch, live_from)) = cache.watch_keys(&prefix) else {
-            // The replica's watch is starting or listing again.
-            tokio::time::sleep(RESTART_DELAY).await;
+            // The replica's watch is starting or listing again: look again
+            // as soon as it lists (a feed that goes live late misses the
+            // records written meanwhile), or after a while.
+            let listed = async {
+                while !matches!(changes.recv().await, Ok(CacheChange::Relisted) | Err(_)) {}
+            };
+            let _ = tokio::time::timeout(RESTART_DELAY, listed).await;
             if feed.strong_count() == 0 {
                 return;
             }
             continue;
         };
+        drop(changes);
         let Some(this) = feed.upgrade() else { return };
         this.memory().reset(Some(live_from));
         drop(this);

@@ -396,12 +396,21 @@ impl Operations {
         Ok(latest)
     }
 
-    /// Follows one operation key through the feed (started on first use,
-    /// from the watch cache's watch; without a cache it never goes live).
-    pub(crate) fn follow(&self, key: &str) -> Follower {
+    /// Starts the operation feed from the watch cache's watch (once; without
+    /// a cache it never goes live). A replica starts it as it starts: the
+    /// feed remembers only records written after it went live, and the
+    /// first operation another replica accepts for this one must be among
+    /// them, or the owner reads it from etcd and writes a step to claim it.
+    pub fn start_feed(&self) {
         if let Some(cache) = &self.cache {
             self.feed.start(cache, &self.keys.all_operations());
         }
+    }
+
+    /// Follows one operation key through the feed (started here if it was
+    /// not yet).
+    pub(crate) fn follow(&self, key: &str) -> Follower {
+        self.start_feed();
         self.feed.follow(key)
     }
 

@@ -67,6 +67,17 @@ impl OwnerMap {
         working.extend(members);
     }
 
+    /// The claims of the owner keys bound to `lease`, by cluster.
+    pub(super) fn claims_of(&self, lease: LeaseId) -> HashMap<String, super::Claim> {
+        let owners = self.read();
+        let mine = owners.iter().filter(|(_, (owner, _))| owner.lease == lease);
+        mine.map(|(cluster, (owner, created))| {
+            let claim = super::Claim::new(lease, owner.base(), *created);
+            (cluster.clone(), claim)
+        })
+        .collect()
+    }
+
     /// The lease and create revision of `cluster`'s owner key.
     pub(super) fn key_of(&self, cluster: &str) -> Option<(LeaseId, i64)> {
         let owners = self.read();
@@ -128,6 +139,12 @@ impl OwnersView {
 
     pub(super) fn owners(&self) -> &OwnerMap {
         &self.owners
+    }
+
+    /// The view holds every owner-key change up to this revision (it moves
+    /// with every change applied, and with every list).
+    pub(super) fn revision(&self) -> i64 {
+        self.revision
     }
 
     /// How many owner keys each lease holds.

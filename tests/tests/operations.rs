@@ -1017,18 +1017,13 @@ async fn a_one_step_operation_accepted_by_the_owner_takes_two_writes() {
 /// written twice (accept-and-claim, completion; before, the owner's claim
 /// was a third write), names the owner from the accept on, and the owner
 /// runs it. The view follows the owner keys through the ownership passes,
-/// so the first accepts may still come PENDING, and the owner's operation
-/// feed starts on its first use (until then the owner reads the record and
-/// writes its first step again): they are polled until one is claimed and
-/// run as claimed, then every one after must be.
+/// so the first accepts may still come PENDING: they are polled until one
+/// is claimed and run as claimed, then every one after must be.
 #[tokio::test]
 async fn a_one_step_operation_accepted_on_another_replica_is_claimed_for_its_owner() {
     let mut f = fixture().replicas(2).start().await;
     f.create("spread", 1, false).await;
-    let preferred = wait_for_preferred_owner(&f, "spread").await;
-    let elsewhere = usize::from(preferred == "r1");
-    let mut client = f.replicas[elsewhere].client().await;
-    let store = f.etcd.store().await;
+    let (preferred, elsewhere, mut client, store) = away_from_the_owner(&f, "spread").await;
     let mut stop_next = false;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -1066,10 +1061,7 @@ async fn the_first_operation_accepted_for_an_owner_is_found_on_its_feed() {
     let mut f = fixture().replicas(2).start().await;
     // Created only: no operation yet, so the owner has taken none up.
     f.create("first", 1, true).await;
-    let preferred = wait_for_preferred_owner(&f, "first").await;
-    let elsewhere = usize::from(preferred == "r1");
-    let mut client = f.replicas[elsewhere].client().await;
-    let store = f.etcd.store().await;
+    let (preferred, elsewhere, mut client, store) = away_from_the_owner(&f, "first").await;
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut stopping = false;
     loop {
@@ -1088,6 +1080,23 @@ async fn the_first_operation_accepted_for_an_owner_is_found_on_its_feed() {
         );
     }
     f.check_history().await;
+}
+
+/// Once `name`'s preferred member owns it: that member, the index of the
+/// other replica, a client of the other replica and a store on etcd.
+async fn away_from_the_owner(
+    f: &Fixture,
+    name: &str,
+) -> (
+    &'static str,
+    usize,
+    drover_client::Client,
+    drover_server::store::EtcdStore,
+) {
+    let preferred = wait_for_preferred_owner(f, name).await;
+    let elsewhere = usize::from(preferred == "r1");
+    let client = f.replicas[elsewhere].client().await;
+    (preferred, elsewhere, client, f.etcd.store().await)
 }
 
 /// Waits until `name`'s preferred member among r1 and r2 owns it (a member

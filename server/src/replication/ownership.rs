@@ -980,6 +980,31 @@ mod tests {
     }
 
     impl Passes {
+        /// A watch cache of `store`, ready, and the passes of a replica of
+        /// `schema` over it. The cache follows `store` while the sender
+        /// returned lives.
+        async fn over_a_cache(
+            store: &SharedStore,
+            keys: &KeyLayout,
+            schema: u32,
+        ) -> (Self, Arc<ClusterCache>, watch::Sender<bool>) {
+            let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
+            let (stop, stopped) = watch::channel(false);
+            tokio::spawn(Arc::clone(&cache).run(stopped));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !cache.is_ready() {
+                assert!(tokio::time::Instant::now() < deadline, "the cache is ready");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let passes = Passes {
+                owners: OwnersView::new(Arc::clone(&cache), Arc::default()),
+                memo: StateMemo::new(schema),
+                pending: HashSet::new(),
+                published: None,
+            };
+            (passes, cache, stop)
+        }
+
         async fn run(&mut self, replication: &Ownership, cache: &ClusterCache, scope: Scope) {
             let pass = Pass {
                 owners: &mut self.owners,
@@ -1003,20 +1028,7 @@ mod tests {
         let idle = preferring("b", ["a", "b"], "idle");
         write_state(&store, &keys, &busy, SCHEMA_VERSION, true).await;
         write_state(&store, &keys, &idle, SCHEMA_VERSION, false).await;
-        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(Arc::clone(&cache).run(stopped));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !cache.is_ready() {
-            assert!(tokio::time::Instant::now() < deadline, "the cache is ready");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut pass_of = Passes {
-            owners: OwnersView::new(Arc::clone(&cache), Arc::default()),
-            memo: StateMemo::new(a.schema),
-            pending: HashSet::new(),
-            published: None,
-        };
+        let (mut pass_of, cache, _stop) = Passes::over_a_cache(&store, &keys, a.schema).await;
         // Alone, "a" claims both.
         pass_of.run(&a, &cache, Scope::Every).await;
         let a_lease = a.live_lease();
@@ -1048,20 +1060,7 @@ mod tests {
         let keys = KeyLayout::new("/t/");
         let a = replica(&store, &keys, "a", SCHEMA_VERSION).await;
         write_state(&store, &keys, "one", SCHEMA_VERSION, false).await;
-        let cache = ClusterCache::new(store.clone(), keys.clone(), Metrics::new());
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(Arc::clone(&cache).run(stopped));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !cache.is_ready() {
-            assert!(tokio::time::Instant::now() < deadline, "the cache is ready");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut pass_of = Passes {
-            owners: OwnersView::new(Arc::clone(&cache), Arc::default()),
-            memo: StateMemo::new(a.schema),
-            pending: HashSet::new(),
-            published: None,
-        };
+        let (mut pass_of, cache, _stop) = Passes::over_a_cache(&store, &keys, a.schema).await;
         let unchanged = || Scope::Some(HashSet::new());
         pass_of.run(&a, &cache, Scope::Every).await;
         assert!(owner_lease(&store, &keys, "one").await.is_some(), "claimed");

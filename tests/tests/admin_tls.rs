@@ -225,9 +225,11 @@ async fn the_console_metrics_and_liveness_answer_over_tls() {
 
 /// The TLS variant of replication.rs's fast crash detection: peers that
 /// hold their liveness connections over mutual TLS see a kill -9 and
-/// revoke the lease (30 s TTL) in under a second.
+/// remove the member key long before its 30 s TTL (usually well under a
+/// second; the bound is loose because a loaded host can delay a probe by
+/// its timeout, and the figure is printed, not asserted).
 #[tokio::test]
-async fn peers_detect_a_kill_9_over_tls_in_under_a_second() {
+async fn peers_detect_a_kill_9_over_tls_long_before_the_ttl() {
     let backends = Backends::start().await;
     let certs = Certs::new();
     let mut replicas = tls_replicas(&backends, &certs, 3, true, &["--lease-ttl", "30"]).await;
@@ -249,13 +251,14 @@ async fn peers_detect_a_kill_9_over_tls_in_under_a_second() {
     }
     let detected = killed.elapsed();
     eprintln!("kill -9 to the member key removed, over TLS: {detected:?} (TTL 30 s)");
-    assert!(detected < Duration::from_secs(1), "{detected:?}");
-    let mut deposed = 0.0;
+    let (mut deposed, mut crashes) = (0.0, 0.0);
     for replica in &replicas[..2] {
         let samples = scrape::metrics_tls(&replica.admin_endpoint(), &tls).await;
         deposed += scrape::sum(&samples, "drover_peer_members_deposed_total", "");
+        crashes += scrape::sum(&samples, "drover_peer_crashes_detected_total", "");
     }
     assert!(deposed >= 1.0, "a peer removed the member key");
+    assert!(crashes >= 1.0, "a peer's probe saw the crash");
 }
 
 /// The console keeps a token to itself on a page served over plain HTTP

@@ -29,7 +29,7 @@
 //!   long as a subscriber follows it (the operation feed answers waits while
 //!   the replica drains), unless it fails.
 
-use super::leaves::{ClusterBrief, Interner, Leaves};
+use super::leaves::{CachedKey, ClusterBrief, Interner, Leaves};
 use super::{ClusterFilter, ClusterPage, ClusterRecord, Registry, RegistryError};
 use crate::keys::{leaf, KeyLayout};
 use crate::metrics::Metrics;
@@ -442,7 +442,7 @@ impl ClusterCache {
     /// Calls `visit` with each cluster's name and state key, in name order,
     /// under the cache's read lock (so `visit` must be quick: nothing is
     /// copied); `false` when the cache is not ready.
-    fn visit_states(&self, mut visit: impl FnMut(&str, &KeyValue)) -> bool {
+    fn visit_states(&self, mut visit: impl FnMut(&str, &CachedKey)) -> bool {
         let snapshot = self.read();
         if !snapshot.ready {
             return false;
@@ -461,7 +461,7 @@ impl ClusterCache {
     /// otherwise. The one read of "every state" the owner work makes.
     pub async fn for_each_state(
         &self,
-        mut visit: impl FnMut(&str, &KeyValue) + Send,
+        mut visit: impl FnMut(&str, &CachedKey) + Send,
     ) -> crate::store::Result<()> {
         if self.visit_states(&mut visit) {
             return Ok(());
@@ -470,13 +470,13 @@ impl ClusterCache {
             .store
             .range(RangeRequest::prefix(self.keys.clusters()))
             .await?;
-        for kv in listed
-            .kvs
-            .iter()
-            .filter(|kv| is_state_key(&self.keys, &kv.key))
-        {
+        for kv in listed.kvs {
+            if !is_state_key(&self.keys, &kv.key) {
+                continue;
+            }
             if let Some((cluster, _)) = self.keys.split_cluster_key(&kv.key) {
-                visit(cluster, kv);
+                let cluster = cluster.to_string();
+                visit(&cluster, &CachedKey::new(leaf::STATE.into(), kv));
             }
         }
         Ok(())
@@ -504,10 +504,11 @@ impl ClusterCache {
         if !snapshot.ready {
             return None;
         }
+        let dir = self.keys.cluster(name);
         let kvs = snapshot
             .clusters
             .get(&format!("{name}/"))
-            .map(|keys| keys.values().cloned().collect())
+            .map(|keys| keys.values().map(|key| key.to_key_value(&dir)).collect())
             .unwrap_or_default();
         Some(
             self.registry
@@ -527,6 +528,12 @@ impl ClusterCache {
     /// it holds even when not ready (re-listing after a lost watch):
     /// callers that need a current view check [`Self::is_ready`] first.
     pub fn state_of(&self, name: &str) -> Option<KeyValue> {
+        let state = self.cached_state(name)?;
+        Some(state.to_key_value(&self.keys.cluster(name)))
+    }
+
+    /// [`Self::state_of`], as the cache holds it (the leaf, not the key).
+    pub fn cached_state(&self, name: &str) -> Option<CachedKey> {
         let snapshot = self.read();
         let leaves = snapshot.clusters.get(&format!("{name}/"))?;
         leaves.get(leaf::STATE).cloned()
@@ -549,16 +556,15 @@ impl ClusterCache {
             None => Bound::Unbounded,
         };
         let mut clusters = Vec::new();
-        for keys in snapshot
-            .clusters
-            .range((start, Bound::Unbounded))
-            .map(|(_, keys)| keys)
-        {
+        let prefix = self.keys.clusters();
+        for (name, keys) in snapshot.clusters.range((start, Bound::Unbounded)) {
             // Most of a selective filter's misses go without parsing.
             if keys.brief().is_some_and(|brief| !brief.matches(filter)) {
                 continue;
             }
-            match self.registry.assemble(keys.values().cloned().collect()) {
+            let dir = format!("{prefix}{name}");
+            let kvs = keys.values().map(|key| key.to_key_value(&dir)).collect();
+            match self.registry.assemble(kvs) {
                 Ok(Some(cluster)) if filter.matches(&cluster) => clusters.push(cluster),
                 Ok(_) => {}
                 Err(error) => return Some(Err(error)),
@@ -813,7 +819,7 @@ mod tests {
                 write.await;
                 eventually("the marker", || {
                     let mut marked = false;
-                    cache.visit_states(|_, kv| marked |= kv.value == mark.as_bytes());
+                    cache.visit_states(|_, kv| marked |= *kv.value == *mark.as_bytes());
                     marked
                 })
                 .await;

@@ -4,10 +4,11 @@
 //! A cluster has three to five keys. A `BTreeMap` gives each cluster a node
 //! sized for eleven entries (about 1.2 KiB with `KeyValue`s), more than the
 //! records themselves; at 100,000 clusters per replica that was half its
-//! memory. A vector sized to its entries costs what they hold, and each
-//! entry's leaf is read off the end of its key instead of being stored
-//! again.
-//!
+//! memory. A vector sized to its entries costs what they hold. Each entry
+//! keeps its leaf (`state`), not its whole key: the prefix, `clusters/`
+//! and the name, repeated in every key of the fleet, were another sixth of
+//! a replica's memory. The key is built again for the few reads that hand
+//! out whole records (a Get, a page of a List).
 //!
 //! Beside the keys it keeps what scans over every cluster ask (the state,
 //! whether an operation holds the cluster, the labels), read once when the
@@ -22,7 +23,7 @@
 
 use super::{ClusterFilter, ClusterState};
 use crate::keys::leaf;
-use crate::store::KeyValue;
+use crate::store::{KeyValue, LeaseId};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
@@ -124,13 +125,60 @@ impl Interner {
     }
 }
 
+/// One key of a cluster as the cache holds it: its leaf, and what etcd
+/// holds under it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedKey {
+    /// The key after the cluster's directory (`state`, `tasks/<type>/<name>`).
+    leaf: Box<str>,
+    pub value: Box<[u8]>,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub version: i64,
+    pub lease: LeaseId,
+}
+
+impl CachedKey {
+    /// `kv`, whose key ends in `leaf`.
+    pub fn new(leaf: Box<str>, kv: KeyValue) -> Self {
+        Self {
+            leaf,
+            value: kv.value.into_boxed_slice(),
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            version: kv.version,
+            lease: kv.lease,
+        }
+    }
+
+    /// The key as `kv` rewrote it.
+    fn set(&mut self, kv: KeyValue) {
+        *self = Self::new(std::mem::take(&mut self.leaf), kv);
+    }
+
+    pub fn leaf(&self) -> &str {
+        &self.leaf
+    }
+
+    /// The key as etcd holds it, under the cluster's directory `dir`
+    /// (`<prefix>clusters/<name>/`).
+    pub fn to_key_value(&self, dir: &str) -> KeyValue {
+        KeyValue {
+            key: format!("{dir}{}", self.leaf),
+            value: self.value.to_vec(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+            version: self.version,
+            lease: self.lease,
+        }
+    }
+}
+
 /// The keys of one cluster directory (`<prefix>clusters/<name>/`).
 #[derive(Debug, Default)]
 pub struct Leaves {
-    /// Sorted by key; every key is the directory followed by its leaf.
-    entries: Vec<KeyValue>,
-    /// The length of the directory every key starts with.
-    dir_len: u32,
+    /// Sorted by leaf (so by key).
+    entries: Vec<CachedKey>,
     /// From the state key; `None` without one (or not understood).
     brief: Option<StateBrief>,
     /// From the spec key.
@@ -147,33 +195,34 @@ impl Leaves {
     }
 
     /// The key whose leaf is `leaf`.
-    pub fn get(&self, leaf: &str) -> Option<&KeyValue> {
-        self.entries.iter().find(|kv| self.leaf_of(kv) == leaf)
+    pub fn get(&self, leaf: &str) -> Option<&CachedKey> {
+        self.entries.iter().find(|held| held.leaf() == leaf)
     }
 
     /// Stores `kv`, whose key is the cluster's directory (`dir_len` bytes)
     /// then its leaf, replacing the key it rewrites.
     pub fn put(&mut self, dir_len: usize, kv: KeyValue, interner: &mut Interner) {
-        match kv.key.get(dir_len..) {
-            Some(leaf::STATE) => self.brief = StateBrief::parse(&kv.value),
-            Some(leaf::SPEC) => self.labels = interner.labels(&kv.value),
+        let leaf = kv.key.get(dir_len..).unwrap_or_default();
+        match leaf {
+            leaf::STATE => self.brief = StateBrief::parse(&kv.value),
+            leaf::SPEC => self.labels = interner.labels(&kv.value),
             _ => {}
         }
-        match self.entries.binary_search_by(|held| held.key.cmp(&kv.key)) {
-            // Most changes rewrite a key the cache holds: no allocation.
-            Ok(at) => self.entries[at] = kv,
+        match self.entries.binary_search_by(|held| held.leaf().cmp(leaf)) {
+            // Most changes rewrite a key the cache holds: its leaf is kept.
+            Ok(at) => self.entries[at].set(kv),
             Err(at) => {
-                self.dir_len = dir_len as u32;
+                let entry = CachedKey::new(leaf.into(), kv);
                 // Exactly as many slots as keys: clusters rarely grow.
                 self.entries.reserve_exact(1);
-                self.entries.insert(at, kv);
+                self.entries.insert(at, entry);
             }
         }
     }
 
     /// Removes the key whose leaf is `leaf`.
     pub fn remove(&mut self, leaf: &str) {
-        let found = self.entries.iter().position(|kv| self.leaf_of(kv) == leaf);
+        let found = self.entries.iter().position(|held| held.leaf() == leaf);
         if let Some(at) = found {
             match leaf {
                 leaf::STATE => self.brief = None,
@@ -190,18 +239,13 @@ impl Leaves {
     }
 
     /// Every key, in key order.
-    pub fn values(&self) -> impl Iterator<Item = &KeyValue> {
+    pub fn values(&self) -> impl Iterator<Item = &CachedKey> {
         self.entries.iter()
     }
 
     /// Every leaf, in key order.
     pub fn leaves(&self) -> impl Iterator<Item = &str> {
-        self.entries.iter().map(|kv| self.leaf_of(kv))
-    }
-
-    /// The leaf of `kv`, one of the entries: its key after the directory.
-    fn leaf_of<'a>(&self, kv: &'a KeyValue) -> &'a str {
-        kv.key.get(self.dir_len as usize..).unwrap_or_default()
+        self.entries.iter().map(CachedKey::leaf)
     }
 }
 
@@ -244,13 +288,20 @@ mod tests {
     #[test]
     fn a_task_named_state_is_not_the_state() {
         let mut leaves = Leaves::default();
-        leaves.put(
-            DIR.len(),
-            kv("tasks/backup/state", 1),
-            &mut Interner::default(),
-        );
+        let task = "tasks/backup/state";
+        leaves.put(DIR.len(), kv(task, 1), &mut Interner::default());
         assert!(leaves.get("state").is_none());
         leaves.put(DIR.len(), kv("state", 2), &mut Interner::default());
         assert_eq!(leaves.get("state").map(|kv| kv.mod_revision), Some(2));
+    }
+
+    #[test]
+    fn a_key_is_held_by_its_leaf_and_handed_out_whole() {
+        let mut leaves = Leaves::default();
+        let task = "tasks/backup/nightly";
+        leaves.put(DIR.len(), kv(task, 3), &mut Interner::default());
+        let held = leaves.get(task).unwrap();
+        assert_eq!(held.leaf(), task);
+        assert_eq!(held.to_key_value(DIR), kv(task, 3));
     }
 }

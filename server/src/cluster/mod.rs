@@ -13,7 +13,7 @@ pub mod window;
 
 pub use cache::{CacheChange, ClusterCache};
 pub use drover_machine::ClusterState;
-pub use leaves::{ClusterBrief, StateBrief};
+pub use leaves::{CachedKey, ClusterBrief, StateBrief};
 pub use record::{
     Autoscaling, ClusterRecord, HealthPolicy, LastOperation, MaintenanceWindow, NodeRemediation,
     NodeStatus, OperationSlot, RemediationStatus, Spec, SpecRecord, StateRecord, StatusRecord,

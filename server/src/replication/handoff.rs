@@ -108,7 +108,8 @@ impl Ownership {
         cache
             .for_each_state(|cluster, kv| {
                 if owned.contains_key(cluster) {
-                    states.push((cluster.to_string(), kv.clone()));
+                    let dir = self.keys.cluster(cluster);
+                    states.push((cluster.to_string(), kv.to_key_value(&dir)));
                 }
             })
             .await?;

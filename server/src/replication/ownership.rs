@@ -22,7 +22,7 @@ use super::gray_failure;
 use super::owners_view::{OwnerMap, OwnersView};
 use super::state_memo::{Member, StateMemo};
 use super::*;
-use crate::cluster::{from_json, to_json, CacheChange, ClusterCache};
+use crate::cluster::{from_json, to_json, CacheChange, CachedKey, ClusterCache};
 use crate::store::{CmpOp, Compare, KeyValue, Op, RangeRequest, Txn};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
@@ -383,7 +383,7 @@ impl Ownership {
         let mut looked_at = std::mem::take(pending);
         let mut decided = Decided::default();
         let replica_id = self.config.replica_id.as_str();
-        let mut decide = |cluster: &str, kv: &KeyValue| {
+        let mut decide = |cluster: &str, kv: &CachedKey| {
             let (state, mine) = memo.note(cluster, kv, |cluster, schema, live| {
                 // Preferred among the members that can read the cluster's
                 // records: a member of an older build never claims a
@@ -428,7 +428,7 @@ impl Ownership {
             Scope::Some(changed) => {
                 looked_at.extend(changed.iter().cloned());
                 for cluster in &looked_at {
-                    if let Some(kv) = cache.state_of(cluster) {
+                    if let Some(kv) = cache.cached_state(cluster) {
                         decide(cluster, &kv);
                     }
                 }
@@ -1182,7 +1182,8 @@ mod tests {
         for cluster in ["rewritten-since", "newer"] {
             write_state(&store, &keys, cluster, SCHEMA_VERSION + 1, true).await;
             let kv = store.get(&keys.cluster_state(cluster)).await.unwrap();
-            memo.note(cluster, &kv.into_single().unwrap(), |_, _, _| false);
+            let state = CachedKey::new("state".into(), kv.into_single().unwrap());
+            memo.note(cluster, &state, |_, _, _| false);
         }
         write_state(&store, &keys, "rewritten-since", SCHEMA_VERSION + 1, false).await;
 

@@ -6,8 +6,7 @@
 //! ten thousand clusters; the memo parses a state key again only when it
 //! changed, and hashes a name again only when the members changed.
 
-use crate::cluster::{from_json, StateRecord};
-use crate::store::KeyValue;
+use crate::cluster::{CachedKey, StateRecord};
 use std::collections::HashMap;
 
 /// One cluster's state key, as a pass needs it.
@@ -34,7 +33,7 @@ pub(super) struct StateSummary {
 pub(super) type Member = (String, u32);
 
 pub(super) struct StateMemo {
-    clusters: HashMap<String, StateSummary>,
+    clusters: HashMap<Box<str>, StateSummary>,
     pass: u64,
     members: Vec<Member>,
     /// The newest record schema this replica understands.
@@ -62,13 +61,13 @@ impl StateMemo {
         }
     }
 
-    /// Notes `cluster`'s state key as `kv` and returns what a pass needs of
+    /// Notes `cluster`'s state key as `kv` holds it and returns what a pass needs of
     /// it; `is_mine` answers whether this replica is preferred (given the
     /// state record's schema), once per state revision and member list.
     pub(super) fn note(
         &mut self,
         cluster: &str,
-        kv: &KeyValue,
+        kv: &CachedKey,
         is_mine: impl FnOnce(&str, u32, &[Member]) -> bool,
     ) -> (StateSummary, bool) {
         let fresh = self
@@ -76,7 +75,7 @@ impl StateMemo {
             .get(cluster)
             .is_some_and(|held| held.revision == kv.mod_revision);
         if !fresh {
-            let state = from_json::<StateRecord>(kv).ok();
+            let state = serde_json::from_slice::<StateRecord>(&kv.value).ok();
             let summary = StateSummary {
                 revision: kv.mod_revision,
                 idle: state.as_ref().is_some_and(|s| s.operation.is_none()),
@@ -88,7 +87,7 @@ impl StateMemo {
             match self.clusters.get_mut(cluster) {
                 Some(held) => *held = summary,
                 None => {
-                    self.clusters.insert(cluster.to_string(), summary);
+                    self.clusters.insert(cluster.into(), summary);
                 }
             }
         }
@@ -132,8 +131,9 @@ impl StateMemo {
 mod tests {
     use super::*;
     use crate::cluster::{to_json, ClusterState, OperationSlot, SCHEMA_VERSION};
+    use crate::store::KeyValue;
 
-    fn state(revision: i64, operation: bool, schema: u32) -> KeyValue {
+    fn state(revision: i64, operation: bool, schema: u32) -> CachedKey {
         let record = StateRecord {
             schema,
             uid: "u".into(),
@@ -144,14 +144,15 @@ mod tests {
             }),
             changed_at: String::new(),
         };
-        KeyValue {
+        let kv = KeyValue {
             key: "/t/clusters/a/state".into(),
             value: to_json(&record),
             create_revision: 1,
             mod_revision: revision,
             version: 1,
             lease: 0,
-        }
+        };
+        CachedKey::new("state".into(), kv)
     }
 
     #[test]
@@ -171,10 +172,8 @@ mod tests {
         // Unchanged key, same members: neither parsed nor hashed again (an
         // unreadable value at the same revision would show otherwise).
         memo.begin_pass(&members);
-        let unreadable = KeyValue {
-            value: b"not json".to_vec(),
-            ..state(5, false, SCHEMA_VERSION)
-        };
+        let mut unreadable = state(5, false, SCHEMA_VERSION);
+        unreadable.value = b"not json".to_vec().into();
         let (summary, _) = memo.note("a", &unreadable, is_mine);
         assert!(summary.idle && summary.understood);
         memo.end_pass();

@@ -34,12 +34,30 @@ use std::time::Duration;
 /// writes before it lists the owner keys again instead.
 const CATCH_UP: Duration = Duration::from_secs(1);
 
-/// Cluster name → its owner record and the owner key's create revision, as
-/// the ownership passes last saw them, and the members that take work;
-/// read by the accepts.
+/// An owner key as the passes and the accepts need it. Every cluster has
+/// one, so it is kept small: the replica id is shared by all of that
+/// replica's keys, and the record's schema is not kept.
+#[derive(Debug, Clone)]
+pub(super) struct OwnerEntry {
+    pub replica: Arc<str>,
+    pub lease: LeaseId,
+    /// The epoch base the owner claimed under ([`OwnerRecord::base`]).
+    pub base: i64,
+    /// The owner key's create revision.
+    pub created: i64,
+}
+
+impl OwnerEntry {
+    fn claim(&self) -> super::Claim {
+        super::Claim::new(self.lease, self.base, self.created)
+    }
+}
+
+/// Cluster name → its owner key, as the ownership passes last saw them,
+/// and the members that take work; read by the accepts.
 #[derive(Default)]
 pub struct OwnerMap {
-    owners: RwLock<HashMap<String, (OwnerRecord, i64)>>,
+    owners: RwLock<HashMap<Box<str>, OwnerEntry>>,
     /// The members ownership prefers among (not draining, reaching the
     /// providers), as the last pass read them.
     working: RwLock<HashSet<String>>,
@@ -51,13 +69,12 @@ impl OwnerMap {
     /// compares and records.
     pub fn claim_of(&self, cluster: &str) -> Option<(String, super::Claim)> {
         let owners = self.read();
-        let (owner, created) = owners.get(cluster)?;
+        let owner = owners.get(cluster)?;
         let working = self.working.read().unwrap_or_else(|p| p.into_inner());
-        if !working.contains(&owner.replica) {
+        if !working.contains(&*owner.replica) {
             return None;
         }
-        let claim = super::Claim::new(owner.lease, owner.base(), *created);
-        Some((owner.replica.clone(), claim))
+        Some((owner.replica.to_string(), owner.claim()))
     }
 
     /// The members that take work now.
@@ -70,12 +87,9 @@ impl OwnerMap {
     /// The claims of the owner keys bound to `lease`, by cluster.
     pub(super) fn claims_of(&self, lease: LeaseId) -> HashMap<String, super::Claim> {
         let owners = self.read();
-        let mine = owners.iter().filter(|(_, (owner, _))| owner.lease == lease);
-        mine.map(|(cluster, (owner, created))| {
-            let claim = super::Claim::new(lease, owner.base(), *created);
-            (cluster.clone(), claim)
-        })
-        .collect()
+        let mine = owners.iter().filter(|(_, owner)| owner.lease == lease);
+        mine.map(|(cluster, owner)| (cluster.to_string(), owner.claim()))
+            .collect()
     }
 
     /// The lease and create revision of `cluster`'s owner key.
@@ -83,17 +97,17 @@ impl OwnerMap {
         let owners = self.read();
         owners
             .get(cluster)
-            .map(|(owner, created)| (owner.lease, *created))
+            .map(|owner| (owner.lease, owner.created))
     }
 
     /// Held only in code that does not wait (never across an `.await`).
-    pub(super) fn read(&self) -> RwLockReadGuard<'_, HashMap<String, (OwnerRecord, i64)>> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, HashMap<Box<str>, OwnerEntry>> {
         self.owners
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, (OwnerRecord, i64)>> {
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<Box<str>, OwnerEntry>> {
         self.owners
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -120,6 +134,8 @@ pub(super) struct OwnersView {
     /// etcd after a wait for their deletes, or of a deposed member (its
     /// lease lives until its keys are drained).
     lingering: HashSet<LeaseId>,
+    /// The replica ids the owner keys name, each held once.
+    replicas: HashSet<Arc<str>>,
 }
 
 impl OwnersView {
@@ -134,6 +150,7 @@ impl OwnersView {
             listed: 0,
             watch: None,
             lingering: HashSet::new(),
+            replicas: HashSet::new(),
         }
     }
 
@@ -262,6 +279,7 @@ impl OwnersView {
         let listed = store.range(RangeRequest::prefix(keys.owners())).await?;
         self.owners.write().clear();
         self.leases.clear();
+        self.replicas.clear();
         for kv in &listed.kvs {
             let Some(cluster) = kv.key.strip_prefix(&keys.owners()) else {
                 continue;
@@ -306,30 +324,49 @@ impl OwnersView {
         }
     }
 
-    fn insert(&mut self, cluster: &str, owner: OwnerRecord, epoch: i64) {
+    fn insert(&mut self, cluster: &str, owner: OwnerRecord, created: i64) {
         *self.leases.entry(owner.lease).or_default() += 1;
-        let before = self
-            .owners
-            .write()
-            .insert(cluster.to_string(), (owner, epoch));
-        if let Some((before, _)) = before {
-            self.forget_one(before.lease);
+        let entry = OwnerEntry {
+            replica: self.replica_id(&owner.replica),
+            lease: owner.lease,
+            base: owner.base(),
+            created,
+        };
+        let before = self.owners.write().insert(cluster.into(), entry);
+        if let Some(before) = before {
+            self.forget(before);
         }
+    }
+
+    /// `replica`, shared with every owner key that names it.
+    fn replica_id(&mut self, replica: &str) -> Arc<str> {
+        if let Some(held) = self.replicas.get(replica) {
+            return Arc::clone(held);
+        }
+        let id: Arc<str> = replica.into();
+        self.replicas.insert(Arc::clone(&id));
+        id
     }
 
     fn remove(&mut self, cluster: &str) {
         let before = self.owners.write().remove(cluster);
-        if let Some((before, _)) = before {
-            self.forget_one(before.lease);
+        if let Some(before) = before {
+            self.forget(before);
         }
     }
 
-    fn forget_one(&mut self, lease: LeaseId) {
-        if let Some(held) = self.leases.get_mut(&lease) {
+    /// Forgets an owner key that was replaced or deleted: its lease's count,
+    /// and its replica id once no other key names it (members come and go).
+    fn forget(&mut self, before: OwnerEntry) {
+        if let Some(held) = self.leases.get_mut(&before.lease) {
             *held -= 1;
             if *held == 0 {
-                self.leases.remove(&lease);
+                self.leases.remove(&before.lease);
             }
+        }
+        // Held by the set and by `before` alone.
+        if Arc::strong_count(&before.replica) == 2 {
+            self.replicas.remove(&before.replica);
         }
     }
 }
@@ -378,7 +415,27 @@ mod tests {
 
     fn owner_of(view: &OwnersView, cluster: &str) -> Option<String> {
         let owners = view.owners().read();
-        owners.get(cluster).map(|(owner, _)| owner.replica.clone())
+        owners.get(cluster).map(|owner| owner.replica.to_string())
+    }
+
+    #[tokio::test]
+    async fn the_owner_keys_of_one_replica_share_its_id_until_none_names_it() {
+        let store = Arc::new(MemoryStore::new());
+        let keys = KeyLayout::new("/t/");
+        write(&store, Op::put(keys.owner("a"), record("r1"))).await;
+        write(&store, Op::put(keys.owner("b"), record("r1"))).await;
+        let (mut view, _cache) = view_of(&store, &keys).await;
+        view.catch_up(store.as_ref(), &keys, 0).await.unwrap();
+        {
+            let owners = view.owners().read();
+            assert!(Arc::ptr_eq(&owners["a"].replica, &owners["b"].replica));
+        }
+
+        write(&store, Op::delete(keys.owner("a"))).await;
+        let moved = write(&store, Op::put(keys.owner("b"), record("r2"))).await;
+        view.catch_up(store.as_ref(), &keys, moved).await.unwrap();
+        let held: Vec<&str> = view.replicas.iter().map(|id| &**id).collect();
+        assert_eq!(held, ["r2"], "r1 is let go once no key names it");
     }
 
     #[tokio::test]

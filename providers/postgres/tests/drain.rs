@@ -74,7 +74,11 @@ async fn an_older_call_in_flight_ends_before_the_newer_epoch_answers_or_applies_
     let cluster = env.root.join("clusters").join(uid);
     match older {
         Ok(_) => {
-            assert!(older_at < newer_at, "ran beside the newer epoch: {times}");
+            // The newer epoch's answer shows every node the older call
+            // stopped, pg-2 (its last step) too: it waited for the call to
+            // end. (The instants each task took its answer at are printed,
+            // not compared: both answers come over one connection, and the
+            // two tasks may run in either order once it delivers them.)
             for nodes in [&newer.nodes, &after] {
                 assert!(all_off(nodes), "{times}: {nodes:#?}");
             }

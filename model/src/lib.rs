@@ -96,7 +96,8 @@
 //!   expiry the model may take or not), and a paused replica is one that
 //!   acts on its beliefs while its lease is already gone.
 //! - A live peer may depose any other replica at any step (fast crash
-//!   detection, `server/src/replication/liveness.rs`): it deletes the
+//!   detection, `server/src/replication/liveness.rs`, and a lease about to
+//!   expire unrenewed, `server/src/replication/expiring.rs`): it deletes the
 //!   replica's member key, comparing it bound to the replica's lease, and
 //!   leaves the lease and its owner keys (revoking the lease at once
 //!   deleted every owner key in one etcd apply). A depose is drawn from its

@@ -205,6 +205,9 @@ pub struct Metrics {
     pub peer_leases_revoked: Counter,
     /// Crashed peers whose member key this replica removed.
     pub peer_members_deposed: Counter,
+    /// Peers whose lease was about to expire unrenewed whose member key
+    /// this replica removed.
+    pub peer_expiring_deposed: Counter,
     /// Owner keys of departed members this replica deleted to claim them.
     pub owner_keys_drained: Counter,
     /// Peers this replica holds a liveness connection to now.
@@ -302,6 +305,8 @@ metric_families! {
         => "peer_leases_revoked", "Leases of crashed peers revoked by this replica once the survivors drained their owner keys (or a TTL passed)";
     peer_members_deposed: Counter::default()
         => "peer_members_deposed", "Crashed peers whose member key this replica removed, so that the survivors take their clusters over before the TTL";
+    peer_expiring_deposed: Counter::default()
+        => "peer_expiring_deposed", "Peers whose lease was about to expire unrenewed (within this replica's lease margin, as etcd counts it) whose member key this replica removed, so that their owner keys are drained in batches rather than deleted by the lease's revocation in one etcd apply";
     owner_keys_drained: Counter::default()
         => "owner_keys_drained", "Owner keys of departed members (member key gone, lease not yet) this replica deleted in batches before claiming their clusters";
     liveness_self_suspected: Counter::default()

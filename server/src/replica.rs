@@ -256,6 +256,12 @@ impl Replica {
             );
             tasks.spawn("provider-probes", probes);
         }
+        // On whatever liveness says: it covers what liveness leaves to the
+        // TTL (a pause, a partition, a host that went silently).
+        tasks.spawn(
+            "expiring-leases",
+            Arc::clone(replication).run_expiring_leases(work_stopped.clone()),
+        );
         // Off, a crashed peer is left to its lease TTL (the /liveness
         // endpoint still answers, for peers that do watch).
         if config.peer_liveness {

@@ -1401,12 +1401,95 @@ async fn peers_revoke_a_killed_owners_lease_long_before_its_ttl() {
 #[tokio::test]
 async fn a_killed_owners_keys_are_drained_in_batches_not_in_one_apply() {
     let mut c = Cluster3::start(3, 30).await;
+    let (names, admin, departing) = fleet_of_three(&mut c, "drain").await;
+    c.replica_mut("r3").kill9();
+    let killed = Instant::now();
+    wait_spread(&admin, &names, &["r1", "r2"]).await;
+    assert!(killed.elapsed() < Duration::from_secs(15), "within the TTL");
+    let (r3_lease, r3_keys) = (departing.lease, departing.keys.len());
+    departing.assert_drained_in_batches().await;
+    let store = std::sync::Arc::new(c.etcd.store().await);
+    wait_until(Duration::from_secs(10), "r3's lease revoked", || {
+        let store = store.clone();
+        async move { store.lease_time_to_live(r3_lease).await.unwrap().is_none() }
+    })
+    .await;
+    let drained = peers_metric(&c, "r3", "drover_owner_keys_drained_total").await;
+    assert_eq!(drained, r3_keys as f64);
+}
+
+/// SIGSTOP of a replica that owns a hundred clusters, which liveness
+/// cannot see (a paused process keeps its connections open, as does a
+/// host that lost power or its network): its lease runs out unrenewed.
+/// Its peers remove its member key once etcd counts its lease within their
+/// margin of its end (2 s of 10) and drain its owner keys in transactions
+/// of at most 64; left to etcd, the lease's revocation deleted them all in
+/// one apply.
+#[tokio::test]
+async fn a_paused_owners_keys_are_drained_in_batches_before_its_lease_expires() {
+    let mut c = Cluster3::start(3, 10).await;
+    let (names, admin, departing) = fleet_of_three(&mut c, "paused").await;
+    c.replica_mut("r3").signal("STOP");
+    wait_spread(&admin, &names, &["r1", "r2"]).await;
+    departing.assert_drained_in_batches().await;
+    let deposed = peers_metric(&c, "r3", "drover_peer_expiring_deposed_total").await;
+    assert!(deposed >= 1.0, "a peer deposed r3 before its lease expired");
+    let crashes = peers_metric(&c, "r3", "drover_peer_crashes_detected_total").await;
+    assert_eq!(crashes, 0.0, "liveness saw nothing: the process was paused");
+    c.replica_mut("r3").signal("CONT");
+}
+
+/// The owner keys of a replica about to leave, and a watch of every owner
+/// key change from before it leaves.
+struct Departing {
+    lease: i64,
+    keys: Vec<String>,
+    watch: drover_server::store::WatchStream,
+}
+
+impl Departing {
+    /// Waits until every owner key of the departing replica is deleted and
+    /// asserts that no revision deleted more than 64 of them.
+    async fn assert_drained_in_batches(mut self) {
+        let mut deletes_per_revision: HashMap<i64, usize> = HashMap::new();
+        let mut left: std::collections::HashSet<&String> = self.keys.iter().collect();
+        while !left.is_empty() {
+            let event = tokio::time::timeout(Duration::from_secs(10), self.watch.next())
+                .await
+                .expect("every owner key of the departing replica deleted")
+                .expect("the watch goes on")
+                .unwrap();
+            let deleted = event.kind == drover_server::store::EventKind::Delete;
+            if deleted && left.remove(&event.kv.key) {
+                *deletes_per_revision
+                    .entry(event.kv.mod_revision)
+                    .or_default() += 1;
+            }
+        }
+        let largest = deletes_per_revision.values().max().copied().unwrap_or(0);
+        assert!(
+            largest <= 64,
+            "{largest} owner keys deleted in one revision"
+        );
+    }
+}
+
+/// 300 clusters spread over r1, r2 and r3, every liveness connection up;
+/// r3's owner keys (more than 64) and a watch of the owner keys.
+async fn fleet_of_three(
+    c: &mut Cluster3,
+    prefix: &str,
+) -> (
+    Vec<String>,
+    AdminClient<tonic::transport::Channel>,
+    Departing,
+) {
     let mut client = c.replicas[0].1.client().await;
-    let names = create_fleet(&mut client, "drain", 300).await;
+    let names = create_fleet(&mut client, prefix, 300).await;
     let admin = c.admin_avoiding("r3").await;
     wait_spread(&admin, &names, &["r1", "r2", "r3"]).await;
-    wait_liveness_connected(&c).await;
-    let store = std::sync::Arc::new(c.etcd.store().await);
+    wait_liveness_connected(c).await;
+    let store = c.etcd.store().await;
     let owners = store
         .range(drover_server::store::RangeRequest::prefix(
             "/drover/v1/owners/",
@@ -1414,54 +1497,19 @@ async fn a_killed_owners_keys_are_drained_in_batches_not_in_one_apply() {
         .await
         .unwrap();
     let member = store.get("/drover/v1/members/r3").await.unwrap();
-    let r3_lease = member.kvs[0].lease;
-    let r3_keys: Vec<String> = owners
+    let lease = member.kvs[0].lease;
+    let keys: Vec<String> = owners
         .kvs
         .iter()
-        .filter(|kv| kv.lease == r3_lease)
+        .filter(|kv| kv.lease == lease)
         .map(|kv| kv.key.clone())
         .collect();
-    assert!(
-        r3_keys.len() > 64,
-        "r3 owns {}: too few to tell",
-        r3_keys.len()
-    );
-    let mut watch = store
+    assert!(keys.len() > 64, "r3 owns {}: too few to tell", keys.len());
+    let watch = store
         .watch("/drover/v1/owners/", owners.revision + 1)
         .await
         .unwrap();
-
-    c.replica_mut("r3").kill9();
-    let killed = Instant::now();
-    wait_spread(&admin, &names, &["r1", "r2"]).await;
-    assert!(killed.elapsed() < Duration::from_secs(15), "within the TTL");
-    let mut deletes_per_revision: HashMap<i64, usize> = HashMap::new();
-    let mut left: std::collections::HashSet<&String> = r3_keys.iter().collect();
-    while !left.is_empty() {
-        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
-            .await
-            .expect("every owner key of r3 deleted")
-            .expect("the watch goes on")
-            .unwrap();
-        let deleted = event.kind == drover_server::store::EventKind::Delete;
-        if deleted && left.remove(&event.kv.key) {
-            *deletes_per_revision
-                .entry(event.kv.mod_revision)
-                .or_default() += 1;
-        }
-    }
-    let largest = deletes_per_revision.values().max().copied().unwrap_or(0);
-    assert!(
-        largest <= 64,
-        "{largest} owner keys deleted in one revision"
-    );
-    wait_until(Duration::from_secs(10), "r3's lease revoked", || {
-        let store = store.clone();
-        async move { store.lease_time_to_live(r3_lease).await.unwrap().is_none() }
-    })
-    .await;
-    let drained = peers_metric(&c, "r3", "drover_owner_keys_drained_total").await;
-    assert_eq!(drained, r3_keys.len() as f64);
+    (names, admin, Departing { lease, keys, watch })
 }
 
 /// kill -9 of a lone replica mid-upgrade, then a restart under the same

@@ -64,7 +64,7 @@
 
 use super::*;
 use crate::cluster::{from_json, ClusterCache};
-use crate::store::{CmpOp, Compare, Op, RangeRequest, StoreError, Txn};
+use crate::store::{RangeRequest, StoreError};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
@@ -591,17 +591,13 @@ impl Ownership {
             return;
         }
         self.metrics.peer_crashes_detected.inc();
-        let key = self.keys.member(&peer.replica);
-        let depose = Txn::new()
-            .when([Compare::lease(&key, CmpOp::Equal, peer.lease)])
-            .and_then([Op::delete(&key)]);
-        match self.store.txn(depose).await {
-            Ok(result) if result.succeeded => {
+        match self.remove_member(&peer.replica, peer.lease).await {
+            Ok(true) => {
                 self.metrics.peer_members_deposed.inc();
                 tracing::warn!(peer = %peer.replica, lease = peer.lease, evidence, "peer crashed: removed its member key, its clusters are taken over now, not after its TTL");
             }
             // Another peer deposed it first, or it rejoined.
-            Ok(_) => {
+            Ok(false) => {
                 tracing::info!(peer = %peer.replica, lease = peer.lease, evidence, "peer crashed; its member key is already gone");
             }
             Err(error) => {
@@ -645,7 +641,7 @@ impl Ownership {
 mod tests {
     use super::*;
     use crate::admin_http::{self, Incarnation};
-    use crate::store::{MemoryStore, SharedStore};
+    use crate::store::{MemoryStore, Op, SharedStore, Txn};
     use std::sync::atomic::AtomicBool;
 
     /// A member `id` of `store` whose admin port serves `/liveness`; the

@@ -31,6 +31,7 @@
 //!   PRODUCTION.md) may end a lease before its TTL; the margin does not
 //!   cover an arbitrarily slow leader.
 
+mod expiring;
 mod gray_failure;
 mod handoff;
 /// For tests across the crate: a replica that owns the named clusters.

@@ -402,7 +402,11 @@ impl Client {
     /// use drover_client::v1;
     /// let op = drover
     ///     .retrying(|mut c| async move {
-    ///         let request = v1::StopClusterRequest { name: "web".into(), request_id: "stop-web-1".into() };
+    ///         let request = v1::StopClusterRequest {
+    ///             name: "web".into(),
+    ///             request_id: "stop-web-1".into(),
+    ///             ..Default::default()
+    ///         };
     ///         Ok(c.clusters().stop_cluster(request).await?.into_inner())
     ///     })
     ///     .await?;

@@ -192,13 +192,32 @@ pub async fn stop_or_start(
     cluster: &str,
     stop: bool,
 ) -> Result<drover_client::v1::Operation, tonic::Status> {
+    stop_or_start_waiting(client, cluster, stop, Duration::ZERO).await
+}
+
+/// [`stop_or_start`] in one call that also waits up to `wait` for the
+/// operation's end (`wait_ms`; zero: no wait).
+pub async fn stop_or_start_waiting(
+    client: &mut drover_client::Client,
+    cluster: &str,
+    stop: bool,
+    wait: Duration,
+) -> Result<drover_client::v1::Operation, tonic::Status> {
     use drover_client::v1;
-    let (name, request_id) = (cluster.to_string(), String::new());
+    let (name, wait_ms) = (cluster.to_string(), wait.as_millis() as u64);
     let op = if stop {
-        let request = v1::StopClusterRequest { name, request_id };
+        let request = v1::StopClusterRequest {
+            name,
+            wait_ms,
+            ..Default::default()
+        };
         client.clusters().stop_cluster(request).await
     } else {
-        let request = v1::StartClusterRequest { name, request_id };
+        let request = v1::StartClusterRequest {
+            name,
+            wait_ms,
+            ..Default::default()
+        };
         client.clusters().start_cluster(request).await
     };
     op.map(tonic::Response::into_inner)
@@ -363,6 +382,7 @@ pub async fn start_upgrade(
         version: version.into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let accepted = client.clusters().upgrade_cluster(request).await;
     accepted.expect("upgrade accepted").into_inner()

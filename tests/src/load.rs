@@ -74,11 +74,19 @@ pub async fn submit(
             let (name, request_id) = (name.to_string(), request_id.to_string());
             async move {
                 let answer = if stop {
-                    let request = v1::StopClusterRequest { name, request_id };
+                    let request = v1::StopClusterRequest {
+                        name,
+                        request_id,
+                        ..Default::default()
+                    };
                     tokio::time::timeout(ATTEMPT_BOUND, client.clusters().stop_cluster(request))
                         .await
                 } else {
-                    let request = v1::StartClusterRequest { name, request_id };
+                    let request = v1::StartClusterRequest {
+                        name,
+                        request_id,
+                        ..Default::default()
+                    };
                     tokio::time::timeout(ATTEMPT_BOUND, client.clusters().start_cluster(request))
                         .await
                 };

@@ -216,6 +216,7 @@ async fn each_change_leaves_one_line_with_its_caller_and_outcome() {
     let start = v1::StartClusterRequest {
         name: "audited".into(),
         request_id: "start-audited".into(),
+        ..Default::default()
     };
     let result = operator.clusters().start_cluster(start).await;
     want.push(
@@ -229,6 +230,7 @@ async fn each_change_leaves_one_line_with_its_caller_and_outcome() {
     let delete = v1::DeleteClusterRequest {
         name: "audited".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let result = operator.clusters().delete_cluster(delete).await;
     want.push(caller("ci"), "Clusters/DeleteCluster", audited, "", &result);

@@ -92,6 +92,7 @@ async fn cluster_load(
                     let request = v1::StopClusterRequest {
                         name: name.clone(),
                         request_id: request_id.clone(),
+                        ..Default::default()
                     };
                     clusters.stop_cluster(request).await
                 }
@@ -99,6 +100,7 @@ async fn cluster_load(
                     let request = v1::StartClusterRequest {
                         name: name.clone(),
                         request_id: request_id.clone(),
+                        ..Default::default()
                     };
                     clusters.start_cluster(request).await
                 }
@@ -109,6 +111,7 @@ async fn cluster_load(
                         request_id: request_id.clone(),
                         // Random versions: some lower than the last.
                         allow_downgrade: true,
+                        ..Default::default()
                     };
                     clusters.upgrade_cluster(request).await
                 }

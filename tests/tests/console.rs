@@ -107,6 +107,7 @@ async fn the_console_shows_an_upgrade_moving_to_a_signed_in_viewer() {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     client
         .clusters()

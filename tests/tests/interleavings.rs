@@ -107,6 +107,7 @@ impl DbOwner {
         let request = v1::StopClusterRequest {
             name: cluster.into(),
             request_id: String::new(),
+            ..Default::default()
         };
         let running = self
             .client
@@ -252,6 +253,7 @@ async fn orphan_of_a_killed_replica(
     let request = v1::StopClusterRequest {
         name: "a-orphan".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let orphan = client
         .clusters()
@@ -367,6 +369,7 @@ async fn an_upgrade_through_a_lapse_whose_lease_lives_goes_on() {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let upgrade = client.clusters().upgrade_cluster(request).await.unwrap();
     let upgrade = upgrade.into_inner();
@@ -420,6 +423,7 @@ async fn an_accept_whose_reply_was_lost_after_the_commit_still_runs() {
     let request = v1::StopClusterRequest {
         name: "db".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let refused = f.client.clusters().stop_cluster(request).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
@@ -604,6 +608,7 @@ async fn an_accept_on_an_owner_that_shuts_down_is_left_to_the_next_owner() {
     let request = v1::StopClusterRequest {
         name: "db".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let accepted = client
         .clusters()
@@ -764,6 +769,7 @@ async fn a_progress_write_whose_reply_and_recognition_were_lost_goes_on() {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let op = f
         .client
@@ -795,6 +801,7 @@ async fn an_accept_under_a_new_request_id_reads_no_request_entry() {
     let request = v1::StopClusterRequest {
         name: "db".into(),
         request_id: "stop-once".into(),
+        ..Default::default()
     };
     let first = f
         .client

@@ -33,10 +33,18 @@ impl Runs for Fixture {
         let (name, request_id) = (cluster.to_string(), request_id.to_string());
         let clusters = &mut self.client.clusters();
         let accepted = if stop {
-            let request = v1::StopClusterRequest { name, request_id };
+            let request = v1::StopClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             clusters.stop_cluster(request).await
         } else {
-            let request = v1::StartClusterRequest { name, request_id };
+            let request = v1::StartClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             clusters.start_cluster(request).await
         };
         let accepted = accepted.expect("accepted").into_inner();
@@ -181,6 +189,7 @@ async fn a_retried_request_id_answers_with_its_operation_after_history_collectio
     let retry = v1::StopClusterRequest {
         name: "retried".into(),
         request_id: "stop-once".into(),
+        ..Default::default()
     };
     let answer = f.client.clusters().stop_cluster(retry).await;
     let answer = answer.expect("the retry is answered").into_inner();

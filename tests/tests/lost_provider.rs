@@ -72,6 +72,7 @@ async fn a_provider_restarted_mid_upgrade_ends_the_operation_under_one_epoch() {
         .stop_cluster(v1::StopClusterRequest {
             name: "lost".into(),
             request_id: String::new(),
+            ..Default::default()
         })
         .await;
     if let Ok(stop) = stop {

@@ -68,6 +68,7 @@ impl Calls for Fixture {
             name: name.into(),
             count,
             request_id: String::new(),
+            ..Default::default()
         };
         let response = self.client.clusters().add_nodes(add).await;
         response.expect("add nodes").into_inner()
@@ -118,6 +119,7 @@ fn stop(name: &str) -> v1::StopClusterRequest {
     v1::StopClusterRequest {
         name: name.into(),
         request_id: String::new(),
+        ..Default::default()
     }
 }
 
@@ -125,6 +127,7 @@ fn start(name: &str) -> v1::StartClusterRequest {
     v1::StartClusterRequest {
         name: name.into(),
         request_id: String::new(),
+        ..Default::default()
     }
 }
 
@@ -134,6 +137,7 @@ fn upgrade(name: &str, version: &str) -> v1::UpgradeClusterRequest {
         version: version.into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     }
 }
 
@@ -144,6 +148,7 @@ fn scale(name: &str, workers: Option<u32>, offering: Option<&str>) -> v1::ScaleC
         node_offering: offering.map(String::from),
         autoscaling: None,
         request_id: String::new(),
+        ..Default::default()
     }
 }
 
@@ -211,6 +216,7 @@ async fn every_operation_kind_end_to_end() {
             name: "web".into(),
             node_ids: ids.into_iter().map(String::from).collect(),
             request_id: String::new(),
+            ..Default::default()
         };
         let refused = f.client.clusters().remove_nodes(remove).await.unwrap_err();
         assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -225,6 +231,7 @@ async fn every_operation_kind_end_to_end() {
         name: "web".into(),
         node_ids: vec!["worker-0".into()],
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f
         .client
@@ -242,6 +249,7 @@ async fn every_operation_kind_end_to_end() {
     let destroy = v1::DeleteClusterRequest {
         name: "web".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f
         .client
@@ -358,6 +366,7 @@ async fn refused_requests_name_the_state_and_change_nothing() {
         name: "fresh".into(),
         node_ids: vec!["worker-0".into()],
         request_id: String::new(),
+        ..Default::default()
     };
     let refused = f.client.clusters().remove_nodes(remove).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
@@ -558,6 +567,7 @@ async fn a_repeated_request_id_returns_the_same_operation() {
     let request = v1::StopClusterRequest {
         name: "idem".into(),
         request_id: "stop-1".into(),
+        ..Default::default()
     };
     let first = f
         .client
@@ -588,6 +598,7 @@ async fn a_repeated_request_id_returns_the_same_operation() {
     let start = v1::StartClusterRequest {
         name: "idem".into(),
         request_id: "stop-1".into(),
+        ..Default::default()
     };
     let refused = f.client.clusters().start_cluster(start).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -617,6 +628,64 @@ async fn wait_returns_at_the_deadline_for_a_running_operation() {
     f.check_history().await;
 }
 
+/// A lifecycle call with `wait_ms` answers once its operation has ended:
+/// one call instead of an accept and a wait, the cluster as it left it on
+/// the same replica's next read. Cut short by a slow provider, it answers
+/// the operation still running, which WaitOperation then follows.
+#[tokio::test]
+async fn a_lifecycle_call_with_wait_ms_answers_the_ended_operation() {
+    let mut f = fixture().start().await;
+    f.create("onecall", 1, false).await;
+    let request = v1::StopClusterRequest {
+        wait_ms: 30_000,
+        ..stop("onecall")
+    };
+    let done = f.client.clusters().stop_cluster(request).await.unwrap();
+    let done = done.into_inner();
+    assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
+    let request = v1::GetClusterRequest {
+        name: "onecall".into(),
+        linearizable: false,
+    };
+    let cached = f.client.clusters().get_cluster(request).await.unwrap();
+    let status = cached.into_inner().status.expect("status");
+    assert_eq!(status.state, Some(S::Stopped as i32), "{status:?}");
+    assert_eq!(status.current_operation, None, "{status:?}");
+
+    f.sim.set_latency(Duration::from_millis(600)).await;
+    let request = v1::StartClusterRequest {
+        wait_ms: 200,
+        ..start("onecall")
+    };
+    let early = f.client.clusters().start_cluster(request).await.unwrap();
+    let early = early.into_inner();
+    assert!(
+        early.state < O::Succeeded as i32,
+        "not finished yet: {early:?}"
+    );
+    assert_eq!(f.finish(early).await.state, O::Succeeded as i32);
+    f.check_history().await;
+}
+
+/// A wait longer than an hour is refused naming `wait_ms`, and nothing is
+/// accepted.
+#[tokio::test]
+async fn a_lifecycle_call_with_too_long_a_wait_is_refused_and_writes_nothing() {
+    let mut f = fixture().start().await;
+    f.create("impatient", 1, false).await;
+    let request = v1::StopClusterRequest {
+        wait_ms: 3_600_001,
+        ..stop("impatient")
+    };
+    let refused = f.client.clusters().stop_cluster(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("wait_ms: "), "{refused:?}");
+    assert_eq!(f.state("impatient").await, S::Running as i32);
+    let ops = operations_of(&f.client, "impatient").await;
+    assert_eq!(ops.len(), 1, "only the create's start: {ops:?}");
+    f.check_history().await;
+}
+
 #[tokio::test]
 async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
     let mut f = fixture().start().await;
@@ -631,6 +700,7 @@ async fn the_scanner_detects_faults_and_recovers_healthy_clusters() {
     let destroy = v1::DeleteClusterRequest {
         name: "watched".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = probe
         .clusters()
@@ -866,6 +936,7 @@ async fn update_refuses_a_negative_generation_and_tasks_of_a_destroyed_cluster()
     let destroy = v1::DeleteClusterRequest {
         name: "gone".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f
         .client
@@ -1260,6 +1331,7 @@ async fn a_failed_first_step_keeps_the_nodes_and_says_what_is_missing() {
         name: "w".into(),
         node_ids: vec![worker.id.clone()],
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().remove_nodes(remove).await;
     let op = op.expect("a real worker can be removed").into_inner();
@@ -1288,6 +1360,7 @@ async fn a_cluster_never_started_is_stopped_and_deleted_without_its_provider() {
     let destroy = v1::DeleteClusterRequest {
         name: "draft".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().delete_cluster(destroy).await;
     let op = op.expect("a Created cluster can be deleted").into_inner();

@@ -498,6 +498,7 @@ async fn a_provider_no_replica_reaches_is_waited_for_not_handed_around() {
             let request = v1::StopClusterRequest {
                 name: "down".into(),
                 request_id: "stop-down".into(),
+                ..Default::default()
             };
             Ok(client.clusters().stop_cluster(request).await?.into_inner())
         })
@@ -539,10 +540,18 @@ async fn an_etcd_member_in_the_minority_does_not_stall_requests() {
                 let request_id = format!("minority-{round}");
                 let name = "minority".to_string();
                 let answer = if round % 2 == 0 {
-                    let request = v1::StopClusterRequest { name, request_id };
+                    let request = v1::StopClusterRequest {
+                        name,
+                        request_id,
+                        ..Default::default()
+                    };
                     tokio::time::timeout(bound, client.clusters().stop_cluster(request)).await
                 } else {
-                    let request = v1::StartClusterRequest { name, request_id };
+                    let request = v1::StartClusterRequest {
+                        name,
+                        request_id,
+                        ..Default::default()
+                    };
                     tokio::time::timeout(bound, client.clusters().start_cluster(request)).await
                 };
                 let answer =

@@ -105,12 +105,14 @@ async fn a_rollout_waits_for_a_paused_cluster_and_an_operator_request_does_not()
     let stop = v1::StopClusterRequest {
         name: "rolled".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().stop_cluster(stop).await.unwrap();
     f.finish(op.into_inner()).await;
     let start = v1::StartClusterRequest {
         name: "rolled".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().start_cluster(start).await.unwrap();
     f.finish(op.into_inner()).await;

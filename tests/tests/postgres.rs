@@ -225,6 +225,7 @@ async fn kill_a_standby_and_recover(d: &mut PgDeployment, nodes: &[v1::Node]) {
     let request = v1::RecoverClusterRequest {
         name: "pg".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = d
         .client
@@ -346,6 +347,7 @@ async fn destroy(d: &mut PgDeployment, nodes: &[v1::Node]) {
     let request = v1::DeleteClusterRequest {
         name: "pg".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = d
         .client

@@ -128,6 +128,7 @@ async fn a_provider_killed_at_each_step_of_a_repair_leaves_one_primary_and_keeps
         let request = v1::RecoverClusterRequest {
             name: "pg".into(),
             request_id: String::new(),
+            ..Default::default()
         };
         let recover = client
             .clusters()

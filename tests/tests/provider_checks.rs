@@ -85,6 +85,7 @@ async fn recover_repairs_an_unhealthy_node_and_the_cluster_runs_again() {
     let recover = v1::RecoverClusterRequest {
         name: "sick".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().recover_cluster(recover).await.unwrap();
     let done = f.finish(op.into_inner()).await;
@@ -140,6 +141,7 @@ async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() 
         version: version.into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let refused = f
         .client
@@ -159,6 +161,7 @@ async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() 
         node_offering: Some("xxl".into()),
         autoscaling: None,
         request_id: String::new(),
+        ..Default::default()
     };
     let refused = f.client.clusters().scale_cluster(scale).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -177,12 +180,14 @@ async fn a_change_of_shape_the_provider_refuses_is_invalid_and_writes_nothing() 
             let r = v1::StopClusterRequest {
                 name: "db".into(),
                 request_id: String::new(),
+                ..Default::default()
             };
             f.client.clusters().stop_cluster(r).await
         } else {
             let r = v1::StartClusterRequest {
                 name: "db".into(),
                 request_id: String::new(),
+                ..Default::default()
             };
             f.client.clusters().start_cluster(r).await
         };

@@ -413,6 +413,7 @@ async fn a_second_sigterm_exits_at_once() {
     let request = v1::StopClusterRequest {
         name: "slow".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     client.clusters().stop_cluster(request).await.unwrap();
     replica.signal("TERM");
@@ -451,6 +452,7 @@ async fn the_admin_port_answers_through_the_drain() {
     let request = v1::StopClusterRequest {
         name: "slow".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     client.clusters().stop_cluster(request).await.unwrap();
     let admin = replica.admin_endpoint();

@@ -164,6 +164,7 @@ async fn upgrade(client: &mut Client, cluster: &str) -> v1::Operation {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     client
         .clusters()
@@ -345,6 +346,7 @@ async fn orphan_that_cannot_be_fenced(c: &mut Cluster3, cluster: &str) -> (Clien
     let request = v1::StopClusterRequest {
         name: cluster.into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let stop = client
         .clusters()
@@ -710,6 +712,7 @@ async fn sigterm_lets_an_operation_longer_than_the_ttl_finish() {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let op = peer
         .clusters()
@@ -764,6 +767,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
     let request = v1::StopClusterRequest {
         name: busy.clone(),
         request_id: String::new(),
+        ..Default::default()
     };
     let long = peer
         .clusters()
@@ -814,6 +818,7 @@ async fn sigterm_finishes_a_long_operation_and_hands_the_idle_clusters_over_mean
     let request = v1::StopClusterRequest {
         name: idle.clone(),
         request_id: String::new(),
+        ..Default::default()
     };
     let moved = peer
         .clusters()
@@ -1019,6 +1024,7 @@ async fn the_client_fails_over_between_replicas_and_retries_lost_races() {
         .stop_cluster(v1::StopClusterRequest {
             name: "sturdy".into(),
             request_id: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -1028,6 +1034,7 @@ async fn the_client_fails_over_between_replicas_and_retries_lost_races() {
             let request = v1::StopClusterRequest {
                 name: "sturdy".into(),
                 request_id: "stop-sturdy".into(),
+                ..Default::default()
             };
             Ok(client.clusters().stop_cluster(request).await?.into_inner())
         })
@@ -1143,6 +1150,7 @@ async fn a_replica_that_wins_its_cluster_back_recovers_its_own_orphan_at_once() 
     let request = v1::StopClusterRequest {
         name: "c".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let stop = client.clusters().stop_cluster(request).await.unwrap();
     let stop = stop.into_inner();
@@ -1197,6 +1205,7 @@ async fn a_restarted_replica_takes_its_clusters_back_without_waiting_for_the_ttl
     let request = v1::StopClusterRequest {
         name: "c".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let stop = client.clusters().stop_cluster(request).await.unwrap();
     let stopped = client

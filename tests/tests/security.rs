@@ -121,6 +121,7 @@ async fn every_rpc_is_checked_against_its_role() {
     let delete = v1::DeleteClusterRequest {
         name: "guarded".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let denied = operator
         .clusters()

@@ -84,6 +84,7 @@ async fn an_etcd_out_of_space_refuses_writes_clearly_and_recovers_without_restar
             version: "1.30.0".into(),
             request_id: String::new(),
             allow_downgrade: false,
+            ..Default::default()
         })
         .await
         .expect("upgrade accepted")

@@ -169,15 +169,27 @@ impl Request {
         let clusters = client.clusters();
         let reply = match self.kind {
             Kind::Start => {
-                let r = v1::StartClusterRequest { name, request_id };
+                let r = v1::StartClusterRequest {
+                    name,
+                    request_id,
+                    ..Default::default()
+                };
                 clusters.start_cluster(r).await
             }
             Kind::Stop => {
-                let r = v1::StopClusterRequest { name, request_id };
+                let r = v1::StopClusterRequest {
+                    name,
+                    request_id,
+                    ..Default::default()
+                };
                 clusters.stop_cluster(r).await
             }
             Kind::Recover => {
-                let r = v1::RecoverClusterRequest { name, request_id };
+                let r = v1::RecoverClusterRequest {
+                    name,
+                    request_id,
+                    ..Default::default()
+                };
                 clusters.recover_cluster(r).await
             }
             Kind::Upgrade => {
@@ -188,6 +200,7 @@ impl Request {
                     request_id,
                     // Random versions: some lower than the last.
                     allow_downgrade: true,
+                    ..Default::default()
                 };
                 clusters.upgrade_cluster(r).await
             }
@@ -205,6 +218,7 @@ impl Request {
                     name,
                     count: 1,
                     request_id,
+                    ..Default::default()
                 };
                 clusters.add_nodes(r).await
             }
@@ -214,6 +228,7 @@ impl Request {
                     name,
                     node_ids,
                     request_id,
+                    ..Default::default()
                 };
                 clusters.remove_nodes(r).await
             }

@@ -463,6 +463,7 @@ async fn runs_wait_for_a_running_cluster_with_no_operation() {
     let start = v1::StartClusterRequest {
         name: "idle".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f
         .client

@@ -140,6 +140,7 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     let stop = v1::StopClusterRequest {
         name: "windowed".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f.client.clusters().stop_cluster(stop).await.unwrap();
     let done = f.finish(op.into_inner()).await;
@@ -147,6 +148,7 @@ async fn a_due_task_waits_for_the_window_and_an_operators_request_does_not() {
     let start_request = v1::StartClusterRequest {
         name: "windowed".into(),
         request_id: String::new(),
+        ..Default::default()
     };
     let op = f
         .client

@@ -33,6 +33,16 @@ def test_a_cluster_through_its_whole_lifecycle(client):
     _succeeded(client, client.delete("py-life"))
 
 
+def test_a_lifecycle_call_can_wait_for_its_operation(client):
+    created = client.create_cluster("py-wait", version="1.29.0", worker_nodes=1, node_offering="small")
+    _succeeded(client, created.operation)
+    stopped = client.stop("py-wait", wait=30)
+    assert client.succeeded(stopped), stopped
+    state = client.state_pb2.ClusterState
+    assert client.get_cluster("py-wait").status.state == state.Value("CLUSTER_STATE_STOPPED")
+    _succeeded(client, client.delete("py-wait"))
+
+
 def test_iter_clusters_asks_for_each_page_as_it_is_reached(client, monkeypatch):
     """A generator: nothing is read before the first cluster is wanted, and
     the next page only once the one before is used up."""

@@ -21,6 +21,7 @@ use drover_proto::v1::{self, clusters_server::Clusters};
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -98,16 +99,31 @@ impl ClustersService {
         request: Request<R>,
     ) -> Result<Response<v1::Operation>, Status> {
         let audit = pending(&request);
-        let accepted = match request.into_inner().into_call() {
-            Ok(call) => self.accept(R::KIND, call).await,
-            Err(field) => Err(field.into()),
+        let (accepted, wait) = match request.into_inner().into_call() {
+            Ok(call) => match self.accept(R::KIND, call).await {
+                Ok((op, wait)) => (Ok(op), wait),
+                Err(error) => (Err(error), None),
+            },
+            Err(field) => (Err(field.into()), None),
         };
-        audit.finish(accepted)
+        // Audited as accepted: the wait that follows changes nothing.
+        let op = audit.finish(accepted)?.into_inner();
+        match wait {
+            Some(wait) => Ok(Response::new(self.wait_for_end(op, wait).await)),
+            None => Ok(Response::new(op)),
+        }
     }
 
-    async fn accept(&self, kind: OperationKind, call: Call) -> ApiResult<v1::Operation> {
+    /// The accepted operation, and how long the caller asked to wait for
+    /// its end (`None`: not at all).
+    async fn accept(
+        &self,
+        kind: OperationKind,
+        call: Call,
+    ) -> ApiResult<(v1::Operation, Option<Duration>)> {
         validate::cluster_name("name", &call.name)?;
         validate::request_id("request_id", &call.request_id)?;
+        let wait = validate::wait_ms("wait_ms", call.wait_ms)?;
         let Some(executor) = &self.executor else {
             return Err(LifecycleError::NoProvider.into());
         };
@@ -116,9 +132,21 @@ impl ClustersService {
             params: call.params,
             request_id: call.request_id,
         };
-        Ok(operation_to_proto(
-            executor.submit(&call.name, request).await?,
-        ))
+        let op = operation_to_proto(executor.submit(&call.name, request).await?);
+        Ok((op, wait))
+    }
+
+    /// `op` as it is once it has ended or `wait` has passed. A wait that
+    /// cannot go on (etcd unreachable) answers the operation as accepted:
+    /// it was, and an error would have the caller ask again.
+    async fn wait_for_end(&self, op: v1::Operation, wait: Duration) -> v1::Operation {
+        match self.operations.wait(&op.cluster, &op.id, wait).await {
+            Ok(record) => operation_to_proto(record),
+            Err(error) => {
+                tracing::warn!(%error, cluster = op.cluster, operation = op.id, "cannot wait for an operation just accepted; answering it as accepted");
+                op
+            }
+        }
     }
 
     async fn create(

@@ -12,7 +12,6 @@ use tonic::{Request, Response, Status};
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 const DEFAULT_WAIT: Duration = Duration::from_secs(60);
-const MAX_WAIT_MS: u64 = 3_600_000;
 
 /// Serves reads, waits and cancels of operations.
 pub struct OperationsService {
@@ -99,15 +98,7 @@ impl OperationsService {
 
     async fn wait(&self, r: v1::WaitOperationRequest) -> ApiResult<v1::Operation> {
         check_ids(&r.cluster, &r.id)?;
-        let timeout = match r.timeout_ms {
-            0 => DEFAULT_WAIT,
-            ms if ms <= MAX_WAIT_MS => Duration::from_millis(ms),
-            _ => {
-                return Err(
-                    FieldError::new("timeout_ms", format!("must be at most {MAX_WAIT_MS}")).into(),
-                )
-            }
-        };
+        let timeout = validate::wait_ms("timeout_ms", r.timeout_ms)?.unwrap_or(DEFAULT_WAIT);
         Ok(operation_to_proto(
             self.operations.wait(&r.cluster, &r.id, timeout).await?,
         ))

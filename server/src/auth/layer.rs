@@ -211,6 +211,7 @@ mod tests {
         let message = drover_proto::v1::StopClusterRequest {
             name: "web".into(),
             request_id: "stop-1".into(),
+            ..Default::default()
         }
         .encode_to_vec();
         let frame = |flag: u8| {

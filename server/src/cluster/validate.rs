@@ -166,6 +166,21 @@ pub fn request_id(field: &str, request_id: &str) -> Validation {
     Ok(())
 }
 
+/// The longest wait a call may ask for, in milliseconds (an hour).
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// A wait in milliseconds, at most [`MAX_WAIT_MS`]; 0 is none.
+pub fn wait_ms(field: &str, ms: u64) -> Result<Option<std::time::Duration>, FieldError> {
+    match ms {
+        0 => Ok(None),
+        ms if ms <= MAX_WAIT_MS => Ok(Some(std::time::Duration::from_millis(ms))),
+        _ => Err(FieldError::new(
+            field,
+            format!("must be at most {MAX_WAIT_MS} (an hour)"),
+        )),
+    }
+}
+
 fn is_token(s: &str) -> bool {
     (1..=63).contains(&s.len())
         && s.bytes()

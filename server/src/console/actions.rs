@@ -119,6 +119,7 @@ async fn recover(console: &Console, name: &str, audit: RequestAudit) -> Answer {
     let request = v1::RecoverClusterRequest {
         name: name.to_string(),
         request_id: String::new(),
+        ..Default::default()
     };
     answer_of(clusters.recover_cluster(audited(request, audit)).await)
 }

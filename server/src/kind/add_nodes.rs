@@ -31,6 +31,7 @@ impl LifecycleCall for v1::AddNodesRequest {
             name: self.name,
             request_id: self.request_id,
             params,
+            wait_ms: self.wait_ms,
         })
     }
 }

@@ -44,6 +44,7 @@ impl LifecycleCall for v1::RemoveNodesRequest {
             name: self.name,
             request_id: self.request_id,
             params,
+            wait_ms: self.wait_ms,
         })
     }
 }

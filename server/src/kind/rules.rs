@@ -136,6 +136,9 @@ pub struct Call {
     pub name: String,
     pub request_id: String,
     pub params: OperationParams,
+    /// The request's `wait_ms`, as given (checked with the call's other
+    /// fields, before anything is written).
+    pub wait_ms: u64,
 }
 
 /// A drover.v1 request message that asks for an operation of one kind.
@@ -160,6 +163,7 @@ macro_rules! name_only_call {
                     name: self.name,
                     request_id: self.request_id,
                     params: Default::default(),
+                    wait_ms: self.wait_ms,
                 })
             }
         }

@@ -49,6 +49,7 @@ impl LifecycleCall for v1::ScaleClusterRequest {
             name: self.name,
             request_id: self.request_id,
             params,
+            wait_ms: self.wait_ms,
         })
     }
 }

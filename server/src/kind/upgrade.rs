@@ -26,6 +26,7 @@ impl LifecycleCall for v1::UpgradeClusterRequest {
             name: self.name,
             request_id: self.request_id,
             params,
+            wait_ms: self.wait_ms,
         })
     }
 }

@@ -182,6 +182,7 @@ impl Request {
                     version: V2.into(),
                     request_id: String::new(),
                     allow_downgrade: false,
+                    ..Default::default()
                 };
                 clusters.upgrade_cluster(r).await
             }
@@ -189,6 +190,7 @@ impl Request {
                 let r = v1::StopClusterRequest {
                     name,
                     request_id: String::new(),
+                    ..Default::default()
                 };
                 clusters.stop_cluster(r).await
             }
@@ -196,6 +198,7 @@ impl Request {
                 let r = v1::StartClusterRequest {
                     name,
                     request_id: String::new(),
+                    ..Default::default()
                 };
                 clusters.start_cluster(r).await
             }
@@ -203,6 +206,7 @@ impl Request {
                 let r = v1::DeleteClusterRequest {
                     name,
                     request_id: String::new(),
+                    ..Default::default()
                 };
                 clusters.delete_cluster(r).await
             }

@@ -39,7 +39,7 @@ use drover_tests::provider::SimProcess;
 use drover_tests::replica::ReplicaProcess;
 use drover_tests::rollout_bench::{RolloutFigures, RolloutPhase};
 use drover_tests::scrape;
-use drover_tests::{owner, stop_or_start, wait_running, wait_until};
+use drover_tests::{owner, stop_or_start_waiting, wait_running, wait_until};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,6 +122,11 @@ struct Args {
     /// sampling this share of operations; 0 skips it.
     #[arg(long, default_value_t = 0.01)]
     trace_sample: f64,
+    /// Drover rounds send each stop or start, then a WaitOperation: two
+    /// calls per operation, as clients did before a lifecycle call could
+    /// wait (`wait_ms`). Default: one call that waits.
+    #[arg(long)]
+    accept_then_wait: bool,
     /// etcd members on loopback (1: a single-member etcd, as before). With
     /// more, the replicas and the raw-CAS clients are given every member's
     /// endpoint, and `--etcd-cpu` pins every member; the report says which
@@ -363,9 +368,12 @@ async fn create(client: &mut Client, name: &str, start: bool) -> Option<v1::Oper
         .operation
 }
 
+/// The longest the bench waits for one operation.
+const OPERATION_WAIT: Duration = Duration::from_secs(60);
+
 async fn finish(client: &mut Client, op: &v1::Operation) -> v1::Operation {
     let done = client
-        .wait_operation(op, Duration::from_secs(60))
+        .wait_operation(op, OPERATION_WAIT)
         .await
         .expect("wait");
     assert!(
@@ -403,6 +411,9 @@ struct Throughput {
     cores: Cores,
     /// Provider calls the replicas made per operation.
     provider_calls_per_op: f64,
+    /// API calls a client made per operation: 1 (a call that waits), or 2
+    /// (an accept, then WaitOperation).
+    served_calls_per_op: u32,
     /// Replica CPU per health check, the cheapest call a replica serves:
     /// what one call costs here, all in (HTTP/2, tonic, loopback TCP), the
     /// floor under every call an operation makes.
@@ -626,6 +637,7 @@ async fn throughput(
     processes: &Processes,
     profiles: Option<&std::path::Path>,
     prefix: &str,
+    accept_then_wait: bool,
 ) -> Throughput {
     let mut setup = replicas[0].1.client().await;
     for i in 0..clients {
@@ -651,7 +663,14 @@ async fn throughput(
         eprintln!("round {round}/{rounds}: drover stop/start, {clients} clients, {length:?}...");
         let (before, wal_before) = (processes.cpu(), EtcdWal::read(etcd).await);
         let waits_before = ReplicaWaits::read(replicas).await;
-        let drover = drover_round(etcd, replicas, length, &mut stop_next, prefix);
+        let drover = drover_round(
+            etcd,
+            replicas,
+            length,
+            &mut stop_next,
+            prefix,
+            accept_then_wait,
+        );
         drovers.push(profiled(etcd, profiles, "drover", length, drover).await);
         drover_cpu.add(&processes.cpu().since(&before));
         drover_wal.add_since(&EtcdWal::read(etcd).await, &wal_before);
@@ -694,6 +713,7 @@ async fn throughput(
         cpu_per_op: drover_cpu.per(ops),
         cores: processes.cores,
         provider_calls_per_op,
+        served_calls_per_op: if accept_then_wait { 2 } else { 1 },
         replica_cpu_per_call,
     }
 }
@@ -748,6 +768,7 @@ async fn drover_round(
     length: Duration,
     stop_next: &mut [bool],
     prefix: &str,
+    accept_then_wait: bool,
 ) -> DroverRound {
     let store = etcd.store().await;
     let before = revision(&store).await;
@@ -762,10 +783,18 @@ async fn drover_round(
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let started = Instant::now();
-                let op = stop_or_start(&mut client, &name, stop_next)
+                // One call (wait_ms), or an accept and then a wait.
+                let wait = match accept_then_wait {
+                    true => Duration::ZERO,
+                    false => OPERATION_WAIT,
+                };
+                let op = stop_or_start_waiting(&mut client, &name, stop_next, wait)
                     .await
                     .expect("accepted");
-                let done = finish(&mut client, &op).await;
+                let done = match op.state >= O::Succeeded as i32 {
+                    true => op,
+                    false => finish(&mut client, &op).await,
+                };
                 assert_eq!(done.state, O::Succeeded as i32, "{done:?}");
                 latencies.push(started.elapsed());
                 stop_next = !stop_next;
@@ -876,6 +905,7 @@ async fn failover(bench: &mut Bench, rounds: usize) -> Vec<Duration> {
         let request = v1::StopClusterRequest {
             name: name.clone(),
             request_id: String::new(),
+            ..Default::default()
         };
         let op = client
             .clusters()
@@ -1721,6 +1751,7 @@ async fn measure(bench: &mut Bench, args: &Args, report: &mut Report) {
                     &bench.processes(),
                     args.etcd_profiles.as_deref(),
                     "bench",
+                    args.accept_then_wait,
                 )
                 .await;
                 report.drover = Some(drover);
@@ -1798,6 +1829,7 @@ async fn traced(bench: &mut Bench, args: &Args) -> Option<Traced> {
         &bench.processes(),
         None,
         "traced",
+        args.accept_then_wait,
     )
     .await;
     std::env::remove_var("OTEL_TRACES_SAMPLER");
@@ -2059,7 +2091,8 @@ impl Throughput {
         row(
             "replica calls per op: served / etcd / provider",
             format!(
-                "2 / {:.2} / {:.2}",
+                "{} / {:.2} / {:.2}",
+                self.served_calls_per_op,
                 self.etcd_per_op.txns + self.etcd_per_op.ranges,
                 self.provider_calls_per_op
             ),
@@ -2559,6 +2592,7 @@ async fn kill_mid_upgrade(bench: &mut Bench, name: &str) -> Kill {
         version: "1.30.0".into(),
         request_id: String::new(),
         allow_downgrade: false,
+        ..Default::default()
     };
     let op = client.clusters().upgrade_cluster(request).await;
     let op = op.expect("upgrade").into_inner();

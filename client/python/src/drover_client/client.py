@@ -187,21 +187,28 @@ class Client:
         )
         return self._call(0, "CreateCluster", request)
 
-    def _lifecycle(self, method: str, request_type: str, request_id: Optional[str], **fields):
+    def _lifecycle(self, method: str, request_type: str, request_id: Optional[str], wait: Optional[float], **fields):
+        """Asks for an operation. With ``wait`` (seconds, at most an hour),
+        the call answers once the operation has ended, or still running when
+        ``wait`` ran out (``wait_for_operation`` follows it): one call
+        instead of two."""
         request = getattr(self.cluster_pb2, request_type)(request_id=request_id or str(uuid.uuid4()), **fields)
-        return self._call(0, method, request)
+        if not wait:
+            return self._call(0, method, request)
+        request.wait_ms = max(1, int(wait * 1000))
+        return self._call(0, method, request, timeout=wait + 10)
 
-    def start(self, name: str, request_id: Optional[str] = None):
-        return self._lifecycle("StartCluster", "StartClusterRequest", request_id, name=name)
+    def start(self, name: str, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("StartCluster", "StartClusterRequest", request_id, wait, name=name)
 
-    def stop(self, name: str, request_id: Optional[str] = None):
-        return self._lifecycle("StopCluster", "StopClusterRequest", request_id, name=name)
+    def stop(self, name: str, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("StopCluster", "StopClusterRequest", request_id, wait, name=name)
 
-    def delete(self, name: str, request_id: Optional[str] = None):
-        return self._lifecycle("DeleteCluster", "DeleteClusterRequest", request_id, name=name)
+    def delete(self, name: str, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("DeleteCluster", "DeleteClusterRequest", request_id, wait, name=name)
 
-    def upgrade(self, name: str, version: str, request_id: Optional[str] = None):
-        return self._lifecycle("UpgradeCluster", "UpgradeClusterRequest", request_id, name=name, version=version)
+    def upgrade(self, name: str, version: str, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("UpgradeCluster", "UpgradeClusterRequest", request_id, wait, name=name, version=version)
 
     def scale(
         self,
@@ -209,22 +216,23 @@ class Client:
         worker_nodes: Optional[int] = None,
         node_offering: Optional[str] = None,
         request_id: Optional[str] = None,
+        wait: Optional[float] = None,
     ):
         fields = {"name": name}
         if worker_nodes is not None:
             fields["worker_nodes"] = worker_nodes
         if node_offering is not None:
             fields["node_offering"] = node_offering
-        return self._lifecycle("ScaleCluster", "ScaleClusterRequest", request_id, **fields)
+        return self._lifecycle("ScaleCluster", "ScaleClusterRequest", request_id, wait, **fields)
 
-    def add_nodes(self, name: str, count: int, request_id: Optional[str] = None):
-        return self._lifecycle("AddNodes", "AddNodesRequest", request_id, name=name, count=count)
+    def add_nodes(self, name: str, count: int, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("AddNodes", "AddNodesRequest", request_id, wait, name=name, count=count)
 
-    def remove_nodes(self, name: str, node_ids: Iterable[str], request_id: Optional[str] = None):
-        return self._lifecycle("RemoveNodes", "RemoveNodesRequest", request_id, name=name, node_ids=list(node_ids))
+    def remove_nodes(self, name: str, node_ids: Iterable[str], request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("RemoveNodes", "RemoveNodesRequest", request_id, wait, name=name, node_ids=list(node_ids))
 
-    def recover(self, name: str, request_id: Optional[str] = None):
-        return self._lifecycle("RecoverCluster", "RecoverClusterRequest", request_id, name=name)
+    def recover(self, name: str, request_id: Optional[str] = None, wait: Optional[float] = None):
+        return self._lifecycle("RecoverCluster", "RecoverClusterRequest", request_id, wait, name=name)
 
     # Operations.
 

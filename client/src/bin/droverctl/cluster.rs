@@ -161,6 +161,7 @@ impl ScaleArgs {
             node_offering: self.offering,
             autoscaling: None,
             request_id,
+            ..Default::default()
         }
     }
 }
@@ -183,6 +184,7 @@ impl UpgradeArgs {
             version: self.version,
             request_id,
             allow_downgrade: self.allow_downgrade,
+            ..Default::default()
         }
     }
 }
@@ -201,6 +203,7 @@ impl AddNodesArgs {
             name: self.name,
             count: self.count,
             request_id,
+            ..Default::default()
         }
     }
 }
@@ -219,6 +222,7 @@ impl RemoveNodesArgs {
             name: self.name,
             node_ids: self.node_ids,
             request_id,
+            ..Default::default()
         }
     }
 }
@@ -405,11 +409,19 @@ pub async fn run(
     match command {
         ClusterCommand::Create(args) => create(client, output, *args).await,
         ClusterCommand::Start { name, lifecycle } => {
-            let request = |request_id| v1::StartClusterRequest { name, request_id };
+            let request = |request_id| v1::StartClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Stop { name, lifecycle } => {
-            let request = |request_id| v1::StopClusterRequest { name, request_id };
+            let request = |request_id| v1::StopClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Scale { args, lifecycle } => {
@@ -425,14 +437,22 @@ pub async fn run(
             lifecycle.run(client, output, |id| args.request(id)).await
         }
         ClusterCommand::Recover { name, lifecycle } => {
-            let request = |request_id| v1::RecoverClusterRequest { name, request_id };
+            let request = |request_id| v1::RecoverClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Update(args) => update(client, output, *args).await,
         ClusterCommand::Pause { name } => set_paused(client, output, name, true).await,
         ClusterCommand::Unpause { name } => set_paused(client, output, name, false).await,
         ClusterCommand::Delete { name, lifecycle } => {
-            let request = |request_id| v1::DeleteClusterRequest { name, request_id };
+            let request = |request_id| v1::DeleteClusterRequest {
+                name,
+                request_id,
+                ..Default::default()
+            };
             lifecycle.run(client, output, request).await
         }
         ClusterCommand::Get { name } => get(client, output, name).await,

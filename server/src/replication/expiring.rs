@@ -37,7 +37,7 @@
 
 use super::*;
 use crate::cluster::from_json;
-use crate::store::{Op, RangeRequest, Txn};
+use crate::store::RangeRequest;
 use tokio::sync::watch;
 
 /// How soon a lease near the threshold is asked about again, and the
@@ -130,20 +130,6 @@ impl Ownership {
                 tracing::warn!(%error, peer = replica, lease, "cannot remove the member key of a peer whose lease is about to expire; etcd revokes it");
             }
         }
-    }
-
-    /// Removes `replica`'s member key while it is still bound to `lease`
-    /// (a newer incarnation's is never touched); whether it did.
-    pub(super) async fn remove_member(
-        &self,
-        replica: &str,
-        lease: LeaseId,
-    ) -> crate::store::Result<bool> {
-        let key = self.keys.member(replica);
-        let depose = Txn::new()
-            .when([Compare::lease(&key, CmpOp::Equal, lease)])
-            .and_then([Op::delete(&key)]);
-        Ok(self.store.txn(depose).await?.succeeded)
     }
 }
 

@@ -309,6 +309,20 @@ impl Ownership {
             }
         }
     }
+
+    /// Removes `replica`'s member key while it is still bound to `lease`
+    /// (a newer incarnation's is never touched); whether it did.
+    pub(super) async fn remove_member(
+        &self,
+        replica: &str,
+        lease: LeaseId,
+    ) -> crate::store::Result<bool> {
+        let key = self.keys.member(replica);
+        let depose = Txn::new()
+            .when([Compare::lease(&key, CmpOp::Equal, lease)])
+            .and_then([Op::delete(&key)]);
+        Ok(self.store.txn(depose).await?.succeeded)
+    }
 }
 
 #[cfg(test)]

@@ -136,6 +136,55 @@ impl Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{MemoryStore, SharedStore};
+
+    /// A member `id` of `store` whose lease was granted for `ttl_seconds`
+    /// (and is not renewed), with a margin of 2 s.
+    async fn member(store: &SharedStore, id: &str, ttl_seconds: u64) -> Arc<Ownership> {
+        let config = OwnershipConfig {
+            replica_id: id.into(),
+            address: "127.0.0.1:1".into(),
+            admin_address: String::new(),
+            admin_tls: None,
+            lease_ttl: Duration::from_secs(ttl_seconds),
+            lease_margin: Duration::from_secs(2),
+            peer_liveness: false,
+        };
+        let keys = KeyLayout::new("/t/");
+        let (ownership, _) = Ownership::new(store.clone(), keys, config, Metrics::new());
+        ownership.join().await.unwrap();
+        ownership
+    }
+
+    async fn is_member(store: &SharedStore, id: &str) -> bool {
+        let key = format!("/t/members/{id}");
+        !store.get(&key).await.unwrap().kvs.is_empty()
+    }
+
+    /// A peer whose lease has under 2 s left (etcd's answer: 1) is deposed
+    /// by a replica whose own lease has 10; not by one whose own lease
+    /// looks as near its end (2 s left of 3, still believed).
+    #[tokio::test]
+    async fn a_peer_near_its_leases_end_is_deposed_unless_this_replicas_is_as_near() {
+        let threshold = expiry_threshold(Duration::from_secs(2)).unwrap();
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let watcher = member(&store, "r1", 10).await;
+        member(&store, "r2", 2).await;
+        let wait = watcher.depose_expiring(threshold).await.unwrap();
+        assert_eq!(watcher.metrics.peer_expiring_deposed.get(), 1);
+        assert!(!is_member(&store, "r2").await, "r2 deposed");
+        assert!(is_member(&store, "r1").await);
+        assert_eq!(wait, watcher.config.lease_ttl, "no peer left to look at");
+
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let watcher = member(&store, "r1", 3).await;
+        assert!(watcher.live_lease().is_some(), "its session still believed");
+        member(&store, "r2", 2).await;
+        let wait = watcher.depose_expiring(threshold).await.unwrap();
+        assert_eq!(wait, POLL_FLOOR);
+        assert_eq!(watcher.metrics.peer_expiring_deposed.get(), 0);
+        assert!(is_member(&store, "r2").await, "nobody singled out");
+    }
 
     #[test]
     fn only_an_answer_that_proves_less_than_the_margin_left_deposes() {

@@ -664,6 +664,19 @@ async fn a_lifecycle_call_with_wait_ms_answers_the_ended_operation() {
         "not finished yet: {early:?}"
     );
     assert_eq!(f.finish(early).await.state, O::Succeeded as i32);
+
+    // A caller's deadline shorter than its wait_ms: answered before it
+    // (the operation still running), not DEADLINE_EXCEEDED with the
+    // operation it started unknown to it.
+    let mut request = tonic::Request::new(v1::StopClusterRequest {
+        wait_ms: 30_000,
+        ..stop("onecall")
+    });
+    request.set_timeout(Duration::from_millis(400));
+    let early = f.client.clusters().stop_cluster(request).await.unwrap();
+    let early = early.into_inner();
+    assert!(early.state < O::Succeeded as i32, "{early:?}");
+    assert_eq!(f.finish(early).await.state, O::Succeeded as i32);
     f.check_history().await;
 }
 

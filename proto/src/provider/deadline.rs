@@ -29,7 +29,7 @@ pub fn time_left(metadata: &MetadataMap) -> Option<Duration> {
 
 /// The `grpc-timeout` header as time left (digits and a unit, H M S m u n),
 /// if there is one.
-fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
     let value = metadata.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     let amount: u64 = digits.parse().ok()?;

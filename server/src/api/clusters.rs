@@ -99,6 +99,7 @@ impl ClustersService {
         request: Request<R>,
     ) -> Result<Response<v1::Operation>, Status> {
         let audit = pending(&request);
+        let deadline = drover_proto::provider::deadline::grpc_timeout(request.metadata());
         let (accepted, wait) = match request.into_inner().into_call() {
             Ok(call) => match self.accept(R::KIND, call).await {
                 Ok((op, wait)) => (Ok(op), wait),
@@ -109,7 +110,10 @@ impl ClustersService {
         // Audited as accepted: the wait that follows changes nothing.
         let op = audit.finish(accepted)?.into_inner();
         match wait {
-            Some(wait) => Ok(Response::new(self.wait_for_end(op, wait).await)),
+            Some(wait) => {
+                let wait = within_deadline(wait, deadline);
+                Ok(Response::new(self.wait_for_end(op, wait).await))
+            }
             None => Ok(Response::new(op)),
         }
     }
@@ -611,9 +615,30 @@ impl SpecEdit {
     }
 }
 
+/// A wait cut short to answer before the caller's deadline
+/// (`grpc-timeout`): a caller whose deadline passed first would not learn
+/// the operation it started. A fifth of the time left (at most a second) is
+/// kept for the answer to travel.
+fn within_deadline(wait: Duration, deadline: Option<Duration>) -> Duration {
+    match deadline {
+        Some(left) => wait.min(left.saturating_sub((left / 5).min(Duration::from_secs(1)))),
+        None => wait,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_ends_before_the_callers_deadline() {
+        let s = Duration::from_secs;
+        assert_eq!(within_deadline(s(60), None), s(60));
+        assert_eq!(within_deadline(s(60), Some(s(10))), s(9));
+        assert_eq!(within_deadline(s(2), Some(s(10))), s(2));
+        let ms = Duration::from_millis;
+        assert_eq!(within_deadline(s(60), Some(ms(500))), ms(400));
+    }
 
     #[test]
     fn label_selectors_parse_or_name_the_field() {

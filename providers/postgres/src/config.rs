@@ -85,6 +85,52 @@ pub fn parse_port_range(s: &str) -> Result<(u16, u16), ConfigError> {
     Ok((from, to))
 }
 
+/// Where the kernel takes the source ports of outgoing connections from
+/// (Linux: `ip_local_port_range`, less `ip_local_reserved_ports`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct OutgoingPorts {
+    range: (u16, u16),
+    reserved: Vec<(u16, u16)>,
+}
+
+impl OutgoingPorts {
+    /// This machine's; `None` where they cannot be read.
+    pub fn read() -> Option<Self> {
+        let sysctl = |name| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"));
+        let range = sysctl("ip_local_port_range").ok()?;
+        let reserved = sysctl("ip_local_reserved_ports").unwrap_or_default();
+        Self::parse(&range, &reserved)
+    }
+
+    /// `range` as "FROM TO", `reserved` as "PORT,FROM-TO,...".
+    fn parse(range: &str, reserved: &str) -> Option<Self> {
+        let mut bounds = range.split_whitespace().map(str::parse::<u16>);
+        let range = match (bounds.next(), bounds.next()) {
+            (Some(Ok(from)), Some(Ok(to))) if from <= to => (from, to),
+            _ => return None,
+        };
+        let reserved = reserved
+            .trim()
+            .split(',')
+            .filter_map(|item| match item.split_once('-') {
+                Some((from, to)) => Some((from.parse().ok()?, to.parse().ok()?)),
+                None => item.parse().ok().map(|port| (port, port)),
+            })
+            .collect();
+        Some(Self { range, reserved })
+    }
+
+    /// How many of `ports` an outgoing connection may take as its source
+    /// port: a node down for a moment (restarted, rebuilt) whose port one
+    /// holds cannot start again until it lets go.
+    pub fn shared_with(&self, ports: (u16, u16)) -> usize {
+        let (from, to) = (ports.0.max(self.range.0), ports.1.min(self.range.1));
+        (from..=to)
+            .filter(|port| !self.reserved.iter().any(|&(a, b)| (a..=b).contains(port)))
+            .count()
+    }
+}
+
 /// The offerings used when none are configured.
 pub fn default_offerings() -> BTreeMap<String, Offering> {
     [
@@ -123,5 +169,17 @@ mod tests {
         assert!(parse_offering("tiny=8MB;x:20").is_err());
         assert_eq!(parse_port_range("100-200"), Ok((100, 200)));
         assert!(parse_port_range("200-100").is_err());
+    }
+
+    #[test]
+    fn node_ports_the_kernel_may_give_outgoing_connections_are_counted() {
+        let linux = OutgoingPorts::parse("32768\t60999\n", "\n").unwrap();
+        assert_eq!(linux.shared_with((54320, 54420)), 101);
+        assert_eq!(linux.shared_with((32000, 32767)), 0);
+        assert_eq!(linux.shared_with((32760, 32770)), 3);
+        let reserved = OutgoingPorts::parse("32768 60999", "8080,54320-54419\n").unwrap();
+        assert_eq!(reserved.shared_with((54320, 54420)), 1);
+        assert_eq!(OutgoingPorts::parse("60999 32768", ""), None);
+        assert_eq!(OutgoingPorts::parse("", ""), None);
     }
 }

@@ -72,6 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe_no_fsync: args.unsafe_no_fsync,
         fault_point: args.fault_point,
     };
+    warn_if_outgoing_connections_may_take_node_ports(cfg.ports);
     let provider = PostgresProvider::open(cfg)?;
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "serving drover.provider.v1.Provider");
@@ -80,4 +81,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     drover_postgres_provider::serve(provider, listener, shutdown).await?;
     Ok(())
+}
+
+/// Says so when the kernel may give node ports to outgoing connections as
+/// their source ports: a node down for a moment (a restart, a rebuild by
+/// RepairNodes) then fails to start while such a connection holds its
+/// port ("Address already in use" in its server log).
+fn warn_if_outgoing_connections_may_take_node_ports(ports: (u16, u16)) {
+    let Some(outgoing) = config::OutgoingPorts::read() else {
+        return;
+    };
+    let shared = outgoing.shared_with(ports);
+    if shared > 0 {
+        tracing::warn!(
+            port_range = %format!("{}-{}", ports.0, ports.1),
+            shared,
+            "node ports are among the kernel's source ports for outgoing connections: \
+             reserve them (sysctl net.ipv4.ip_local_reserved_ports) or choose a \
+             --port-range outside net.ipv4.ip_local_port_range"
+        );
+    }
 }

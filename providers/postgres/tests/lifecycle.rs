@@ -166,11 +166,7 @@ async fn backup_and_restore(env: &mut Env, uid: &str, nodes: &[pb::ProviderNode]
     assert!(copied.success());
     let pg = drover_postgres_provider::pg::Pg::new("postgres").unwrap();
     chown_tree(&pg, &scratch);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let conf = drover_postgres_provider::pg::NodeConf {
         port,
         shared_buffers: "8MB",

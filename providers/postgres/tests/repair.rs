@@ -122,7 +122,42 @@ async fn a_primary_down_is_the_only_unhealthy_node_and_its_repair_fails_over() {
     }
 }
 
-/// A standby killed -9, its postmaster's children slow to die (held with
+/// A standby killed -9 and its data directory deleted just before
+/// RepairNodes (its dying children still about, the directory's inode
+/// free for the rebuild to reuse) is rebuilt from a base backup, not left
+/// failed by a `pg_ctl start` of what is no longer a data directory.
+/// Repeated: the race it guards against does not lose every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_killed_and_deleted_just_before_repair_is_rebuilt() {
+    let mut env = Env::new("repair-deleted").await;
+    let uid = "c-deleted";
+    let nodes = create(&mut env, uid, 1, 1).await;
+    write_rows(&nodes, 30).await;
+    let standby = nodes.iter().find(|n| n.role == "worker").unwrap().clone();
+    let dir = standby.facts["data_dir"].clone();
+    let primary_pid = postmaster_pid(&primary(&nodes).facts["data_dir"]);
+    for round in 0..4 {
+        kill9(&standby);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let repaired = env
+            .client
+            .repair_nodes(repair(uid, &[&standby.id]))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"))
+            .into_inner()
+            .nodes;
+        assert!(all_healthy(&repaired), "round {round}: {repaired:#?}");
+        assert!(std::path::Path::new(&dir).join("PG_VERSION").exists());
+        assert_eq!(count_rows(node(&repaired, &standby.id)), "30");
+        let after = postmaster_pid(&primary(&repaired).facts["data_dir"]);
+        assert_eq!(
+            after, primary_pid,
+            "round {round}: the primary was restarted"
+        );
+    }
+}
+
+/// As above, with the killed postmaster's children slow to die (held with
 /// SIGSTOP, as a loaded machine may leave them unscheduled): the WAL
 /// receiver holds the slot pg_basebackup needs, and all of them the old
 /// shared memory, whose key a rebuilt directory that gets the old one's

@@ -151,11 +151,10 @@ fn added(before: &[pb::ProviderNode], after: &[pb::ProviderNode]) -> pb::Provide
 
 /// A standby added after every node was upgraded (ResizeNodes, as Drover's
 /// remediation adds back a missing worker), also after a provider restart,
-/// joins at the version the cluster runs now, not the one it was created
-/// at. (A rebuild by RepairNodes keeps the node's own recorded version:
-/// see tests/repair.rs.)
+/// and a standby rebuilt by RepairNodes (its data directory gone), join at
+/// the version the cluster runs now, not the one it was created at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_added_after_an_upgrade_joins_at_the_upgraded_version() {
+async fn a_standby_added_or_rebuilt_after_an_upgrade_joins_at_the_upgraded_version() {
     let mut env = Env::new("upgrade-join").await;
     let uid = "c-join";
     let nodes = create(&mut env, uid, 1, 1).await;
@@ -196,5 +195,36 @@ async fn a_standby_added_after_an_upgrade_joins_at_the_upgraded_version() {
     assert!(
         described.iter().all(|n| n.version == V2),
         "DescribeCluster after a restart: {described:#?}"
+    );
+
+    // RepairNodes rebuilds a standby whose data directory is gone at the
+    // upgraded version.
+    let dir = newer.facts["data_dir"].clone();
+    kill9(&newer);
+    std::fs::remove_dir_all(&dir).unwrap();
+    describe_until(&mut env, uid, "the standby down", |ns| {
+        ns.iter()
+            .any(|n| n.id == newer.id && n.power_state == "off")
+    })
+    .await;
+    let repaired = env
+        .client
+        .repair_nodes(pb::PowerRequest {
+            node_ids: vec![newer.id.clone()],
+            token: token(uid, 1),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(all_healthy(&repaired), "{repaired:#?}");
+    let rebuilt = repaired.iter().find(|n| n.id == newer.id).unwrap();
+    assert_eq!(rebuilt.version, V2, "{repaired:#?}");
+    assert!(std::path::Path::new(&dir).join("PG_VERSION").exists());
+    assert_eq!(count_rows(rebuilt), "20");
+    let described = describe(&mut env, uid).await;
+    assert!(
+        described.iter().all(|n| n.version == V2),
+        "DescribeCluster after the repair: {described:#?}"
     );
 }

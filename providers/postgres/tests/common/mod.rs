@@ -8,6 +8,8 @@ use drover_postgres_provider::config::{self, Config};
 use drover_postgres_provider::{serve, PostgresProvider};
 use drover_proto::provider::v1::{self as pb, provider_client::ProviderClient};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -27,21 +29,31 @@ pub struct Env {
     pub endpoint: String,
 }
 
-/// A port range of `n` ports nothing listens on, starting at a port the
-/// kernel handed out (so parallel tests rarely meet).
+/// A range of `n` ports nothing listens on, overlapping no range handed
+/// out before in this process, and below the kernel's ephemeral ports (32768
+/// and up on Linux): there, the source port of any outgoing connection on
+/// the machine could be a node's port while the node is down (killed,
+/// rebuilt), and the node could not start again ("Address already in use").
+/// Each test process starts at its own offset.
 fn free_range(n: u16) -> (u16, u16) {
-    for _ in 0..50 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let from = probe.local_addr().unwrap().port();
-        drop(probe);
-        let Some(to) = from.checked_add(n) else {
-            continue;
-        };
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7919) % SPAN));
+    let width = u32::from(n) + 1;
+    for _ in 0..SPAN / width {
+        let from = FIRST + next.fetch_add(width, Ordering::Relaxed) % (SPAN - width);
+        let (from, to) = (from as u16, (from + u32::from(n)) as u16);
         if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return (from, to);
         }
     }
-    panic!("no free port range of {n}");
+    panic!("no free port range of {n} in {FIRST}..{}", FIRST + SPAN);
+}
+
+/// One port, as [`free_range`] gives them.
+pub fn free_port() -> u16 {
+    free_range(0).0
 }
 
 pub fn config(root: &Path, ports: (u16, u16)) -> Config {

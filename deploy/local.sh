@@ -12,7 +12,7 @@
 # installed PostgreSQL 15.
 #
 # Ports: etcd 127.0.0.1:23790 (peer 23800), provider 127.0.0.1:7080
-# (PostgreSQL nodes 54320-54420), Drover replicas 127.0.0.1:7070, 7071, 7072
+# (PostgreSQL nodes 25432-25532), Drover replicas 127.0.0.1:7070, 7071, 7072
 # (admin HTTP 9070, 9071, 9072; the web console at /ui).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +83,7 @@ if [ "$provider" = postgres ]; then
   pg_bin=/usr/lib/postgresql/15/bin
   target/debug/drover-postgres-provider --listen 127.0.0.1:7080 --root "$workdir/postgres" \
     --pg-version "15.0.0=$pg_bin" --pg-version "15.1.0=$pg_bin" \
-    --port-range 54320-54420 >"$workdir/provider.log" 2>&1 &
+    --port-range 25432-25532 >"$workdir/provider.log" 2>&1 &
   version=15.0.0 upgrade_to=15.1.0 offering=small location="file:$workdir/backups"
 else
   target/debug/drover-sim-provider --listen 127.0.0.1:7080 >"$workdir/provider.log" 2>&1 &

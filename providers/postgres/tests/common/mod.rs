@@ -42,7 +42,12 @@ fn free_range(n: u16) -> (u16, u16) {
     let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7919) % SPAN));
     let width = u32::from(n) + 1;
     for _ in 0..SPAN / width {
-        let from = FIRST + next.fetch_add(width, Ordering::Relaxed) % (SPAN - width);
+        // One modulus for every width: ranges handed out one after another
+        // never overlap before the counter comes round again.
+        let from = FIRST + next.fetch_add(width, Ordering::Relaxed) % SPAN;
+        if from + width > FIRST + SPAN {
+            continue;
+        }
         let (from, to) = (from as u16, (from + u32::from(n)) as u16);
         if (from..=to).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return (from, to);

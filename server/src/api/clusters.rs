@@ -8,7 +8,9 @@ use super::convert::{
 };
 use super::error::{ApiError, ApiResult};
 use crate::cluster::validate::{self, FieldError};
-use crate::cluster::{ClusterCache, ClusterFilter, ClusterState, Registry, RegistryError};
+use crate::cluster::{
+    ClusterCache, ClusterFilter, ClusterRecord, ClusterState, Registry, RegistryError,
+};
 use crate::executor::Executor;
 use crate::keys::leaf;
 use crate::keys::KeyLayout;
@@ -186,6 +188,7 @@ impl ClustersService {
             .await?;
         self.check_same_provider(&requested, &cluster.spec.spec.provider)?;
         tracing::info!(cluster = %request.name, uid = %cluster.spec.uid, start, "cluster created");
+        self.shown_here(&cluster).await;
         Ok(v1::CreateClusterResponse {
             cluster: Some(cluster_to_proto(cluster)),
             operation: operation.map(operation_to_proto),
@@ -279,7 +282,17 @@ impl ClustersService {
                 Ok::<_, ApiError>(())
             })
             .await?;
+        self.shown_here(&cluster).await;
         Ok(cluster_to_proto(cluster))
+    }
+
+    /// Returns once this replica's watch cache shows `cluster` as written:
+    /// the client's next read here is served from that cache (unless it asks
+    /// for a linearizable one) and must find what it just wrote.
+    async fn shown_here(&self, cluster: &ClusterRecord) {
+        self.cache
+            .wait_until_shown(cluster, ClusterCache::CATCH_UP)
+            .await;
     }
 
     /// Streams a PUT with the cluster as it is now for every change to its

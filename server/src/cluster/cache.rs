@@ -22,7 +22,8 @@
 //! # Caveats
 //! - Reads may lag etcd by the watch delay (milliseconds). Callers that must
 //!   see their own writes ask for a linearizable read, served from etcd, or
-//!   wait for the cache to show them ([`ClusterCache::wait_until_applied`]).
+//!   wait for the cache to show them ([`ClusterCache::wait_until_applied`],
+//!   [`ClusterCache::wait_until_shown`]).
 //! - The records of one transaction arrive one event at a time, so for an
 //!   instant a cluster's spec and state may come from adjacent revisions.
 //! - Once stopped, the cache serves no reads, but the watch goes on for as
@@ -482,6 +483,11 @@ impl ClusterCache {
         Ok(())
     }
 
+    /// How long an answer waits for the cache to show the write it reports
+    /// ([`Self::wait_until_applied`]): normally milliseconds; past it, the
+    /// answer goes out anyway.
+    pub const CATCH_UP: Duration = Duration::from_secs(1);
+
     /// Waits, for at most `limit`, until the cache has applied the changes
     /// up to `revision`. Returns at once when the cache is not ready: reads
     /// then go to etcd anyway.
@@ -495,6 +501,30 @@ impl ClusterCache {
     pub async fn wait_until_applied(&self, revision: i64, limit: Duration) {
         let mut applied = self.applied.subscribe();
         let shown = |applied: &i64| *applied >= revision || !self.read().ready;
+        let _ = tokio::time::timeout(limit, applied.wait_for(shown)).await;
+    }
+
+    /// Waits, for at most `limit`, until the cache shows `cluster`'s spec
+    /// and state keys at least as new as in `cluster` (or is not ready:
+    /// reads then go to etcd). Unlike [`Self::wait_until_applied`], it does
+    /// not return between two keys of one revision, which arrive one event
+    /// at a time: a read after it finds the cluster whole.
+    pub async fn wait_until_shown(&self, cluster: &ClusterRecord, limit: Duration) {
+        let dir = format!("{}/", cluster.spec.name);
+        let newer = |leaves: &Leaves, leaf: &str, revision: i64| {
+            leaves
+                .get(leaf)
+                .is_some_and(|key| key.mod_revision >= revision)
+        };
+        let shown = |_: &i64| {
+            let snapshot = self.read();
+            !snapshot.ready
+                || snapshot.clusters.get(&dir).is_some_and(|leaves| {
+                    newer(leaves, leaf::SPEC, cluster.spec_revision)
+                        && newer(leaves, leaf::STATE, cluster.state_revision)
+                })
+        };
+        let mut applied = self.applied.subscribe();
         let _ = tokio::time::timeout(limit, applied.wait_for(shown)).await;
     }
 

@@ -391,7 +391,9 @@ impl Operations {
             // that asks this replica for the cluster, or for its next
             // operation, next must find the cluster as the operation left
             // it, not still busy.
-            cache.wait_until_applied(revision, CACHE_CATCH_UP).await;
+            cache
+                .wait_until_applied(revision, ClusterCache::CATCH_UP)
+                .await;
         }
         Ok(latest)
     }
@@ -649,11 +651,6 @@ const RETENTION_SHARING: Duration = Duration::from_secs(60);
 fn gc_slack(limit: usize) -> usize {
     (limit / 4).clamp(1, GC_BATCH)
 }
-
-/// How long WaitOperation waits for the cluster cache to show a finished
-/// operation's last write: normally milliseconds; past it, the answer
-/// goes out anyway.
-const CACHE_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Records deleted per garbage-collection transaction (two ops each, well
 /// under etcd's 128 operations per transaction).
